@@ -1,0 +1,81 @@
+# Two set-up commands: `make demo` runs the console, `make test` runs the suite.
+# Needs only python3 (3.11+) and make; uv is bootstrapped into .tools/ and installs from uv.lock.
+SHELL := /bin/bash
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+UV := .tools/bin/uv
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+# Production-mode integration run (CI): its own database and Redis db index.
+IT_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gpuconsole_it
+IT_REDIS_URL ?= redis://127.0.0.1:6379/11
+
+.PHONY: demo test test-integration lint format messages bench system-deps serve prod clean
+
+$(UV):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+$(VENV)/.synced: $(UV) uv.lock pyproject.toml
+	UV_PYTHON=$(PYTHON) $(UV) sync --frozen --quiet
+	@touch $@
+
+demo: $(VENV)/.synced
+	$(PY) manage.py migrate --noinput -v 0
+	$(PY) manage.py demo_setup
+	@echo
+	@echo "  GPU Console (embedded demo, simulated fleet) on http://$(HOST):$(PORT)/"
+	@echo "  Log in as  demo / demo-password-2026  (operator: ops / ops-password-2026)"
+	@echo
+	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off
+
+serve: $(VENV)/.synced
+	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off
+
+# Browser journeys need Debian's Chromium; the SSH tests need openssh-server.
+system-deps:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/sbin/sshd ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium openssh-server >/dev/null; \
+	  else echo "Please install Debian packages: chromium openssh-server"; exit 1; fi; \
+	fi
+
+test: $(VENV)/.synced system-deps
+	$(VENV)/bin/pytest -m "not integration" -q
+
+test-integration: $(VENV)/.synced system-deps
+	DATABASE_URL=$(IT_DATABASE_URL) REDIS_URL=$(IT_REDIS_URL) SECRET_KEY=$${SECRET_KEY:-integration-$$(head -c 48 /dev/urandom | base64 | tr -d '/+=')} \
+	  SECURE_SSL_REDIRECT=false SESSION_COOKIE_SECURE=false CSRF_COOKIE_SECURE=false \
+	  $(VENV)/bin/pytest -m integration -q
+
+lint: $(VENV)/.synced
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.synced
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+# make messages APP=billing : collect strings of <app>/ and templates/<app>/ into <app>/locale, compile.
+messages: $(VENV)/.synced
+	@test -n "$(APP)" || (echo "usage: make messages APP=<console|slices|marketplace|billing>"; exit 2)
+	mkdir -p $(APP)/locale
+	cd $(APP) && ln -sfn ../templates/$(APP) _templates && \
+	  (if [ "$(APP)" = console ]; then ln -sfn ../templates _alltemplates; fi) && \
+	  ../$(PY) ../manage.py makemessages -l zh_Hans --symlinks -e html,py,txt --no-obsolete \
+	    -i 'migrations/*' -i '_alltemplates/slices/*' -i '_alltemplates/marketplace/*' -i '_alltemplates/billing/*' ; \
+	  rc=$$?; rm -f _templates _alltemplates; exit $$rc
+	cd $(APP) && ../$(PY) ../manage.py compilemessages -l zh_Hans
+
+bench: $(VENV)/.synced
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+prod: $(VENV)/.synced
+	$(VENV)/bin/python manage.py collectstatic --noinput -v 0
+	$(VENV)/bin/honcho start
+
+clean:
+	rm -rf var .pytest_cache .ruff_cache

@@ -1,0 +1,23 @@
+"""Websocket routing for every app, and the origin check in front of it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.security.websocket import OriginValidator as _OriginValidator
+from django.conf import settings
+from django.urls import path
+
+from console import consumers
+
+websocket_urlpatterns: list[Any] = [
+    path("ws/notifications/", consumers.NotificationsConsumer.as_asgi()),
+]
+
+
+def OriginValidator(app: Any) -> _OriginValidator:  # noqa: N802 - mirrors the Channels wrapper name
+    """Refuse websockets whose Origin is not one of our hosts (cross-site websocket hijacking)."""
+    allowed = [h for h in settings.ALLOWED_HOSTS if h != "*"] + list(
+        settings.WEBSOCKET_ALLOWED_ORIGINS
+    )
+    return _OriginValidator(app, allowed)

@@ -1,0 +1,341 @@
+"""One settings module for both ways to run, driven by environment variables.
+
+* **Embedded default** (nothing set): SQLite in WAL mode, the in-process channel layer and a Celery
+  worker + beat running inside the server process on an in-memory broker. No external service.
+* **Production** (``DATABASE_URL`` and ``REDIS_URL`` set): PostgreSQL, channels-redis, a Celery broker
+  on Redis (or RabbitMQ via ``CELERY_BROKER_URL``), worker and beat as separate processes.
+
+Bad values fail at start with a message naming the variable (see ``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.translation import gettext_lazy as _
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(ImproperlyConfigured):
+    """A configuration variable is missing or malformed; the message names it."""
+
+
+env = environ.Env()
+
+
+def _get(name: str, cast, default):  # noqa: ANN001 - thin wrapper around environ casts
+    try:
+        return cast(name, default=default)
+    except (ValueError, TypeError, environ.ImproperlyConfigured) as exc:
+        raise ConfigError(f"Environment variable {name} has an invalid value: {exc}") from exc
+
+
+DATABASE_URL: str = _get("DATABASE_URL", env.str, "")
+REDIS_URL: str = _get("REDIS_URL", env.str, "")
+PRODUCTION: bool = bool(DATABASE_URL)
+EMBEDDED: bool = not PRODUCTION
+
+if PRODUCTION and not REDIS_URL:
+    raise ConfigError(
+        "REDIS_URL must be set when DATABASE_URL is set (production mode needs Redis for the "
+        "channel layer and the Celery broker). Unset DATABASE_URL to run the embedded default."
+    )
+for _name, _url, _schemes in (
+    ("DATABASE_URL", DATABASE_URL, {"postgres", "postgresql", "pgsql"}),
+    ("REDIS_URL", REDIS_URL, {"redis", "rediss"}),
+):
+    if _url and urlsplit(_url).scheme not in _schemes:
+        raise ConfigError(
+            f"{_name}={_url!r} is not supported; expected a URL with scheme one of {sorted(_schemes)}"
+        )
+
+DEBUG: bool = _get("DEBUG", env.bool, False)
+
+_secret = os.environ.get("SECRET_KEY", "")
+if PRODUCTION and len(_secret) < 50:
+    raise ConfigError(
+        "SECRET_KEY must be set to a random string of at least 50 characters in production mode "
+        "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(64))')."
+    )
+# The embedded default is a local demo on 127.0.0.1; a fixed development key is fine there.
+SECRET_KEY: str = _secret or "django-insecure-embedded-default-key-only-for-local-demo-use"  # noqa: S105
+
+ALLOWED_HOSTS: list[str] = _get(
+    "ALLOWED_HOSTS", env.list, ["127.0.0.1", "localhost", "[::1]", "testserver"]
+)
+CSRF_TRUSTED_ORIGINS: list[str] = _get("CSRF_TRUSTED_ORIGINS", env.list, [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "channels",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "template_partials",
+    "console",
+    "slices",
+    "marketplace",
+    "billing",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+WSGI_APPLICATION = "console.wsgi.application"
+ASGI_APPLICATION = "console.asgi.application"
+AUTH_USER_MODEL = "console.User"
+LOGIN_URL = "/admin/login/"
+LOGIN_REDIRECT_URL = "/"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.template.context_processors.i18n",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "console.context_processors.console",
+            ],
+        },
+    },
+]
+
+# --- Database -----------------------------------------------------------------------------------
+if PRODUCTION:
+    try:
+        DATABASES = {"default": env.db_url_config(DATABASE_URL)}
+    except Exception as exc:  # environ raises a zoo of types for odd URLs
+        raise ConfigError(f"DATABASE_URL is not a valid database URL: {exc}") from exc
+    DATABASES["default"]["CONN_MAX_AGE"] = _get("DB_CONN_MAX_AGE", env.int, 60)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+else:
+    SQLITE_PATH = Path(_get("SQLITE_PATH", env.str, str(BASE_DIR / "var" / "console.sqlite3")))
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": SQLITE_PATH,
+            "OPTIONS": {
+                # WAL lets the web server and the embedded worker read while one writes;
+                # IMMEDIATE takes the write lock at BEGIN so two writers queue instead of
+                # failing with "database is locked" on a lock upgrade.
+                "init_command": (
+                    "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=10000;"
+                ),
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
+            "TEST": {"NAME": _get("SQLITE_TEST_PATH", env.str, None)},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Channels -----------------------------------------------------------------------------------
+if PRODUCTION:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 30},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "console.channel_layer.EmbeddedChannelLayer"}}
+
+# Origins allowed to open websockets, besides ALLOWED_HOSTS (AllowedHostsOriginValidator).
+WEBSOCKET_ALLOWED_ORIGINS: list[str] = _get("WEBSOCKET_ALLOWED_ORIGINS", env.list, [])
+
+# --- Celery -------------------------------------------------------------------------------------
+CELERY_BROKER_URL: str = _get(
+    "CELERY_BROKER_URL", env.str, REDIS_URL if PRODUCTION else "memory://localhost/"
+)
+if urlsplit(CELERY_BROKER_URL).scheme not in {
+    "redis",
+    "rediss",
+    "amqp",
+    "amqps",
+    "pyamqp",
+    "memory",
+}:
+    raise ConfigError(f"CELERY_BROKER_URL={CELERY_BROKER_URL!r} has an unsupported scheme")
+CELERY_RESULT_BACKEND = None  # results travel through the database and the channel layer
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_TIME_LIMIT = _get("CELERY_TASK_TIME_LIMIT", env.int, 30 * 60)
+CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 30
+# A task not acknowledged within this window is redelivered by Redis; it must exceed every
+# countdown, retry delay and time limit (tests/console/test_celery_config.py asserts it).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 2 * 60 * 60}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "Asia/Shanghai"
+CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+# Embedded default: run the worker (and beat) inside the ASGI server process.
+EMBEDDED_WORKER: bool = _get("EMBEDDED_WORKER", env.bool, EMBEDDED)
+if PRODUCTION and EMBEDDED_WORKER:
+    raise ConfigError("EMBEDDED_WORKER cannot be enabled in production mode; run `celery worker`.")
+EMBEDDED_WORKER_THREADS: int = _get("EMBEDDED_WORKER_THREADS", env.int, 4)
+
+# --- Cache --------------------------------------------------------------------------------------
+if PRODUCTION:
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# --- Auth, i18n, static -------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 10},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "zh-hans"
+LANGUAGES = [("zh-hans", "简体中文"), ("en", "English")]
+LOCALE_PATHS = [BASE_DIR / "console" / "locale"]
+TIME_ZONE = "Asia/Shanghai"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+# collectstatic target in production; the embedded default serves from the source folders.
+STATIC_ROOT = (
+    Path(_get("STATIC_ROOT", env.str, str(BASE_DIR / "var" / "staticfiles")))
+    if PRODUCTION
+    else None
+)
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "whitenoise.storage.CompressedManifestStaticFilesStorage"
+            if PRODUCTION
+            else "django.contrib.staticfiles.storage.StaticFilesStorage"
+        )
+    },
+}
+# The embedded default serves straight from the source folders: no collectstatic step.
+WHITENOISE_USE_FINDERS = EMBEDDED
+WHITENOISE_AUTOREFRESH = EMBEDDED and DEBUG
+
+# --- Email --------------------------------------------------------------------------------------
+EMAIL_BACKEND = _get(
+    "EMAIL_BACKEND",
+    env.str,
+    "django.core.mail.backends.smtp.EmailBackend"
+    if PRODUCTION
+    else "django.core.mail.backends.filebased.EmailBackend",
+)
+EMAIL_FILE_PATH = BASE_DIR / "var" / "mail"
+if PRODUCTION and "EMAIL_URL" in os.environ:
+    vars().update(env.email_url("EMAIL_URL"))
+DEFAULT_FROM_EMAIL = _get("DEFAULT_FROM_EMAIL", env.str, "GPU Console <noreply@localhost>")
+
+# --- REST framework -----------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "console.api.exceptions.api_exception_handler",
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GPU Console API",
+    "DESCRIPTION": "Everything the console's browser pages can do: instances, slices, marketplace, "
+    "billing. Prices in CNY (元).",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Security -----------------------------------------------------------------------------------
+SECURE_SSL_REDIRECT: bool = _get("SECURE_SSL_REDIRECT", env.bool, PRODUCTION)
+SESSION_COOKIE_SECURE: bool = _get("SESSION_COOKIE_SECURE", env.bool, PRODUCTION)
+CSRF_COOKIE_SECURE: bool = _get("CSRF_COOKIE_SECURE", env.bool, PRODUCTION)
+SECURE_HSTS_SECONDS: int = _get("SECURE_HSTS_SECONDS", env.int, 31536000 if PRODUCTION else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = PRODUCTION
+SECURE_HSTS_PRELOAD = PRODUCTION
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+if _get("BEHIND_TLS_PROXY", env.bool, PRODUCTION):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'", "data:"],
+        "connect-src": ["'self'", "ws:", "wss:"] if EMBEDDED else ["'self'", "wss:"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "frame-ancestors": ["'none'"],
+        "form-action": ["'self'"],
+    }
+}
+
+# --- Logging ------------------------------------------------------------------------------------
+LOG_LEVEL: str = _get("LOG_LEVEL", env.str, "INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"paramiko": {"level": "WARNING"}, "django.db.backends": {"level": "INFO"}},
+}
+
+CONSOLE_VERSION = "0.1.0"
+CONSOLE_MODE_LABEL = _("Production") if PRODUCTION else _("Embedded demo (simulated fleet)")

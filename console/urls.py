@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from importlib import import_module
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
+from rest_framework.permissions import AllowAny
+from rest_framework.routers import APIRootView, DefaultRouter
+
+from console import views
+
+# /api/v1/: every app's router merged into one browsable root, plus each app's extra API paths.
+API_APPS = ("console", "slices", "marketplace", "billing")
+
+
+class PublicAPIRootView(APIRootView):
+    """The API index is a table of contents; every resource below it still requires a token."""
+
+    permission_classes = (AllowAny,)
+
+
+api_router = DefaultRouter()
+api_router.APIRootView = PublicAPIRootView
+api_extra: list = []
+for _app in API_APPS:
+    _api = import_module(f"{_app}.api.urls")
+    api_router.registry.extend(_api.router.registry)
+    api_extra.extend(getattr(_api, "urlpatterns", []))
+
+handler404 = "console.views.page_not_found"
+handler500 = "console.views.server_error"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("healthz", views.healthz, name="healthz"),
+    path("diagnostics/", views.diagnostics, name="diagnostics"),
+    path("diagnostics/ping/", views.diagnostics_ping, name="diagnostics-ping"),
+    path("diagnostics/broadcast/", views.diagnostics_broadcast, name="diagnostics-broadcast"),
+    path("i18n/", include("django.conf.urls.i18n")),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include([path("", include(api_router.urls)), *api_extra])),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
+    path("", include("slices.urls")),
+    path("", include("marketplace.urls")),
+    path("", include("billing.urls")),
+]

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import secrets
+import time
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.contrib.admin.views.decorators import staff_member_required
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.template import loader
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console.events import notify_user
+from console.tasks import ping_worker_task
+
+
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    """The landing page for visitors, the dashboard for signed-in users."""
+    if not request.user.is_authenticated:
+        return render(request, "console/landing.html")
+    return render(request, "console/dashboard.html")
+
+
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """Liveness + readiness: the database answers and the channel layer round-trips a message."""
+    checks: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+        checks["database"] = "ok"
+    except Exception as exc:  # a health check reports every failure, whatever its type
+        checks["database"] = f"error: {type(exc).__name__}"
+    try:
+        checks["channel_layer"] = async_to_sync(_channel_layer_roundtrip)()
+    except Exception as exc:
+        checks["channel_layer"] = f"error: {type(exc).__name__}"
+    healthy = all(v == "ok" for v in checks.values())
+    return JsonResponse(
+        {"status": "ok" if healthy else "error", **checks}, status=200 if healthy else 503
+    )
+
+
+async def _channel_layer_roundtrip() -> str:
+    import asyncio
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel("healthz.")
+    token = secrets.token_hex(8)
+    await layer.send(channel, {"type": "healthz", "token": token})
+    message = await asyncio.wait_for(layer.receive(channel), timeout=2)
+    return "ok" if message.get("token") == token else "error: mismatch"
+
+
+@staff_member_required
+@require_GET
+def diagnostics(request: HttpRequest) -> HttpResponse:
+    return render(request, "console/diagnostics.html")
+
+
+@staff_member_required
+@require_POST
+def diagnostics_ping(request: HttpRequest) -> HttpResponse:
+    """Enqueue a worker round-trip; the result arrives over the notifications websocket."""
+    token = request.POST.get("token") or secrets.token_hex(8)
+    try:
+        delay = float(request.POST.get("delay", "0.5"))
+    except ValueError:
+        return JsonResponse({"error": "invalid", "detail": "delay must be a number"}, status=400)
+    ping_worker_task.delay(request.user.pk, token, delay)
+    if request.htmx:
+        return render(request, "console/diagnostics.html#ping-sent", {"token": token})
+    return JsonResponse({"queued": True, "token": token, "queued_at": time.time()}, status=202)
+
+
+@staff_member_required
+@require_POST
+def diagnostics_broadcast(request: HttpRequest) -> JsonResponse:
+    """Send a message through the channel layer from outside any consumer."""
+    token = request.POST.get("token") or secrets.token_hex(8)
+    notify_user(request.user.public_id, "diagnostic.broadcast", {"token": token})
+    return JsonResponse({"sent": True, "token": token})
+
+
+@require_http_methods(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": "not_found", "detail": "Not found."}, status=404)
+    return render(request, "404.html", status=404)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": "error", "detail": "Server error."}, status=500)
+    # No context processors here: the failure may be in one of them.
+    return HttpResponse(loader.get_template("500.html").render({}), status=500)

@@ -1,0 +1,63 @@
+"""Personas and shared fixtures: two customers (alice, bob) and an operator."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from console.celery import app as celery_app
+
+PASSWORD = "correct-horse-battery-9"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _celery_runs_tasks_inline() -> None:
+    """In-process tests run tasks inline when they are enqueued (on commit).
+
+    The real asynchronous paths (embedded worker thread, a separate `celery worker` process on
+    Redis) are exercised end to end by tests/console/test_server_modes.py.
+    """
+    celery_app.conf.task_always_eager = True
+    celery_app.conf.task_eager_propagates = True
+
+
+def _make_user(django_user_model, username: str, **extra):  # noqa: ANN001, ANN202
+    return django_user_model.objects.create_user(
+        username=username, email=f"{username}@example.com", password=PASSWORD, **extra
+    )
+
+
+@pytest.fixture
+def alice(django_user_model):  # noqa: ANN001, ANN201
+    return _make_user(django_user_model, "alice", first_name="Alice")
+
+
+@pytest.fixture
+def bob(django_user_model):  # noqa: ANN001, ANN201
+    return _make_user(django_user_model, "bob", first_name="Bob")
+
+
+@pytest.fixture
+def operator(django_user_model):  # noqa: ANN001, ANN201
+    return _make_user(django_user_model, "ops", first_name="Olga", is_staff=True)
+
+
+def _client_for(user) -> Client:  # noqa: ANN001
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def alice_client(alice) -> Client:  # noqa: ANN001
+    return _client_for(alice)
+
+
+@pytest.fixture
+def bob_client(bob) -> Client:  # noqa: ANN001
+    return _client_for(bob)
+
+
+@pytest.fixture
+def operator_client(operator) -> Client:  # noqa: ANN001
+    return _client_for(operator)
