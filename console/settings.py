@@ -30,9 +30,28 @@ env = environ.Env()
 
 def _get(name: str, cast, default):  # noqa: ANN001 - thin wrapper around environ casts
     try:
+        if cast is _strict_bool:
+            return _strict_bool(name, default)
         return cast(name, default=default)
     except (ValueError, TypeError, environ.ImproperlyConfigured) as exc:
         raise ConfigError(f"Environment variable {name} has an invalid value: {exc}") from exc
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _strict_bool(name: str, default: bool) -> bool:
+    """Like env.bool, but a typo ("ture", "perhaps") is an error instead of a silent False."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{raw!r} is not a boolean (use true/false)")
 
 
 DATABASE_URL: str = _get("DATABASE_URL", env.str, "")
@@ -54,7 +73,7 @@ for _name, _url, _schemes in (
             f"{_name}={_url!r} is not supported; expected a URL with scheme one of {sorted(_schemes)}"
         )
 
-DEBUG: bool = _get("DEBUG", env.bool, False)
+DEBUG: bool = _get("DEBUG", _strict_bool, False)
 
 _secret = os.environ.get("SECRET_KEY", "")
 if PRODUCTION and len(_secret) < 50:
@@ -202,7 +221,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "Asia/Shanghai"
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 # Embedded default: run the worker (and beat) inside the ASGI server process.
-EMBEDDED_WORKER: bool = _get("EMBEDDED_WORKER", env.bool, EMBEDDED)
+EMBEDDED_WORKER: bool = _get("EMBEDDED_WORKER", _strict_bool, EMBEDDED)
 if PRODUCTION and EMBEDDED_WORKER:
     raise ConfigError("EMBEDDED_WORKER cannot be enabled in production mode; run `celery worker`.")
 EMBEDDED_WORKER_THREADS: int = _get("EMBEDDED_WORKER_THREADS", env.int, 4)
@@ -296,16 +315,16 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Security -----------------------------------------------------------------------------------
-SECURE_SSL_REDIRECT: bool = _get("SECURE_SSL_REDIRECT", env.bool, PRODUCTION)
-SESSION_COOKIE_SECURE: bool = _get("SESSION_COOKIE_SECURE", env.bool, PRODUCTION)
-CSRF_COOKIE_SECURE: bool = _get("CSRF_COOKIE_SECURE", env.bool, PRODUCTION)
+SECURE_SSL_REDIRECT: bool = _get("SECURE_SSL_REDIRECT", _strict_bool, PRODUCTION)
+SESSION_COOKIE_SECURE: bool = _get("SESSION_COOKIE_SECURE", _strict_bool, PRODUCTION)
+CSRF_COOKIE_SECURE: bool = _get("CSRF_COOKIE_SECURE", _strict_bool, PRODUCTION)
 SECURE_HSTS_SECONDS: int = _get("SECURE_HSTS_SECONDS", env.int, 31536000 if PRODUCTION else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = PRODUCTION
 SECURE_HSTS_PRELOAD = PRODUCTION
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
-if _get("BEHIND_TLS_PROXY", env.bool, PRODUCTION):
+if _get("BEHIND_TLS_PROXY", _strict_bool, PRODUCTION):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 SESSION_COOKIE_HTTPONLY = True

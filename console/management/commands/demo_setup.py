@@ -1,0 +1,46 @@
+"""Prepare the embedded demo: the shipped fleet and catalogue, a demo customer and an operator.
+
+Idempotent: run it any number of times (``make demo`` runs it at every start).
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.core.management import call_command, get_commands
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+DEMO_USERS = (
+    # username, email, password, is_staff
+    ("demo", "demo@example.com", "demo-password-2026", False),
+    ("ops", "ops@example.com", "ops-password-2026", True),
+)
+
+# Data loaders of the apps, run when the app provides them (each is idempotent).
+LOADERS: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+class Command(BaseCommand):
+    help = "Load the demo fleet and catalogue and create the demo accounts (idempotent)."
+
+    def handle(self, *args: object, **options: object) -> None:
+        available = get_commands()
+        for command, command_args in LOADERS:
+            if command in available:
+                call_command(command, *command_args, verbosity=0)
+                self.stdout.write(f"loaded: {command} {' '.join(command_args)}".strip())
+        with transaction.atomic():
+            for username, email, password, is_staff in DEMO_USERS:
+                self._ensure_user(username, email, password, is_staff)
+        self.stdout.write(self.style.SUCCESS("demo ready"))
+
+    def _ensure_user(self, username: str, email: str, password: str, is_staff: bool) -> None:
+        user_model = get_user_model()
+        user, created = user_model.objects.get_or_create(
+            username=username,
+            defaults={"email": email, "is_staff": is_staff, "is_superuser": is_staff},
+        )
+        if created:
+            user.set_password(password)
+            user.save(update_fields=["password"])
+            self.stdout.write(f"created {'operator' if is_staff else 'customer'} {username}")

@@ -1,0 +1,83 @@
+"""Configuration: production settings pass Django's deployment checklist; bad values fail loudly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings
+
+from console.celery import app as celery_app
+from tests.support.servers import ROOT, base_env, production_env
+
+PG = "postgres://postgres@127.0.0.1:5432/unused"
+
+
+def _manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_check_deploy_is_clean_with_production_settings() -> None:
+    env = production_env(PG, "redis://127.0.0.1:6379/0")
+    for key in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE"):
+        env.pop(key)  # production defaults, not the integration-test overrides
+    result = _manage(env, "check", "--deploy", "--fail-level", "WARNING")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"DATABASE_URL": PG}, "REDIS_URL"),
+        ({"DATABASE_URL": "mysql://root@localhost/x", "REDIS_URL": "redis://x"}, "DATABASE_URL"),
+        ({"DATABASE_URL": PG, "REDIS_URL": "http://x"}, "REDIS_URL"),
+        ({"DATABASE_URL": PG, "REDIS_URL": "redis://x", "SECRET_KEY": "short"}, "SECRET_KEY"),
+        ({"DEBUG": "perhaps"}, "DEBUG"),
+        ({"EMBEDDED_WORKER_THREADS": "many"}, "EMBEDDED_WORKER_THREADS"),
+        ({"CELERY_BROKER_URL": "ftp://x"}, "CELERY_BROKER_URL"),
+    ],
+)
+def test_bad_configuration_fails_at_start_naming_the_variable(overrides: dict, named: str) -> None:
+    env = {**base_env(), **overrides}
+    result = _manage(env, "check")
+    assert result.returncode != 0
+    assert named in result.stderr
+
+
+def test_embedded_default_needs_no_configuration() -> None:
+    result = _manage(base_env(), "check")
+    assert result.returncode == 0, result.stderr
+
+
+def test_task_timings_stay_below_the_broker_visibility_timeout() -> None:
+    """A task that outlives the visibility timeout would be redelivered while still running."""
+    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"]
+    assert settings.CELERY_TASK_TIME_LIMIT < visibility
+    assert settings.CELERY_TASK_SOFT_TIME_LIMIT < settings.CELERY_TASK_TIME_LIMIT
+    for name, task in celery_app.tasks.items():
+        if name.startswith("celery."):
+            continue
+        for attr in ("default_retry_delay", "time_limit", "soft_time_limit"):
+            value = getattr(task, attr, None)
+            assert value is None or value < visibility, (name, attr, value)
+        max_backoff = getattr(task, "retry_backoff_max", None)
+        assert max_backoff is None or max_backoff < visibility, name
+    for entry in settings.CELERY_BEAT_SCHEDULE.values():
+        countdown = (entry.get("options") or {}).get("countdown", 0)
+        assert countdown < visibility
+
+
+def test_celery_accepts_only_json() -> None:
+    assert celery_app.conf.accept_content == ["json"]
+    assert celery_app.conf.task_serializer == "json"
+    assert celery_app.conf.task_acks_late is True

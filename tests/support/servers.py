@@ -1,0 +1,220 @@
+"""Start the console as real processes (ASGI server, Celery worker) for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL"))}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["LOG_LEVEL"] = "WARNING"
+    return env
+
+
+def embedded_env(tmp_path: Path) -> dict[str, str]:
+    env = base_env()
+    env["SQLITE_PATH"] = str(tmp_path / "console.sqlite3")
+    return env
+
+
+def production_env(database_url: str, redis_url: str) -> dict[str, str]:
+    env = base_env()
+    env.update(
+        DATABASE_URL=database_url,
+        REDIS_URL=redis_url,
+        SECRET_KEY="it-" + uuid.uuid4().hex * 2,
+        SECURE_SSL_REDIRECT="false",
+        SESSION_COOKIE_SECURE="false",
+        CSRF_COOKIE_SECURE="false",
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+    )
+    return env
+
+
+def create_postgres_database(server_url: str) -> str:
+    """Create a fresh database next to ``server_url``'s and return its URL."""
+    import psycopg
+
+    parts = urlsplit(server_url)
+    name = f"gc_srv_{uuid.uuid4().hex[:10]}"
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def drop_postgres_database(url: str) -> None:
+    import psycopg
+
+    parts = urlsplit(url)
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    name = parts.path.lstrip("/")
+    assert re.fullmatch(r"gc_srv_[0-9a-f]{10}", name)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    result = subprocess.run(
+        [str(BIN / "python"), "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+
+@dataclass
+class Stack:
+    """A running console: the ASGI server and, in production mode, a Celery worker."""
+
+    env: dict[str, str]
+    port: int
+    tmp: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def spawn(self, name: str, *argv: str) -> Proc:
+        log = self.tmp / f"{name}.log"
+        handle = log.open("wb")
+        popen = subprocess.Popen(
+            list(argv),
+            cwd=ROOT,
+            env=self.env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def start_web(self) -> None:
+        self.spawn(
+            "web",
+            str(BIN / "uvicorn"),
+            "console.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--lifespan",
+            "off",
+            "--log-level",
+            "warning",
+        )
+        self.wait_healthy()
+
+    def start_worker(self) -> None:
+        self.spawn(
+            "worker",
+            str(BIN / "celery"),
+            "-A",
+            "console",
+            "worker",
+            "--pool",
+            "threads",
+            "--concurrency",
+            "2",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            f"it-{uuid.uuid4().hex[:6]}@%h",
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if "ready" in self.procs[-1].output():
+                return
+            self._check_alive()
+            time.sleep(0.2)
+        raise RuntimeError(f"celery worker did not become ready:\n{self.procs[-1].output()}")
+
+    def wait_healthy(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not healthy in time:\n{self.logs()}")
+
+    def _check_alive(self) -> None:
+        for proc in self.procs:
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"{proc.name} exited early:\n{proc.output()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.output()}" for p in self.procs)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.popen.poll() is None:
+                proc.popen.terminate()
+        for proc in self.procs:
+            try:
+                proc.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait(timeout=5)
+
+
+def login(client: httpx.Client, username: str, password: str) -> None:
+    """Log in through the admin's login form (a real CSRF round-trip)."""
+    page = client.get("/admin/login/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    response = client.post(
+        "/admin/login/",
+        data={
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": token,
+            "next": "/admin/",
+        },
+        headers={"Referer": f"{client.base_url}/admin/login/"},
+    )
+    assert response.status_code == 302, response.text[:500]
