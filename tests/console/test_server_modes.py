@@ -56,13 +56,14 @@ def embedded_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
         stack.stop()
 
 
-@pytest.fixture(scope="module")
-def production_stack(
-    tmp_path_factory: pytest.TempPathFactory,
+def _production_stack(
+    tmp_path_factory: pytest.TempPathFactory, broker_url: str | None
 ) -> Iterator[tuple[servers.Stack, str]]:
     database_url = servers.create_postgres_database(os.environ["DATABASE_URL"])
     tmp = tmp_path_factory.mktemp("production")
     env = servers.production_env(database_url, os.environ["REDIS_URL"])
+    if broker_url:
+        env["CELERY_BROKER_URL"] = broker_url
     env["STATIC_ROOT"] = str(tmp / "static")
     servers.manage(env, "collectstatic", "--noinput", "-v", "0")
     stack = servers.Stack(env=env, port=servers.free_port(), tmp=tmp)
@@ -74,6 +75,19 @@ def production_stack(
     finally:
         stack.stop()
         servers.drop_postgres_database(database_url)
+
+
+@pytest.fixture(scope="module")
+def production_stack(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[servers.Stack, str]]:
+    yield from _production_stack(tmp_path_factory, None)
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[servers.Stack, str]]:
+    broker = os.environ.get("IT_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+    yield from _production_stack(tmp_path_factory, broker)
 
 
 def _session(stack: servers.Stack) -> httpx.Client:
@@ -210,3 +224,12 @@ def test_production_websocket_gets_redis_message_and_worker_process_result(
 def test_production_websocket_refuses_foreign_origin_and_anonymous(production_stack) -> None:  # noqa: ANN001
     stack, _ = production_stack
     asyncio.run(_refusals(stack))
+
+
+@pytest.mark.integration
+def test_production_worker_runs_tasks_from_rabbitmq(rabbitmq_stack) -> None:  # noqa: ANN001
+    stack, public_id = rabbitmq_stack
+    asyncio.run(_broadcast_and_task(stack, public_id, _send_via_view))
+    worker_log = stack.procs[0].output()
+    assert "amqp://" in worker_log
+    assert "console.ping_worker_task" in worker_log
