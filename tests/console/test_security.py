@@ -1,0 +1,63 @@
+"""Cross-cutting web security checks, derived from the URL configuration so new routes are covered."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from tests.support.routes import iter_routes
+
+pytestmark = pytest.mark.django_db
+
+# Routes that must accept unsafe methods without a CSRF token, and why.
+CSRF_EXEMPT = {
+    # Payment providers call back server-to-server; the body carries an HMAC signature instead.
+    "billing:sandbox-webhook",
+    "billing:webhook",
+}
+
+
+def test_every_unsafe_request_without_csrf_token_is_refused(alice) -> None:  # noqa: ANN001
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice)
+    checked = 0
+    for route in iter_routes():
+        if route.name in CSRF_EXEMPT or route.path.startswith("/static/"):
+            continue
+        for method in ("post", "put", "patch", "delete"):
+            response = getattr(client, method)(route.path, data={}, content_type="application/json")
+            assert response.status_code == 403, (method, route.path, response.status_code)
+            checked += 1
+    assert checked > 20
+
+
+def test_security_headers_on_every_html_page(alice_client: Client) -> None:
+    pages = 0
+    for route in iter_routes():
+        if route.has_params:
+            continue
+        response = alice_client.get(route.path)
+        if (
+            not response.get("Content-Type", "").startswith("text/html")
+            or response.status_code >= 300
+        ):
+            continue
+        pages += 1
+        csp = response["Content-Security-Policy"]
+        for directive in (
+            "object-src 'none'",
+            "base-uri 'self'",
+            "frame-ancestors 'none'",
+            "script-src 'self'",
+        ):
+            assert directive in csp, (route.path, directive)
+        assert response["X-Content-Type-Options"] == "nosniff", route.path
+        assert response["Referrer-Policy"] == "same-origin", route.path
+    assert pages >= 5
+
+
+def test_route_walker_sees_the_api_and_app_pages() -> None:
+    paths = {r.path for r in iter_routes()}
+    assert "/healthz" in paths
+    assert "/api/v1/" in paths
+    assert "/instances/" in paths
