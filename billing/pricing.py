@@ -1,0 +1,134 @@
+"""The price calculator: quotes an order from a price table. Pure, no Django imports.
+
+The order forms, the API's quote endpoint and the billing page all call ``quote_order`` with the
+price book's current ``GpuPrice`` (see ``billing.services.current_gpu_price``), so a customer sees
+exactly the numbers metering will charge. All amounts are ``Decimal`` 元, rounded with the one rule
+in ``billing.money``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from billing.money import (
+    SECONDS_PER_DAY,
+    SECONDS_PER_HOUR,
+    ZERO,
+    charge_for,
+    round_cents,
+    to_decimal,
+)
+
+
+@dataclass(frozen=True)
+class TermPrice:
+    """A long-term rental term (阶梯长租锁价): paid up front, price locked for the term."""
+
+    days: int
+    rate_per_card_hour: Decimal
+
+
+@dataclass(frozen=True)
+class GpuPrice:
+    """One GPU model's prices in one price-book version."""
+
+    gpu_model: str
+    on_demand_per_card_hour: Decimal
+    terms: tuple[TermPrice, ...] = ()
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class StoragePrice:
+    per_gb_day: Decimal = ZERO
+    free_gb: int = 0
+
+
+@dataclass(frozen=True)
+class TermQuote:
+    days: int
+    rate_per_card_hour: Decimal
+    total: Decimal  # paid up front for the whole term
+    on_demand_total: Decimal  # the same hours on demand, for comparison
+    saving: Decimal  # on_demand_total - total
+
+    @property
+    def saving_percent(self) -> Decimal:
+        if not self.on_demand_total:
+            return ZERO
+        return round_cents(self.saving * 100 / self.on_demand_total)
+
+
+@dataclass(frozen=True)
+class Quote:
+    gpu_model: str
+    cards: int
+    rate_per_card_hour: Decimal
+    per_hour: Decimal
+    per_day: Decimal
+    storage_per_day: Decimal
+    terms: tuple[TermQuote, ...] = field(default_factory=tuple)
+    runway_seconds: int | None = (
+        None  # how long ``balance`` lasts on demand; None = no balance given
+    )
+    price_version: int = 0
+
+    @property
+    def burn_per_hour(self) -> Decimal:
+        """Exact hourly burn (GPU + storage spread over the day), before rounding."""
+        return to_decimal(self.rate_per_card_hour) * self.cards + self.storage_per_day / 24
+
+
+def storage_per_day(disk_gb: int, price: StoragePrice) -> Decimal:
+    """Persistent-disk cost per day beyond the free quota. The parallel file system is free."""
+    billable = max(0, int(disk_gb) - price.free_gb)
+    return round_cents(to_decimal(price.per_gb_day) * billable)
+
+
+def runway_seconds(balance: Decimal, burn_per_hour: Decimal) -> int | None:
+    """Whole seconds ``balance`` lasts at ``burn_per_hour``; None when nothing burns (forever)."""
+    burn = to_decimal(burn_per_hour)
+    if burn <= 0:
+        return None
+    balance = to_decimal(balance)
+    if balance <= 0:
+        return 0
+    return int(balance * SECONDS_PER_HOUR / burn)  # int() floors positive values
+
+
+def term_quote(price: GpuPrice, term: TermPrice, cards: int) -> TermQuote:
+    seconds = term.days * SECONDS_PER_DAY
+    total = charge_for(term.rate_per_card_hour, cards, seconds)
+    on_demand = charge_for(price.on_demand_per_card_hour, cards, seconds)
+    return TermQuote(term.days, term.rate_per_card_hour, total, on_demand, on_demand - total)
+
+
+def quote_order(
+    price: GpuPrice,
+    cards: int,
+    *,
+    balance: Decimal | None = None,
+    disk_gb: int = 0,
+    storage: StoragePrice | None = None,
+) -> Quote:
+    """Quote ``cards`` cards of ``price.gpu_model``: per hour, per day, every term, and runway."""
+    if cards < 1:
+        raise ValueError("an order needs at least one card")
+    rate = to_decimal(price.on_demand_per_card_hour)
+    disk = storage_per_day(disk_gb, storage) if storage else ZERO
+    quote = Quote(
+        gpu_model=price.gpu_model,
+        cards=cards,
+        rate_per_card_hour=rate,
+        per_hour=charge_for(rate, cards, SECONDS_PER_HOUR),
+        per_day=charge_for(rate, cards, SECONDS_PER_DAY),
+        storage_per_day=disk,
+        terms=tuple(term_quote(price, t, cards) for t in sorted(price.terms, key=lambda t: t.days)),
+        price_version=price.version,
+    )
+    if balance is not None:
+        quote = Quote(
+            **{**quote.__dict__, "runway_seconds": runway_seconds(balance, quote.burn_per_hour)}
+        )
+    return quote
