@@ -1,10 +1,16 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.db import models
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+
+from console.choices import API_TOKEN_STATE_BADGES, ApiTokenState, SshKeyType
+from console.querysets import ApiTokenQuerySet, SshKeyQuerySet
 
 
 class User(AbstractUser):
@@ -20,3 +26,91 @@ class User(AbstractUser):
     def channel_group(self) -> str:
         """The websocket group that reaches every open console tab of this user."""
         return f"user.{self.public_id}"
+
+
+class SshKey(models.Model):
+    """An SSH public key a customer pastes once and picks when ordering instances."""
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ssh_keys"
+    )
+    name = models.CharField(_("name"), max_length=100)
+    key_type = models.CharField(_("key type"), max_length=32, choices=SshKeyType.choices)
+    public_key = models.TextField(_("public key"), help_text=_("<type> <base64>, no comment"))
+    fingerprint = models.CharField(_("fingerprint"), max_length=64)
+    comment = models.CharField(_("comment"), max_length=255, blank=True)
+    bits = models.PositiveIntegerField(_("bits"))
+    is_default = models.BooleanField(_("default for new instances"), default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = SshKeyQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("SSH key")
+        verbose_name_plural = _("SSH keys")
+        ordering = ("-is_default", "name", "id")
+        constraints = (
+            models.UniqueConstraint(
+                fields=("owner", "fingerprint"), name="console_sshkey_unique_fingerprint"
+            ),
+            models.UniqueConstraint(fields=("owner", "name"), name="console_sshkey_unique_name"),
+            models.UniqueConstraint(
+                fields=("owner",),
+                condition=models.Q(is_default=True),
+                name="console_sshkey_one_default",
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.fingerprint})"
+
+    @property
+    def authorized_keys_line(self) -> str:
+        """The line written into ``authorized_keys`` on the nodes (comment is printable ASCII)."""
+        return f"{self.public_key} {self.comment}".rstrip()
+
+
+class ApiToken(models.Model):
+    """A personal API token. Only its SHA-256 is stored; the secret is shown once at creation.
+
+    The token reads ``gct_<prefix>_<secret>``: ``prefix`` is a unique lookup key, the secret has
+    256 bits of entropy, so a plain (unsalted) SHA-256 is enough and lookups stay one index hit.
+    """
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(_("name"), max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(_("expires"), null=True, blank=True)
+    last_used_at = models.DateTimeField(_("last used"), null=True, blank=True)
+    revoked_at = models.DateTimeField(_("revoked"), null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("API token")
+        verbose_name_plural = _("API tokens")
+        ordering = ("-created_at", "-id")
+
+    def __str__(self) -> str:
+        return f"{self.name} (gct_{self.prefix}_…)"
+
+    def state(self, now: datetime | None = None) -> ApiTokenState:
+        if self.revoked_at is not None:
+            return ApiTokenState.REVOKED
+        if self.expires_at is not None and self.expires_at <= (now or timezone.now()):
+            return ApiTokenState.EXPIRED
+        return ApiTokenState.ACTIVE
+
+    @property
+    def state_badge(self) -> str:
+        return API_TOKEN_STATE_BADGES[self.state()]
+
+    @property
+    def display_prefix(self) -> str:
+        return f"gct_{self.prefix}_…"

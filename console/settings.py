@@ -104,6 +104,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_htmx",
     "template_partials",
+    "allauth",
+    "allauth.account",
     "console",
     "slices",
     "marketplace",
@@ -122,13 +124,14 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "allauth.account.middleware.AccountMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
 WSGI_APPLICATION = "console.wsgi.application"
 ASGI_APPLICATION = "console.asgi.application"
 AUTH_USER_MODEL = "console.User"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "account_login"
 LOGIN_REDIRECT_URL = "/"
 
 TEMPLATES = [
@@ -274,6 +277,42 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = EMBEDDED
 WHITENOISE_AUTOREFRESH = EMBEDDED and DEBUG
 
+# --- Accounts (django-allauth) ------------------------------------------------------------------
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",  # the admin's login form
+    "allauth.account.auth_backends.AuthenticationBackend",  # email or username
+]
+ACCOUNT_ADAPTER = "console.adapters.AccountAdapter"
+ACCOUNT_LOGIN_METHODS = {"email", "username"}
+ACCOUNT_SIGNUP_FIELDS = ["email*", "password1*", "password2*"]  # username is generated
+ACCOUNT_EMAIL_VERIFICATION = "mandatory"
+ACCOUNT_UNIQUE_EMAIL = True
+ACCOUNT_PREVENT_ENUMERATION = True
+ACCOUNT_LOGIN_ON_EMAIL_CONFIRMATION = False
+ACCOUNT_LOGOUT_ON_PASSWORD_CHANGE = False
+ACCOUNT_EMAIL_SUBJECT_PREFIX = "[GPU Console] "
+ACCOUNT_DEFAULT_HTTP_PROTOCOL = "https" if PRODUCTION else "http"
+# Abuse limits, counted in the cache (Redis in production, so every web server shares them).
+# Failed logins count per login name only: five wrong passwords lock that account for 15 minutes
+# without locking out colleagues behind the same NAT; "login" still throttles raw volume per IP.
+ACCOUNT_RATE_LIMITS = {
+    "signup": _get("RATE_LIMIT_SIGNUP", env.str, "5/h/ip"),
+    "reset_password": _get("RATE_LIMIT_RESET_PASSWORD", env.str, "5/h/ip,3/h/key"),
+    "reset_password_from_key": "20/m/ip",
+    "login": _get("RATE_LIMIT_LOGIN", env.str, "60/m/ip"),
+    "login_failed": _get("RATE_LIMIT_LOGIN_FAILED", env.str, "5/15m/key"),
+    "confirm_email": "1/3m/key",
+    "change_password": "5/m/user",
+    "manage_email": "10/m/user",
+}
+# Reverse proxies in front of the web servers that append to X-Forwarded-For (the per-IP limits
+# read the client address through them; 0 = use the socket's peer address).
+ALLAUTH_TRUSTED_PROXY_COUNT: int = _get("TRUSTED_PROXY_COUNT", env.int, 0)
+# Extra disposable-email domains refused at sign-up, besides the bundled block list.
+DISPOSABLE_EMAIL_DOMAINS: list[str] = _get("DISPOSABLE_EMAIL_DOMAINS", env.list, [])
+API_TOKEN_MAX_PER_USER: int = _get("API_TOKEN_MAX_PER_USER", env.int, 50)
+SSH_KEY_MAX_PER_USER: int = _get("SSH_KEY_MAX_PER_USER", env.int, 50)
+
 # --- Email --------------------------------------------------------------------------------------
 EMAIL_BACKEND = _get(
     "EMAIL_BACKEND",
@@ -290,6 +329,7 @@ DEFAULT_FROM_EMAIL = _get("DEFAULT_FROM_EMAIL", env.str, "GPU Console <noreply@l
 # --- REST framework -----------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "console.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
+from allauth.account import views as allauth_views
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
@@ -38,7 +39,10 @@ urlpatterns = [
     path("diagnostics/ping/", views.diagnostics_ping, name="diagnostics-ping"),
     path("diagnostics/broadcast/", views.diagnostics_broadcast, name="diagnostics-broadcast"),
     path("i18n/", include("django.conf.urls.i18n")),
-    path("accounts/", include("django.contrib.auth.urls")),
+    path("accounts/", include("console.account_urls")),
+    path("accounts/", include("allauth.urls")),
+    # The pre-allauth name, still used by pages: the same view as allauth's account_login.
+    path("accounts/login/", allauth_views.login, name="login"),
     path("admin/", admin.site.urls),
     path("api/v1/", include([path("", include(api_router.urls)), *api_extra])),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),

@@ -4,5 +4,9 @@ from __future__ import annotations
 
 from rest_framework.routers import DefaultRouter
 
+from console.api.views import ApiTokenViewSet, SshKeyViewSet
+
 router = DefaultRouter()
+router.register("ssh-keys", SshKeyViewSet, basename="ssh-key")
+router.register("api-tokens", ApiTokenViewSet, basename="api-token")
 urlpatterns: list = []

@@ -1,0 +1,156 @@
+"""Account pages: overview, SSH keys, API tokens (htmx partials with plain-form fallbacks)."""
+
+from __future__ import annotations
+
+from allauth.account.models import EmailAddress
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console import services
+from console.forms import ApiTokenForm, SshKeyForm
+from console.htmx import render_page
+from console.models import ApiToken, SshKey
+
+
+def _add_errors(form: SshKeyForm | ApiTokenForm, exc: ValidationError) -> None:
+    if hasattr(exc, "error_dict"):
+        for field, errors in exc.error_dict.items():
+            form.add_error(field if field in form.fields else None, errors)
+    else:
+        form.add_error(None, exc)
+
+
+@login_required
+@require_GET
+def overview(request: HttpRequest) -> HttpResponse:
+    context = {
+        "emails": EmailAddress.objects.filter(user=request.user).order_by("-primary", "email"),
+        "ssh_key_count": SshKey.objects.for_owner(request.user).count(),
+        "token_count": ApiToken.objects.for_owner(request.user).active().count(),
+        "wallet": _wallet_summary(request.user),
+    }
+    return render(request, "console/account.html", context)
+
+
+def _wallet_summary(user: object) -> object | None:
+    try:
+        from billing.services import get_wallet_summary
+    except ImportError:  # billing not wired yet on this checkout
+        return None
+    return get_wallet_summary(user)
+
+
+# --- SSH keys -----------------------------------------------------------------------------------
+def _ssh_keys_page(
+    request: HttpRequest, form: SshKeyForm, *, notice: str = "", partial: str | None = None
+) -> HttpResponse:
+    context = {"keys": SshKey.objects.for_owner(request.user), "form": form, "notice": notice}
+    if partial:
+        return render_page(request, "console/account_ssh_keys.html", context, partial)
+    return render(request, "console/account_ssh_keys.html", context)
+
+
+def _done(request: HttpRequest, notice: str, page: str) -> HttpResponse:
+    """After a change: the refreshed panel for htmx, a redirect with a message otherwise."""
+    if request.htmx:
+        if page == "account:ssh-key-list":
+            return _ssh_keys_page(request, SshKeyForm(), notice=notice, partial="keys-panel")
+        return _tokens_page(request, ApiTokenForm(), notice=notice, partial="tokens-panel")
+    messages.success(request, notice)
+    return redirect(page)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def ssh_key_list(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return _ssh_keys_page(request, SshKeyForm())
+    form = SshKeyForm(request.POST)
+    if form.is_valid():
+        try:
+            key = services.add_ssh_key(
+                request.user,
+                name=form.cleaned_data["name"],
+                public_key=form.cleaned_data["public_key"],
+                make_default=form.cleaned_data["make_default"],
+            )
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            notice = _("SSH key “%(name)s” added.") % {"name": key.name}
+            return _done(request, notice, "account:ssh-key-list")
+    return _ssh_keys_page(request, form, partial="keys-panel")
+
+
+@login_required
+@require_POST
+def ssh_key_delete(request: HttpRequest, public_id: str) -> HttpResponse:
+    key = services.get_ssh_key_for_user(request.user, public_id)
+    services.delete_ssh_key(request.user, key)
+    return _done(
+        request, _("SSH key “%(name)s” deleted.") % {"name": key.name}, "account:ssh-key-list"
+    )
+
+
+@login_required
+@require_POST
+def ssh_key_set_default(request: HttpRequest, public_id: str) -> HttpResponse:
+    key = services.get_ssh_key_for_user(request.user, public_id)
+    services.set_default_ssh_key(request.user, key)
+    notice = _("“%(name)s” is now your default key.") % {"name": key.name}
+    return _done(request, notice, "account:ssh-key-list")
+
+
+# --- API tokens ---------------------------------------------------------------------------------
+def _tokens_page(
+    request: HttpRequest,
+    form: ApiTokenForm,
+    *,
+    new_token: str | None = None,
+    notice: str = "",
+    partial: str | None = None,
+) -> HttpResponse:
+    tokens = ApiToken.objects.for_owner(request.user)
+    context = {"tokens": tokens, "form": form, "new_token": new_token, "notice": notice}
+    template = "console/account_tokens.html"
+    if partial:
+        response = render_page(request, template, context, partial)
+    else:
+        response = render(request, template, context)
+    if new_token:
+        response["Cache-Control"] = "no-store"  # the secret must not linger in any cache
+    return response
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def token_list(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return _tokens_page(request, ApiTokenForm())
+    form = ApiTokenForm(request.POST)
+    if form.is_valid():
+        try:
+            _token, raw = services.create_api_token(
+                request.user, name=form.cleaned_data["name"], expires_at=form.expires_at()
+            )
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            # Rendered directly (no redirect): the secret exists only in this one response.
+            return _tokens_page(request, ApiTokenForm(), new_token=raw, partial="tokens-panel")
+    return _tokens_page(request, form, partial="tokens-panel")
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, public_id: str) -> HttpResponse:
+    token = services.get_api_token_for_user(request.user, public_id)
+    services.revoke_api_token(request.user, token)
+    return _done(
+        request, _("Token “%(name)s” revoked.") % {"name": token.name}, "account:token-list"
+    )

@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from console import services
+from console.api.serializers import (
+    ApiTokenCreatedSerializer,
+    ApiTokenCreateSerializer,
+    ApiTokenSerializer,
+    SshKeyCreateSerializer,
+    SshKeySerializer,
+)
+from console.models import ApiToken, SshKey
+
+UUID_PATTERN = "[0-9a-fA-F-]{32,36}"
+
+
+def _drf_error(exc: DjangoValidationError) -> ValidationError:
+    if hasattr(exc, "error_dict"):
+        return ValidationError(
+            {k: [str(m) for e in v for m in e] for k, v in exc.error_dict.items()}
+        )
+    return ValidationError({"non_field_errors": [str(m) for m in exc]})
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List your SSH keys", tags=["account"]),
+    retrieve=extend_schema(summary="Show one SSH key", tags=["account"]),
+    destroy=extend_schema(summary="Delete an SSH key", tags=["account"]),
+)
+class SshKeyViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    serializer_class = SshKeySerializer
+    lookup_field = "public_id"
+    lookup_value_regex = UUID_PATTERN
+
+    def get_queryset(self):  # noqa: ANN201
+        return SshKey.objects.for_owner(self.request.user)
+
+    def get_object(self) -> SshKey:
+        return services.get_ssh_key_for_user(self.request.user, self.kwargs["public_id"])
+
+    @extend_schema(
+        summary="Add an SSH public key",
+        request=SshKeyCreateSerializer,
+        responses={201: SshKeySerializer},
+        tags=["account"],
+    )
+    def create(self, request: Request) -> Response:
+        payload = SshKeyCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        try:
+            key = services.add_ssh_key(
+                request.user,
+                name=payload.validated_data["name"],
+                public_key=payload.validated_data["public_key"],
+                make_default=payload.validated_data["is_default"],
+            )
+        except DjangoValidationError as exc:
+            raise _drf_error(exc) from None
+        return Response(SshKeySerializer(key).data, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance: SshKey) -> None:
+        services.delete_ssh_key(self.request.user, instance)
+
+    @extend_schema(
+        summary="Make this key the default for new instances",
+        request=None,
+        responses={200: SshKeySerializer},
+        tags=["account"],
+    )
+    @action(detail=True, methods=["post"], url_path="set-default")
+    def set_default(self, request: Request, public_id: str) -> Response:
+        key = services.set_default_ssh_key(request.user, self.get_object())
+        return Response(SshKeySerializer(key).data)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List your API tokens (secrets are never shown)", tags=["account"]),
+    retrieve=extend_schema(summary="Show one API token", tags=["account"]),
+)
+class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = ApiTokenSerializer
+    lookup_field = "public_id"
+    lookup_value_regex = UUID_PATTERN
+
+    def get_queryset(self):  # noqa: ANN201
+        return ApiToken.objects.for_owner(self.request.user)
+
+    def get_object(self) -> ApiToken:
+        return services.get_api_token_for_user(self.request.user, self.kwargs["public_id"])
+
+    @extend_schema(
+        summary="Create an API token (the secret is in this response only)",
+        request=ApiTokenCreateSerializer,
+        responses={201: ApiTokenCreatedSerializer},
+        tags=["account"],
+    )
+    def create(self, request: Request) -> Response:
+        payload = ApiTokenCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        try:
+            token, raw = services.create_api_token(request.user, **payload.validated_data)
+        except DjangoValidationError as exc:
+            raise _drf_error(exc) from None
+        token.token = raw
+        response = Response(ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @extend_schema(
+        summary="Revoke an API token", request=None, responses={204: None}, tags=["account"]
+    )
+    def destroy(self, request: Request, public_id: str) -> Response:
+        services.revoke_api_token(request.user, self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        summary="Revoke an API token",
+        request=None,
+        responses={200: ApiTokenSerializer},
+        tags=["account"],
+    )
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, public_id: str) -> Response:
+        token = self.get_object()
+        services.revoke_api_token(request.user, token)
+        return Response(ApiTokenSerializer(token).data)

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class SshKeyType(models.TextChoices):
+    ED25519 = "ssh-ed25519", "Ed25519"
+    ECDSA_P256 = "ecdsa-sha2-nistp256", "ECDSA P-256"
+    ECDSA_P384 = "ecdsa-sha2-nistp384", "ECDSA P-384"
+    ECDSA_P521 = "ecdsa-sha2-nistp521", "ECDSA P-521"
+    RSA = "ssh-rsa", "RSA"
+
+
+class ApiTokenState(models.TextChoices):
+    ACTIVE = "active", _("Active")
+    EXPIRED = "expired", _("Expired")
+    REVOKED = "revoked", _("Revoked")
+
+
+API_TOKEN_STATE_BADGES = {
+    ApiTokenState.ACTIVE: "success",
+    ApiTokenState.EXPIRED: "secondary",
+    ApiTokenState.REVOKED: "danger",
+}
+
+
+class TokenLifetime(models.TextChoices):
+    """Expiry choices offered by the token form (days; empty = never)."""
+
+    NEVER = "", _("Never expires")
+    WEEK = "7", _("7 days")
+    MONTH = "30", _("30 days")
+    QUARTER = "90", _("90 days")
+    YEAR = "365", _("1 year")

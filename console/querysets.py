@@ -1,0 +1,34 @@
+"""Tenant scoping shared by every customer-owned model: ``Model.objects.for_owner(user)``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class OwnedQuerySet(models.QuerySet):
+    """Rows owned by one account. Anonymous callers see nothing; staff see only their own too."""
+
+    owner_field = "owner"
+
+    def for_owner(self, user: Any) -> OwnedQuerySet:
+        if user is None or not getattr(user, "is_authenticated", False):
+            return self.none()
+        return self.filter(**{self.owner_field: user})
+
+
+class SshKeyQuerySet(OwnedQuerySet):
+    def defaults(self) -> SshKeyQuerySet:
+        return self.filter(is_default=True)
+
+
+class ApiTokenQuerySet(OwnedQuerySet):
+    def active(self, now: datetime | None = None) -> ApiTokenQuerySet:
+        now = now or timezone.now()
+        return self.filter(revoked_at__isnull=True).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+        )

@@ -1,0 +1,255 @@
+"""Accounts glue: SSH keys, API tokens, the trial credit on email verification.
+
+Every write to ``SshKey`` and ``ApiToken`` goes through a function here; views, the API and the
+admin call them. Fetchers (``get_*_for_user``) raise ``Http404`` for other people's objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.http import Http404
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from console.choices import ApiTokenState
+from console.models import ApiToken, SshKey, User
+from console.validators import parse_ssh_public_key
+
+logger = logging.getLogger(__name__)
+
+TOKEN_PREFIX = "gct"  # noqa: S105 - a label, not a secret
+# Writing last_used_at on every request would turn each API read into a write; a minute is
+# precise enough for "last used" and keeps hot tokens from hammering one row.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+# --- fetchers -----------------------------------------------------------------------------------
+def _parse_uuid(value: Any) -> uuid.UUID:
+    try:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+    except (TypeError, ValueError, AttributeError):
+        raise Http404 from None
+
+
+def get_ssh_key_for_user(user: User, public_id: Any) -> SshKey:
+    """The caller's key, or 404 (also for keys that exist but belong to someone else)."""
+    try:
+        return SshKey.objects.for_owner(user).get(public_id=_parse_uuid(public_id))
+    except SshKey.DoesNotExist:
+        raise Http404 from None
+
+
+def get_api_token_for_user(user: User, public_id: Any) -> ApiToken:
+    try:
+        return ApiToken.objects.for_owner(user).get(public_id=_parse_uuid(public_id))
+    except ApiToken.DoesNotExist:
+        raise Http404 from None
+
+
+def get_default_ssh_key(user: User) -> SshKey | None:
+    """The key pre-selected when ordering an instance (None when the user has no key)."""
+    return SshKey.objects.for_owner(user).defaults().first()
+
+
+# --- SSH keys -----------------------------------------------------------------------------------
+@transaction.atomic
+def add_ssh_key(user: User, *, name: str, public_key: str, make_default: bool = False) -> SshKey:
+    """Validate and store a pasted public key; the first key becomes the default.
+
+    Raises ``ValidationError`` (keyed by field) for a malformed, weak or duplicate key.
+    """
+    try:
+        parsed = parse_ssh_public_key(public_key)
+    except ValidationError as exc:
+        raise ValidationError({"public_key": exc}) from None
+    name = (name or "").strip() or parsed.comment[:100] or parsed.fingerprint[7:19]
+    # Lock the owner's row: concurrent adds of the same key or of a first key queue up here,
+    # so the duplicate check and "first key is default" see each other's result.
+    User.objects.select_for_update().filter(pk=user.pk).first()
+    mine = SshKey.objects.for_owner(user)
+    duplicate = mine.filter(fingerprint=parsed.fingerprint).first()
+    if duplicate is not None:
+        raise ValidationError(
+            {
+                "public_key": ValidationError(
+                    _("You have already added this key (as “%(name)s”)."),
+                    code="duplicate",
+                    params={"name": duplicate.name},
+                )
+            }
+        )
+    if mine.filter(name=name).exists():
+        raise ValidationError(
+            {"name": ValidationError(_("You already have a key with this name."), code="duplicate")}
+        )
+    if mine.count() >= settings.SSH_KEY_MAX_PER_USER:
+        raise ValidationError(
+            _("You can store at most %(limit)s SSH keys; delete one first."),
+            code="limit",
+            params={"limit": settings.SSH_KEY_MAX_PER_USER},
+        )
+    is_default = make_default or not mine.exists()
+    if is_default:
+        mine.filter(is_default=True).update(is_default=False)
+    try:
+        with transaction.atomic():
+            return SshKey.objects.create(
+                owner=user,
+                name=name,
+                key_type=parsed.key_type,
+                public_key=parsed.openssh,
+                fingerprint=parsed.fingerprint,
+                comment=parsed.comment,
+                bits=parsed.bits,
+                is_default=is_default,
+            )
+    except IntegrityError:
+        # Only reachable on a database without row locks (SQLite ignores FOR UPDATE but
+        # serialises writers anyway); answer like the duplicate check above.
+        raise ValidationError(
+            {"public_key": ValidationError(_("You have already added this key."), code="duplicate")}
+        ) from None
+
+
+@transaction.atomic
+def set_default_ssh_key(user: User, key: SshKey) -> SshKey:
+    """Make ``key`` the one pre-selected for new instances (exactly one default per user)."""
+    User.objects.select_for_update().filter(pk=user.pk).first()
+    SshKey.objects.for_owner(user).filter(is_default=True).exclude(pk=key.pk).update(
+        is_default=False
+    )
+    SshKey.objects.for_owner(user).filter(pk=key.pk).update(is_default=True)
+    key.is_default = True
+    return key
+
+
+@transaction.atomic
+def delete_ssh_key(user: User, key: SshKey) -> bool:
+    """Delete a key; if it was the default, the newest remaining key becomes the default.
+
+    Instances already running keep the key in their ``authorized_keys``; this only affects
+    new orders. Returns False if another request deleted it first.
+    """
+    User.objects.select_for_update().filter(pk=user.pk).first()
+    deleted, _rows = SshKey.objects.for_owner(user).filter(pk=key.pk).delete()
+    if deleted and key.is_default:
+        successor = SshKey.objects.for_owner(user).order_by("-created_at", "-id").first()
+        if successor is not None:
+            SshKey.objects.filter(pk=successor.pk).update(is_default=True)
+    return bool(deleted)
+
+
+# --- API tokens ---------------------------------------------------------------------------------
+def _hash_token(raw: str) -> str:
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+
+@transaction.atomic
+def create_api_token(
+    user: User, *, name: str, expires_at: datetime | None = None
+) -> tuple[ApiToken, str]:
+    """Create a token and return it with its secret, which is never retrievable again."""
+    name = (name or "").strip()
+    if not name:
+        raise ValidationError({"name": ValidationError(_("Give the token a name."), "required")})
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError(
+            {"expires_at": ValidationError(_("The expiry must be in the future."), "past")}
+        )
+    User.objects.select_for_update().filter(pk=user.pk).first()
+    if ApiToken.objects.for_owner(user).active().count() >= settings.API_TOKEN_MAX_PER_USER:
+        raise ValidationError(
+            _("You can have at most %(limit)s active tokens; revoke one first."),
+            code="limit",
+            params={"limit": settings.API_TOKEN_MAX_PER_USER},
+        )
+    prefix = secrets.token_hex(6)
+    raw = f"{TOKEN_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
+    token = ApiToken.objects.create(
+        owner=user,
+        name=name[:100],
+        prefix=prefix,
+        secret_hash=_hash_token(raw),
+        expires_at=expires_at,
+    )
+    return token, raw
+
+
+def revoke_api_token(user: User, token: ApiToken) -> bool:
+    """Revoke a token at once. Compare-and-set: True only for the call that revoked it."""
+    now = timezone.now()
+    won = (
+        ApiToken.objects.for_owner(user)
+        .filter(pk=token.pk, revoked_at__isnull=True)
+        .update(revoked_at=now)
+        == 1
+    )
+    if won:
+        token.revoked_at = now
+    return won
+
+
+@dataclass(frozen=True)
+class TokenCheck:
+    token: ApiToken | None
+    failure: str | None  # "invalid", "expired", "revoked", "inactive_user"
+
+
+def check_api_token(raw: str) -> TokenCheck:
+    """Look a presented token up by its prefix and compare hashes in constant time.
+
+    Also records the last use (at most once a minute).
+    """
+    parts = raw.split("_", 2)  # the secret itself may contain "_"
+    if len(parts) != 3 or parts[0] != TOKEN_PREFIX or not parts[1] or len(raw) > 200:
+        return TokenCheck(None, "invalid")
+    token = ApiToken.objects.select_related("owner").filter(prefix=parts[1]).first()
+    if token is None or not hmac.compare_digest(token.secret_hash, _hash_token(raw)):
+        return TokenCheck(None, "invalid")
+    now = timezone.now()
+    state = token.state(now)
+    if state == ApiTokenState.REVOKED:
+        return TokenCheck(None, "revoked")
+    if state == ApiTokenState.EXPIRED:
+        return TokenCheck(None, "expired")
+    if not token.owner.is_active:
+        return TokenCheck(None, "inactive_user")
+    if token.last_used_at is None or token.last_used_at < now - LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return TokenCheck(token, None)
+
+
+# --- sign-up ------------------------------------------------------------------------------------
+def grant_trial_credit_after_verification(user_id: int) -> bool:
+    """Give a newly verified account its one-time 10 元 trial credit (体验金).
+
+    Called after the email verification has committed. The billing service is idempotent per
+    account (a unique trial-grant row), so a second verification, a second address or two
+    confirmations racing each other grant nothing more. Returns whether this call granted it.
+    """
+    from billing.services import grant_trial_credit
+
+    user = User.objects.filter(pk=user_id, is_active=True).first()
+    if user is None:
+        return False
+    granted = grant_trial_credit(user)
+    if granted:
+        logger.info("trial credit granted to user %s", user.public_id)
+    return granted
+
+
+def on_email_verified(user_id: int) -> None:
+    """Schedule the trial credit once the verification's transaction commits."""
+    transaction.on_commit(lambda: grant_trial_credit_after_verification(user_id))

