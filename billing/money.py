@@ -41,21 +41,32 @@ def round_cents(amount: Decimal | int | str) -> Decimal:
     return to_decimal(amount).quantize(CENT, rounding=ROUNDING)
 
 
-def accrued(rate_per_card_hour: Decimal, cards: int, seconds: int) -> Decimal:
-    """The exact (unrounded) amount of ``seconds`` of usage at ``rate`` per card-hour."""
+def accrued(
+    rate_per_card_hour: Decimal, cards: int, seconds: int, per: int = SECONDS_PER_HOUR
+) -> Decimal:
+    """The exact (unrounded) amount of ``seconds`` of usage at ``rate`` per card-hour.
+
+    ``per`` is the rate's period in seconds: 3600 for GPU card-hours, 86400 for disk GB-days.
+    """
     if seconds < 0 or cards < 0:
         raise ValueError("seconds and cards must not be negative")
     with localcontext(_EXACT):
-        return to_decimal(rate_per_card_hour) * int(cards) * int(seconds) / SECONDS_PER_HOUR
+        return to_decimal(rate_per_card_hour) * int(cards) * int(seconds) / per
 
 
-def charge_for(rate_per_card_hour: Decimal, cards: int, seconds: int) -> Decimal:
+def charge_for(
+    rate_per_card_hour: Decimal, cards: int, seconds: int, per: int = SECONDS_PER_HOUR
+) -> Decimal:
     """What ``seconds`` of a session cost in total, rounded once (the cumulative target)."""
-    return round_cents(accrued(rate_per_card_hour, cards, seconds))
+    return round_cents(accrued(rate_per_card_hour, cards, seconds, per))
 
 
 def settlement_delta(
-    rate_per_card_hour: Decimal, cards: int, settled_seconds: int, until_seconds: int
+    rate_per_card_hour: Decimal,
+    cards: int,
+    settled_seconds: int,
+    until_seconds: int,
+    per: int = SECONDS_PER_HOUR,
 ) -> Decimal:
     """The amount to charge when a session settled up to ``settled_seconds`` moves to ``until_seconds``.
 
@@ -64,8 +75,8 @@ def settlement_delta(
     """
     if until_seconds < settled_seconds:
         raise ValueError("a settlement cannot go back in time")
-    return charge_for(rate_per_card_hour, cards, until_seconds) - charge_for(
-        rate_per_card_hour, cards, settled_seconds
+    return charge_for(rate_per_card_hour, cards, until_seconds, per) - charge_for(
+        rate_per_card_hour, cards, settled_seconds, per
     )
 
 
@@ -73,3 +84,23 @@ def percent_of(amount: Decimal, rate_percent: Decimal) -> Decimal:
     """``rate_percent`` % of ``amount``, rounded with the same rule (used for bonus vouchers)."""
     with localcontext(_EXACT):
         return round_cents(to_decimal(amount) * to_decimal(rate_percent) / 100)
+
+
+def allocate(amount: Decimal, available: list[Decimal]) -> list[Decimal]:
+    """Split a charge over buckets in spending order; the last bucket (cash) takes any remainder.
+
+    ``available`` is what each bucket holds, in the order money is taken (vouchers expiring
+    first, then trial credit, then cash). Every bucket but the last is never taken below zero;
+    the last may go negative (the bounded overdraft of billing/lowbalance.py). The parts sum to
+    ``amount`` exactly.
+    """
+    if not available:
+        raise ValueError("at least one bucket (cash) is needed")
+    parts: list[Decimal] = []
+    rest = to_decimal(amount)
+    for held in available[:-1]:
+        take = min(rest, max(to_decimal(held), ZERO))
+        parts.append(take)
+        rest -= take
+    parts.append(rest)
+    return parts

@@ -1,0 +1,91 @@
+"""Billing's enumerations, with their badge colours beside them."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class AccountKind(models.TextChoices):
+    # A customer's buckets (balance = money the customer holds):
+    CASH = "cash", _("Cash")
+    TRIAL = "trial", _("Trial credit")
+    VOUCHER = "voucher", _("Voucher")
+    # The operator's side of every posting (balances are mostly negative: the mirror image):
+    PAYMENTS = "payments", _("Payments received")
+    PROMOTIONS = "promotions", _("Promotional credit granted")
+    USAGE_REVENUE = "usage_revenue", _("Usage revenue")
+    REFUNDS = "refunds", _("Refunds paid out")
+    EXPIRED = "expired", _("Expired vouchers")
+
+
+CUSTOMER_KINDS = (AccountKind.CASH, AccountKind.TRIAL, AccountKind.VOUCHER)
+SYSTEM_KINDS = (
+    AccountKind.PAYMENTS,
+    AccountKind.PROMOTIONS,
+    AccountKind.USAGE_REVENUE,
+    AccountKind.REFUNDS,
+    AccountKind.EXPIRED,
+)
+
+
+class TransactionKind(models.TextChoices):
+    TOPUP = "topup", _("Top-up")
+    TRIAL_GRANT = "trial_grant", _("Trial credit")
+    VOUCHER_GRANT = "voucher_grant", _("Voucher grant")
+    USAGE = "usage", _("Usage")
+    TERM_PURCHASE = "term_purchase", _("Long-term rental")
+    REFUND = "refund", _("Refund")
+    VOUCHER_EXPIRY = "voucher_expiry", _("Voucher expired")
+    REVERSAL = "reversal", _("Correction")
+
+
+TRANSACTION_KIND_BADGES = {
+    TransactionKind.TOPUP: "success",
+    TransactionKind.TRIAL_GRANT: "info",
+    TransactionKind.VOUCHER_GRANT: "info",
+    TransactionKind.USAGE: "secondary",
+    TransactionKind.TERM_PURCHASE: "primary",
+    TransactionKind.REFUND: "warning",
+    TransactionKind.VOUCHER_EXPIRY: "light",
+    TransactionKind.REVERSAL: "danger",
+}
+
+
+class Meter(models.TextChoices):
+    GPU = "gpu", _("GPU card-hours")
+    DISK = "disk", _("Disk GB-days")
+
+
+class UsageState(models.TextChoices):
+    OPEN = "open", _("Billing")
+    CLOSED = "closed", _("Closed")
+
+
+USAGE_STATE_BADGES = {UsageState.OPEN: "success", UsageState.CLOSED: "secondary"}
+
+
+class CloseReason(models.TextChoices):
+    RELEASED = "released", _("Released")
+    FAILED = "failed", _("Failed")
+    MIGRATED = "migrated", _("Migrated away")
+    INSUFFICIENT_FUNDS = "insufficient_funds", _("Stopped: balance exhausted")
+    TERM_COVERED = "term_covered", _("Covered by a long-term rental")
+
+
+class PaymentState(models.TextChoices):
+    PENDING = "pending", _("Awaiting payment")
+    SUCCEEDED = "succeeded", _("Paid")
+    FAILED = "failed", _("Failed")
+
+
+PAYMENT_STATE_BADGES = {
+    PaymentState.PENDING: "warning",
+    PaymentState.SUCCEEDED: "success",
+    PaymentState.FAILED: "danger",
+}
+
+
+class NoticeKind(models.TextChoices):
+    LOW_BALANCE = "low_balance", _("Low balance")
+    STOPPED = "stopped", _("Stopped for lack of funds")

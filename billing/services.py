@@ -1,0 +1,1101 @@
+"""Every money movement of the console: one function per state change, atomic at the entry point.
+
+Services other apps call
+------------------------
+* ``grant_trial_credit(user) -> bool`` — the one-time 10.00 元 trial credit (accounts, after email
+  verification). Idempotent, also under concurrency (unique ledger key per wallet).
+* ``get_wallet_summary(user) -> WalletSummary`` — balances by kind as ``Decimal`` (dashboard).
+* ``open_usage_session(user, *, resource_kind, resource_id, gpu_model, cards, label="", at=None)``
+  — billing starts (an instance reached *running*). Idempotent per resource.
+* ``close_usage_session(resource_kind, resource_id, *, reason=CloseReason.RELEASED, at=None)`` —
+  billing stops (released, failed, migrated away); settles up to ``at``.
+* ``quote_for(user, gpu_model, cards, disk_gb=0) -> Quote`` — the price calculator on the current
+  price book and the user's balance (order forms, API).
+* ``purchase_term(user, *, gpu_model, cards, days, resource_kind, resource_id, label="")`` — a
+  long-term rental paid up front at the locked price.
+* The **stop hook**: when the balance cannot cover the next settlement window, billing closes the
+  sessions that must stop and, on commit, calls the stop handler once per session with
+  ``(resource_kind, resource_id, reason)``. The slices app installs it with
+  ``register_stop_handler(fn)`` (e.g. in its ``AppConfig.ready``) or names it in the setting
+  ``BILLING_STOP_HANDLER = "slices.services.stop_for_billing"``. It must release the resource
+  (keeping disks and files) and must not raise; without a handler, stops are only logged.
+
+Locking and concurrency
+-----------------------
+Every writer takes the customer's ``Wallet`` row lock first (``SELECT … FOR UPDATE``; several wallets
+always in ascending id order), then reads and writes that wallet's accounts, then the operator's
+system accounts. One lock order everywhere, so no deadlocks; and because nothing touches a
+customer's accounts without the wallet lock, a top-up and a settlement never lose each other's
+update. Ledger rows carry unique keys (``LedgerTransaction.idempotency_key``, ``UsageCharge``
+(session, period), ``Payment.provider_txn_id``), so a replayed webhook or settlement posts nothing
+twice even if the locks were bypassed. SQLite (embedded default) ignores row locks but runs every
+write transaction ``BEGIN IMMEDIATE``, which serialises writers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, connection, models, transaction
+from django.db.models import Sum
+from django.utils.module_loading import import_string
+from django.utils.translation import gettext as _
+
+from billing import clock, lowbalance
+from billing.choices import (
+    AccountKind,
+    CloseReason,
+    Meter,
+    NoticeKind,
+    PaymentState,
+    TransactionKind,
+    UsageState,
+)
+from billing.models import (
+    Account,
+    BillingNotice,
+    Entry,
+    GpuPrice,
+    LedgerTransaction,
+    Payment,
+    PriceBook,
+    TermPrice,
+    TermRental,
+    TopUpBonusRule,
+    UsageCharge,
+    UsageSession,
+    Wallet,
+    gpu_price_quote,
+)
+from billing.money import ZERO, allocate, percent_of, round_cents, settlement_delta, to_decimal
+from billing.pricing import Quote, quote_order, runway_seconds
+
+logger = logging.getLogger(__name__)
+
+TRIAL_CREDIT = Decimal("10.00")
+MIN_TOPUP = Decimal("1.00")
+MAX_TOPUP = Decimal("10000000.00")
+
+
+def setting(name: str, default: Any) -> Any:
+    return getattr(settings, name, default)
+
+
+def settlement_window() -> int:
+    """Seconds between bulk settlements (the Celery beat interval) = the low-balance window."""
+    return int(setting("BILLING_SETTLEMENT_INTERVAL", 60))
+
+
+def low_balance_thresholds() -> tuple[int, ...]:
+    return tuple(setting("BILLING_LOW_BALANCE_THRESHOLDS", (3600,)))
+
+
+class BillingError(Exception):
+    code = "invalid"
+
+
+class InsufficientFunds(BillingError):
+    code = "insufficient_funds"
+
+
+class PriceNotSet(BillingError):
+    code = "invalid"
+
+
+class IdempotencyMismatch(BillingError):
+    code = "idempotency_key_reused"
+
+
+class InvalidWebhook(BillingError):
+    code = "invalid_signature"
+
+
+# --- the stop hook -------------------------------------------------------------------------------
+StopHandler = Callable[[str, str, str], None]
+_stop_handler: StopHandler | None = None
+
+
+def register_stop_handler(handler: StopHandler | None) -> StopHandler | None:
+    """Install the function billing calls to release a resource it stopped; returns the old one."""
+    global _stop_handler
+    previous, _stop_handler = _stop_handler, handler
+    return previous
+
+
+def get_stop_handler() -> StopHandler | None:
+    if _stop_handler is not None:
+        return _stop_handler
+    dotted = setting("BILLING_STOP_HANDLER", "")
+    return import_string(dotted) if dotted else None
+
+
+def _request_stop(resource_kind: str, resource_id: str, reason: str) -> None:
+    handler = get_stop_handler()
+    if handler is None:
+        logger.warning(
+            "billing stopped %s %s (%s); no stop handler", resource_kind, resource_id, reason
+        )
+        return
+    try:
+        handler(resource_kind, resource_id, reason)
+    except Exception:  # the billing side is committed; the slices reconciler retries the release
+        logger.exception("stop handler failed for %s %s", resource_kind, resource_id)
+
+
+# --- wallets and system accounts -----------------------------------------------------------------
+def get_or_create_wallet(user: Any) -> Wallet:
+    """The user's wallet, with its cash and trial accounts (created on first use)."""
+    wallet = Wallet.objects.filter(owner=user).first()
+    if wallet is not None:
+        return wallet
+    try:
+        with transaction.atomic():
+            wallet = Wallet.objects.create(owner=user)
+            Account.objects.bulk_create(
+                [
+                    Account(wallet=wallet, kind=AccountKind.CASH),
+                    Account(wallet=wallet, kind=AccountKind.TRIAL),
+                ]
+            )
+            return wallet
+    except IntegrityError:  # another request created it first
+        return Wallet.objects.get(owner=user)
+
+
+def _lock_wallet(user: Any) -> Wallet:
+    wallet = get_or_create_wallet(user)
+    return Wallet.objects.select_for_update().get(pk=wallet.pk)
+
+
+def _system_account(kind: AccountKind) -> Account:
+    account = Account.objects.filter(wallet__isnull=True, kind=kind).first()
+    if account is not None:
+        return account
+    try:
+        with transaction.atomic():
+            return Account.objects.create(wallet=None, kind=kind)
+    except IntegrityError:
+        return Account.objects.get(wallet__isnull=True, kind=kind)
+
+
+def _bucket(wallet: Wallet, kind: AccountKind) -> Account:
+    return Account.objects.get(wallet=wallet, kind=kind)
+
+
+def _post(
+    kind: TransactionKind,
+    legs: Sequence[tuple[Account, Decimal]],
+    *,
+    wallet: Wallet | None,
+    memo: str = "",
+    key: str | None = None,
+    by: Any = None,
+    at: datetime | None = None,
+    reverses: LedgerTransaction | None = None,
+) -> LedgerTransaction:
+    """Post one balanced transaction and move the cached balances with it.
+
+    Callers hold the wallet lock. Balances move with ``F()`` increments so system accounts shared
+    by every wallet never lose an update.
+    """
+    legs = [(account, round_cents(amount)) for account, amount in legs if amount]
+    if sum((amount for _, amount in legs), ZERO) != 0:
+        raise ValueError("a ledger transaction must sum to zero")
+    txn = LedgerTransaction.objects.create(
+        kind=kind,
+        wallet=wallet,
+        memo=memo[:300],
+        idempotency_key=key,
+        created_by=by if getattr(by, "pk", None) else None,
+        created_at=at or clock.now(),
+        reverses=reverses,
+    )
+    Entry.objects.bulk_create([Entry(transaction=txn, account=a, amount=x) for a, x in legs])
+    for account, amount in sorted(legs, key=lambda leg: leg[0].pk):
+        Account.objects.filter(pk=account.pk).update(balance=models.F("balance") + amount)
+    return txn
+
+
+def _spendable_buckets(wallet: Wallet, at: datetime) -> list[Account]:
+    """The wallet's buckets in spending order: vouchers expiring first, trial credit, cash last."""
+    accounts = list(Account.objects.filter(wallet=wallet).spendable(at))
+    return sorted(accounts, key=_spend_key)
+
+
+def _spend_key(account: Account) -> tuple:
+    rank = {AccountKind.VOUCHER: 0, AccountKind.TRIAL: 1, AccountKind.CASH: 2}[account.kind]
+    expiry = account.expires_at.timestamp() if account.expires_at else float("inf")
+    return (account.wallet_id, rank, expiry, account.pk)
+
+
+def _spend_legs(buckets: list[Account], amount: Decimal) -> list[tuple[Account, Decimal]]:
+    parts = allocate(amount, [b.balance for b in buckets])
+    return [(b, -p) for b, p in zip(buckets, parts, strict=True) if p]
+
+
+# --- grants -----------------------------------------------------------------------------------------
+@transaction.atomic
+def grant_trial_credit(user: Any) -> bool:
+    """Grant the one-time 10.00 元 trial credit (体验金). Returns whether this call granted it.
+
+    Idempotent: the grant's ledger key is unique per wallet, so repeated or concurrent calls (two
+    verification links clicked at once) grant it once; the wallet lock makes the loser wait and
+    see the winner's grant instead of failing.
+    """
+    wallet = _lock_wallet(user)
+    key = f"trial:{wallet.public_id}"
+    if LedgerTransaction.objects.filter(idempotency_key=key).exists():
+        return False
+    try:
+        with transaction.atomic():
+            _post(
+                TransactionKind.TRIAL_GRANT,
+                [
+                    (_bucket(wallet, AccountKind.TRIAL), TRIAL_CREDIT),
+                    (_system_account(AccountKind.PROMOTIONS), -TRIAL_CREDIT),
+                ],
+                wallet=wallet,
+                memo=_("Trial credit for a new verified account"),
+                key=key,
+            )
+    except IntegrityError:  # granted concurrently without the lock (SQLite) — once is enough
+        return False
+    return True
+
+
+@transaction.atomic
+def grant_voucher(
+    user: Any,
+    amount: Decimal,
+    *,
+    reason: str,
+    expires_at: datetime | None = None,
+    valid_days: int = 90,
+    by: Any = None,
+    key: str | None = None,
+) -> Account:
+    """Grant a compute voucher (算力券): its own account with an amount, an expiry and a reason."""
+    amount = round_cents(to_decimal(amount))
+    if amount <= 0:
+        raise BillingError(_("A voucher must be worth more than 0 元."))
+    if not reason.strip():
+        raise BillingError(_("A voucher needs a reason."))
+    now = clock.now()
+    expires_at = expires_at or now + timedelta(days=valid_days)
+    if expires_at <= now:
+        raise BillingError(_("A voucher must expire in the future."))
+    wallet = _lock_wallet(user)
+    voucher = _new_voucher(wallet, amount, expires_at, reason)
+    _post(
+        TransactionKind.VOUCHER_GRANT,
+        [(voucher, amount), (_system_account(AccountKind.PROMOTIONS), -amount)],
+        wallet=wallet,
+        memo=reason,
+        key=key,
+        by=by,
+    )
+    _rearm_warnings(wallet)
+    return voucher
+
+
+def _new_voucher(wallet: Wallet, amount: Decimal, expires_at: datetime, reason: str) -> Account:
+    return Account.objects.create(
+        wallet=wallet,
+        kind=AccountKind.VOUCHER,
+        granted_amount=amount,
+        expires_at=expires_at,
+        reason=reason[:200],
+    )
+
+
+def _rearm_warnings(wallet: Wallet) -> None:
+    # New money: the next settlement re-decides warnings from the new runway.
+    if wallet.warned_thresholds:
+        Wallet.objects.filter(pk=wallet.pk).update(warned_thresholds=[])
+
+
+@transaction.atomic
+def refund_cash(user: Any, amount: Decimal, *, reason: str, by: Any = None) -> LedgerTransaction:
+    """Pay cash back to the customer (trial credit and vouchers are never refunded)."""
+    amount = round_cents(to_decimal(amount))
+    if amount <= 0 or not reason.strip():
+        raise BillingError(_("A refund needs a positive amount and a reason."))
+    wallet = _lock_wallet(user)
+    cash = _bucket(wallet, AccountKind.CASH)
+    if cash.balance < amount:
+        raise InsufficientFunds(_("The cash balance is %(cash)s 元.") % {"cash": cash.balance})
+    return _post(
+        TransactionKind.REFUND,
+        [(cash, -amount), (_system_account(AccountKind.REFUNDS), amount)],
+        wallet=wallet,
+        memo=reason,
+        by=by,
+    )
+
+
+@transaction.atomic
+def reverse_transaction(
+    txn: LedgerTransaction, *, reason: str, by: Any = None
+) -> LedgerTransaction:
+    """Correct a transaction with its mirror image (entries are never edited or deleted)."""
+    if not reason.strip():
+        raise BillingError(_("A correction needs a reason."))
+    if txn.wallet_id:
+        Wallet.objects.select_for_update().get(pk=txn.wallet_id)
+    if LedgerTransaction.objects.filter(reverses=txn).exists():
+        raise BillingError(_("This transaction was already reversed."))
+    legs = [(e.account, -e.amount) for e in txn.entries.select_related("account")]
+    try:
+        with transaction.atomic():
+            return _post(
+                TransactionKind.REVERSAL,
+                legs,
+                wallet=txn.wallet,
+                memo=reason,
+                by=by,
+                reverses=txn,
+            )
+    except IntegrityError as exc:  # a voucher or the trial credit was already spent
+        raise BillingError(
+            _("The credit was already spent; grant a voucher or refund instead.")
+        ) from exc
+
+
+@transaction.atomic
+def expire_vouchers(now: datetime | None = None) -> int:
+    """Move what is left on expired vouchers to the expiry account. Returns how many expired."""
+    now = now or clock.now()
+    expired = Account.objects.filter(kind=AccountKind.VOUCHER, expires_at__lte=now, balance__gt=0)
+    wallet_ids = sorted(set(expired.values_list("wallet_id", flat=True)))
+    list(Wallet.objects.filter(pk__in=wallet_ids).order_by("pk").select_for_update().values("pk"))
+    sink = _system_account(AccountKind.EXPIRED)
+    count = 0
+    for voucher in expired.select_related("wallet").order_by("wallet_id", "pk"):
+        _post(
+            TransactionKind.VOUCHER_EXPIRY,
+            [(voucher, -voucher.balance), (sink, voucher.balance)],
+            wallet=voucher.wallet,
+            memo=_("Voucher expired: %(reason)s") % {"reason": voucher.reason},
+            key=f"expiry:{voucher.public_id}",
+            at=now,
+        )
+        count += 1
+    return count
+
+
+# --- summary -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WalletSummary:
+    cash: Decimal = ZERO
+    trial: Decimal = ZERO
+    vouchers: Decimal = ZERO  # unexpired only
+    burn_per_hour: Decimal = ZERO  # open sessions, exact
+    next_voucher_expiry: datetime | None = None
+    open_sessions: int = 0
+
+    @property
+    def spendable(self) -> Decimal:
+        return self.cash + self.trial + self.vouchers
+
+    @property
+    def runway_seconds(self) -> int | None:
+        return runway_seconds(self.spendable, self.burn_per_hour)
+
+
+def get_wallet_summary(user: Any) -> WalletSummary:
+    """Balances by kind (Decimal 元), burn rate and runway; zeros for a user without a wallet."""
+    if not getattr(user, "pk", None):
+        return WalletSummary()
+    now = clock.now()
+    cash = trial = vouchers = ZERO
+    next_expiry: datetime | None = None
+    for account in Account.objects.filter(wallet__owner=user).spendable(now):
+        if account.kind == AccountKind.CASH:
+            cash += account.balance
+        elif account.kind == AccountKind.TRIAL:
+            trial += account.balance
+        else:
+            vouchers += account.balance
+            if next_expiry is None or account.expires_at < next_expiry:
+                next_expiry = account.expires_at
+    burn = ZERO
+    sessions = UsageSession.objects.for_owner(user).open().only("rate", "cards", "meter")
+    count = 0
+    for session in sessions:
+        burn += session.burn_per_hour
+        count += 1
+    return WalletSummary(cash, trial, vouchers, burn, next_expiry, count)
+
+
+# --- prices --------------------------------------------------------------------------------------
+def current_price_book(at: datetime | None = None) -> PriceBook | None:
+    return PriceBook.objects.effective_at(at or clock.now()).first()
+
+
+def current_gpu_price(gpu_model: str, at: datetime | None = None) -> tuple[PriceBook, GpuPrice]:
+    book = current_price_book(at)
+    price = book and book.gpu_prices.filter(gpu_model=gpu_model).first()
+    if book is None or price is None:
+        raise PriceNotSet(_("No price is set for %(model)s.") % {"model": gpu_model})
+    return book, price
+
+
+def price_list(at: datetime | None = None) -> list[tuple[GpuPrice, list[TermPrice]]]:
+    book = current_price_book(at)
+    if book is None:
+        return []
+    terms: dict[str, list[TermPrice]] = defaultdict(list)
+    for term in book.term_prices.all():
+        terms[term.gpu_model].append(term)
+    return [(p, terms[p.gpu_model]) for p in book.gpu_prices.all()]
+
+
+def quote_for(user: Any, gpu_model: str, cards: int, disk_gb: int = 0) -> Quote:
+    """Quote an order on the current price book, with how long the user's balance lasts."""
+    book, price = current_gpu_price(gpu_model)
+    terms = list(book.term_prices.filter(gpu_model=gpu_model))
+    balance = get_wallet_summary(user).spendable if getattr(user, "pk", None) else None
+    return quote_order(
+        gpu_price_quote(book, price, terms),
+        cards,
+        balance=balance,
+        disk_gb=disk_gb,
+        storage=book.storage_quote,
+    )
+
+
+# --- metering ------------------------------------------------------------------------------------
+@transaction.atomic
+def open_usage_session(
+    user: Any,
+    *,
+    resource_kind: str,
+    resource_id: str,
+    gpu_model: str = "",
+    cards: int,
+    label: str = "",
+    meter: str = Meter.GPU,
+    at: datetime | None = None,
+) -> UsageSession:
+    """Start billing a resource at ``at`` (default now) at the current price; idempotent.
+
+    GPU meters bill ``cards`` × the model's on-demand card-hour price. Disk meters bill ``cards``
+    GB beyond the free quota at the GB-day price. The rate and price version are recorded on the
+    session and never change while it runs.
+    """
+    existing = UsageSession.objects.filter(
+        resource_kind=resource_kind, resource_id=str(resource_id), state=UsageState.OPEN
+    ).first()
+    if existing is not None:
+        return existing
+    at = at or clock.now()
+    if meter == Meter.DISK:
+        book = current_price_book(at)
+        if book is None:
+            raise PriceNotSet(_("No price book is in effect."))
+        rate, units = book.storage_per_gb_day, max(0, int(cards) - book.storage_free_gb)
+    else:
+        book, price = current_gpu_price(gpu_model, at)
+        rate, units = price.on_demand_per_card_hour, int(cards)
+    wallet = get_or_create_wallet(user)
+    try:
+        with transaction.atomic():
+            return UsageSession.objects.create(
+                wallet=wallet,
+                resource_kind=resource_kind,
+                resource_id=str(resource_id),
+                label=label[:120],
+                meter=meter,
+                gpu_model=gpu_model,
+                cards=units,
+                rate=rate,
+                price_book=book,
+                started_at=at,
+                settled_at=at,
+            )
+    except IntegrityError:  # "running" reported twice at once: one billing start
+        return UsageSession.objects.get(
+            resource_kind=resource_kind, resource_id=str(resource_id), state=UsageState.OPEN
+        )
+
+
+@transaction.atomic
+def close_usage_session(
+    resource_kind: str,
+    resource_id: str,
+    *,
+    reason: str = CloseReason.RELEASED,
+    at: datetime | None = None,
+) -> UsageSession | None:
+    """Stop billing a resource at ``at``: settle its last seconds and close it. Idempotent.
+
+    Returns the closed session, or None when nothing was billing.
+    """
+    session = UsageSession.objects.filter(
+        resource_kind=resource_kind, resource_id=str(resource_id), state=UsageState.OPEN
+    ).first()
+    if session is None:
+        return None
+    settle_usage(at or clock.now(), wallet_ids=[session.wallet_id], close={session.pk: reason})
+    session.refresh_from_db()
+    return session if session.state == UsageState.CLOSED else None
+
+
+@dataclass
+class SettlementResult:
+    sessions: int = 0
+    charged: Decimal = ZERO
+    transactions: int = 0
+    stopped: list[int] = field(default_factory=list)
+    warnings: int = 0
+
+
+@transaction.atomic
+def settle_usage(
+    now: datetime | None = None,
+    *,
+    wallet_ids: Iterable[int] | None = None,
+    close: dict[int, str] | None = None,
+) -> SettlementResult:
+    """Charge every open session (or those of ``wallet_ids``) up to ``now``, in bulk.
+
+    A constant number of queries whatever the number of sessions (on PostgreSQL; SQLite splits
+    big inserts into batches of its parameter limit): lock the wallets, read their open sessions
+    and spendable accounts, then one insert each for transactions, entries and usage charges and
+    one UPDATE … FROM (VALUES …) each for balances and sessions. One ledger transaction per wallet
+    and run; one ``UsageCharge`` per session and period, unique on (session, period start).
+
+    Safe to run twice or concurrently: the second run waits for the wallet locks, then reads the
+    sessions the first one advanced and finds nothing left to charge. Then the low-balance
+    decision runs per wallet (billing/lowbalance.py): warnings once per threshold, and the
+    sessions that must stop are closed at ``now`` and handed to the stop handler on commit.
+    """
+    now = now or clock.now()
+    close = close or {}
+    result = SettlementResult()
+    open_sessions = UsageSession.objects.filter(state=UsageState.OPEN)
+    wallets = Wallet.objects.filter(pk__in=open_sessions.values("wallet_id"))
+    if wallet_ids is not None:
+        wallets = wallets.filter(pk__in=list(wallet_ids))
+    # 1. the wallet locks, ascending id (the lock order of every writer)
+    locked = dict(wallets.order_by("pk").select_for_update().values_list("pk", "warned_thresholds"))
+    if not locked:
+        return result
+    # 2. their open sessions, read after the locks so a concurrent run's progress is visible
+    session_filter = (
+        open_sessions.filter(wallet_id__in=wallets.values("pk"))
+        if wallet_ids is None
+        else open_sessions.filter(wallet_id__in=list(locked))
+    )
+    sessions = [s for s in session_filter.order_by("pk") if s.wallet_id in locked]
+    # 3. their spendable accounts and the revenue account, locked in the same statement
+    account_filter = (
+        Account.objects.filter(wallet_id__in=wallets.values("pk"))
+        if wallet_ids is None
+        else Account.objects.filter(wallet_id__in=list(locked))
+    )
+    accounts = list(
+        Account.objects.filter(
+            models.Q(pk__in=account_filter.spendable(now).values("pk"))
+            | models.Q(wallet__isnull=True, kind=AccountKind.USAGE_REVENUE)
+        )
+        .order_by("pk")
+        .select_for_update()
+    )
+    revenue = next((a for a in accounts if a.wallet_id is None), None)
+    if revenue is None:
+        revenue = _system_account(AccountKind.USAGE_REVENUE)
+        revenue = Account.objects.select_for_update().get(pk=revenue.pk)
+    buckets: dict[int, list[Account]] = defaultdict(list)
+    for account in sorted((a for a in accounts if a.wallet_id in locked), key=_spend_key):
+        buckets[account.wallet_id].append(account)
+
+    # 4. what each session owes since its last settlement (cumulative rounding, billing/money.py)
+    charges: list[tuple[UsageSession, int, Decimal]] = []
+    owed: dict[int, Decimal] = defaultdict(lambda: ZERO)
+    for session in sessions:
+        until = max(int((now - session.started_at).total_seconds()), session.settled_seconds)
+        delta = settlement_delta(
+            session.rate, session.cards, session.settled_seconds, until, session.per_seconds
+        )
+        charges.append((session, until, delta))
+        owed[session.wallet_id] += delta
+
+    # 5. postings: one transaction per wallet, legs in spending order
+    txns: list[LedgerTransaction] = []
+    legs_by_wallet: dict[int, list[tuple[Account, Decimal]]] = {}
+    for wallet_id, amount in owed.items():
+        if not amount:
+            continue
+        legs = _spend_legs(buckets[wallet_id], amount)
+        legs.append((revenue, amount))
+        legs_by_wallet[wallet_id] = legs
+        txns.append(
+            LedgerTransaction(
+                kind=TransactionKind.USAGE,
+                wallet_id=wallet_id,
+                memo=_("Usage up to %(at)s") % {"at": now.strftime("%Y-%m-%d %H:%M:%S UTC")},
+                created_at=now,
+            )
+        )
+    LedgerTransaction.objects.bulk_create(txns)
+    txn_of = {t.wallet_id: t for t in txns}
+    entries: list[Entry] = []
+    new_balance: dict[int, Decimal] = {}
+    balance_of = {a.pk: a.balance for a in accounts}
+    balance_of[revenue.pk] = revenue.balance
+    for wallet_id, legs in legs_by_wallet.items():
+        for account, amount in legs:
+            entries.append(Entry(transaction=txn_of[wallet_id], account=account, amount=amount))
+            balance_of[account.pk] += amount
+            new_balance[account.pk] = balance_of[account.pk]
+    Entry.objects.bulk_create(entries)
+    UsageCharge.objects.bulk_create(
+        [
+            UsageCharge(
+                session=session,
+                transaction=txn_of[session.wallet_id],
+                from_second=session.settled_seconds,
+                to_second=until,
+                amount=delta,
+            )
+            for session, until, delta in charges
+            if delta
+        ]
+    )
+    # 6. the low-balance decision per wallet, on the balances after this settlement
+    for account in accounts:
+        account.balance = balance_of[account.pk]
+    notices: list[BillingNotice] = []
+    warned_updates: dict[int, list[int]] = {}
+    stop_now: dict[int, str] = dict(close)
+    by_wallet: dict[int, list[UsageSession]] = defaultdict(list)
+    for session in sessions:
+        if session.pk not in close:
+            by_wallet[session.wallet_id].append(session)
+    window = settlement_window()
+    for wallet_id, wallet_sessions in by_wallet.items():
+        spendable = sum((a.balance for a in buckets[wallet_id]), ZERO)
+        gpu = [s for s in wallet_sessions if s.meter == Meter.GPU]
+        # Disks are kept when money runs out; their burn is reserved before GPUs are weighed.
+        disk_burn = sum((s.burn_per_hour for s in wallet_sessions if s.meter != Meter.GPU), ZERO)
+        spendable -= lowbalance.window_cost(disk_burn, window)
+        decision = lowbalance.decide(
+            spendable,
+            [
+                lowbalance.MeteredSession(s.pk, s.burn_per_hour, int(s.started_at.timestamp()))
+                for s in gpu
+            ],
+            window,
+            low_balance_thresholds(),
+            set(locked[wallet_id] or ()),
+        )
+        if decision.warn or decision.rearm:
+            warned = (set(locked[wallet_id] or ()) | set(decision.warn)) - set(decision.rearm)
+            warned_updates[wallet_id] = sorted(warned)
+        for threshold in decision.warn:
+            notices.append(
+                BillingNotice(
+                    wallet_id=wallet_id,
+                    kind=NoticeKind.LOW_BALANCE,
+                    threshold_seconds=threshold,
+                    message=_(
+                        "Low balance: about %(minutes)d minutes left at %(burn)s 元/h. Top up to keep your instances running."
+                    )
+                    % {
+                        "minutes": (decision.runway_seconds or 0) // 60,
+                        "burn": round_cents(decision.burn_per_hour),
+                    },
+                    created_at=now,
+                )
+            )
+        for key in decision.stop:
+            stop_now[key] = CloseReason.INSUFFICIENT_FUNDS
+        if decision.stop:
+            notices.append(
+                BillingNotice(
+                    wallet_id=wallet_id,
+                    kind=NoticeKind.STOPPED,
+                    message=_(
+                        "Your balance cannot cover the next minute of usage: %(n)d instance(s) were stopped. Disks and files are kept."
+                    )
+                    % {"n": len(decision.stop)},
+                    created_at=now,
+                )
+            )
+            result.stopped.extend(decision.stop)
+    # 7. write back: balances, sessions, notices
+    _bulk_set(Account, ["balance"], [(pk, [bal]) for pk, bal in new_balance.items()])
+    rows = []
+    for session, until, delta in charges:
+        closing = session.pk in stop_now
+        rows.append(
+            (
+                session.pk,
+                [
+                    until,
+                    session.charged + delta,
+                    now,
+                    UsageState.CLOSED if closing else UsageState.OPEN,
+                    now if closing else None,
+                    stop_now.get(session.pk, ""),
+                ],
+            )
+        )
+    _bulk_set(
+        UsageSession,
+        ["settled_seconds", "charged", "settled_at", "state", "ended_at", "close_reason"],
+        rows,
+    )
+    if notices:
+        BillingNotice.objects.bulk_create(notices)
+    if warned_updates:
+        Wallet.objects.bulk_update(
+            [Wallet(pk=pk, warned_thresholds=w) for pk, w in warned_updates.items()],
+            ["warned_thresholds"],
+        )
+    # 8. after commit: ask slices to release what was stopped for lack of funds, tell the users
+    stopped_refs = [
+        (s.resource_kind, s.resource_id) for s in sessions if s.pk in set(result.stopped)
+    ]
+    if stopped_refs:
+        transaction.on_commit(
+            lambda: [_request_stop(k, r, CloseReason.INSUFFICIENT_FUNDS) for k, r in stopped_refs]
+        )
+    if notices:
+        _notify_on_commit(notices)
+    result.sessions = len(sessions)
+    result.charged = sum(owed.values(), ZERO)
+    result.transactions = len(txns)
+    result.warnings = sum(1 for n in notices if n.kind == NoticeKind.LOW_BALANCE)
+    return result
+
+
+def _notify_on_commit(notices: list[BillingNotice]) -> None:
+    owners = dict(
+        Wallet.objects.filter(pk__in={n.wallet_id for n in notices}).values_list(
+            "pk", "owner__public_id"
+        )
+    )
+    messages = [(str(owners[n.wallet_id]), n.kind, n.message) for n in notices]
+
+    def send() -> None:
+        try:
+            from console.events import notify_user
+        except ImportError:  # pragma: no cover - the shell always provides it
+            return
+        for public_id, kind, message in messages:
+            try:
+                notify_user(public_id, f"billing.{kind}", {"message": message})
+            except Exception:  # a dropped toast must not undo a settlement
+                logger.exception("could not notify %s", public_id)
+
+    transaction.on_commit(send)
+
+
+def _bulk_set(model: type[models.Model], columns: list[str], rows: list[tuple[int, list]]) -> None:
+    """``UPDATE table SET col = v.col … FROM (VALUES …) v WHERE table.id = v.id`` in one statement.
+
+    Django's ``bulk_update`` builds one CASE per column whose cost grows with rows × rows on
+    PostgreSQL; a VALUES join is linear. Values go through each field's own database preparation
+    (decimals, aware datetimes on SQLite). SQLite's parameter limit splits very large updates.
+    """
+    if not rows:
+        return
+    table = model._meta.db_table
+    fields = [model._meta.get_field(c) for c in columns]
+    qn = connection.ops.quote_name
+    width = len(columns) + 1
+    vendor = connection.vendor
+    chunk = len(rows) if vendor == "postgresql" else max(1, 30000 // width)
+    for start in range(0, len(rows), chunk):
+        part = rows[start : start + chunk]
+        params: list[Any] = []
+        for pk, values in part:
+            params.append(pk)
+            params.extend(
+                f.get_db_prep_save(v, connection) for f, v in zip(fields, values, strict=True)
+            )
+        placeholders = ", ".join(["(" + ", ".join(["%s"] * width) + ")"] * len(part))
+        if vendor == "postgresql":
+            names = ", ".join(["id", *[f"c{i}" for i in range(len(columns))]])
+            sets = ", ".join(
+                f"{qn(f.column)} = v.c{i}::{f.db_type(connection)}" for i, f in enumerate(fields)
+            )
+            # Identifiers come from model metadata and values are parameters: no injection.
+            sql = (
+                f"UPDATE {qn(table)} AS t SET {sets} FROM (VALUES {placeholders}) AS v({names}) "  # noqa: S608
+                f"WHERE t.id = v.id::bigint"
+            )
+        else:
+            sets = ", ".join(f"{qn(f.column)} = v.column{i + 2}" for i, f in enumerate(fields))
+            sql = (
+                f"UPDATE {qn(table)} SET {sets} FROM (VALUES {placeholders}) AS v "  # noqa: S608
+                f"WHERE {qn(table)}.id = v.column1"
+            )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+
+
+def settle_session_alone(session_id: int, now: datetime | None = None) -> Decimal:
+    """The naive per-session settlement (one lock, reads and writes per session).
+
+    Kept as the benchmark's baseline (bench/billing.py); production uses ``settle_usage``.
+    """
+    now = now or clock.now()
+    with transaction.atomic():
+        session = UsageSession.objects.get(pk=session_id)
+        Wallet.objects.select_for_update().get(pk=session.wallet_id)
+        session.refresh_from_db()
+        if session.state != UsageState.OPEN:
+            return ZERO
+        until = max(int((now - session.started_at).total_seconds()), session.settled_seconds)
+        delta = settlement_delta(
+            session.rate, session.cards, session.settled_seconds, until, session.per_seconds
+        )
+        if delta:
+            buckets = _spendable_buckets(session.wallet, now)
+            legs = _spend_legs(buckets, delta)
+            legs.append((_system_account(AccountKind.USAGE_REVENUE), delta))
+            txn = _post(TransactionKind.USAGE, legs, wallet=session.wallet, at=now)
+            UsageCharge.objects.create(
+                session=session,
+                transaction=txn,
+                from_second=session.settled_seconds,
+                to_second=until,
+                amount=delta,
+            )
+        UsageSession.objects.filter(pk=session.pk).update(
+            settled_seconds=until, charged=session.charged + delta, settled_at=now
+        )
+        return delta
+
+
+# --- long-term rental ----------------------------------------------------------------------------
+@transaction.atomic
+def purchase_term(
+    user: Any,
+    *,
+    gpu_model: str,
+    cards: int,
+    days: int,
+    resource_kind: str,
+    resource_id: str,
+    label: str = "",
+) -> TermRental:
+    """Pay a long-term rental up front at the term's price, locked for the whole term.
+
+    Raises ``InsufficientFunds`` when the spendable balance cannot cover it (nothing is charged).
+    The ordering app then runs the resource without an on-demand usage session for the term.
+    """
+    now = clock.now()
+    book = current_price_book(now)
+    term = book and book.term_prices.filter(gpu_model=gpu_model, days=days).first()
+    if book is None or term is None:
+        raise PriceNotSet(
+            _("No %(days)d-day price is set for %(model)s.") % {"days": days, "model": gpu_model}
+        )
+    total = round_cents(term.rate_per_card_hour * cards * days * 24)
+    wallet = _lock_wallet(user)
+    buckets = _spendable_buckets(wallet, now)
+    if sum((b.balance for b in buckets), ZERO) < total:
+        raise InsufficientFunds(
+            _("This term costs %(total)s 元; please top up first.") % {"total": total}
+        )
+    legs = _spend_legs(buckets, total)
+    legs.append((_system_account(AccountKind.USAGE_REVENUE), total))
+    txn = _post(
+        TransactionKind.TERM_PURCHASE,
+        legs,
+        wallet=wallet,
+        memo=_("%(days)d-day rental of %(cards)d × %(model)s at %(rate)s 元/card-h")
+        % {"days": days, "cards": cards, "model": gpu_model, "rate": term.rate_per_card_hour},
+    )
+    return TermRental.objects.create(
+        wallet=wallet,
+        resource_kind=resource_kind,
+        resource_id=str(resource_id),
+        label=label,
+        gpu_model=gpu_model,
+        cards=cards,
+        days=days,
+        rate=term.rate_per_card_hour,
+        total=total,
+        price_book=book,
+        starts_at=now,
+        ends_at=now + timedelta(days=days),
+        transaction=txn,
+    )
+
+
+# --- top-ups -------------------------------------------------------------------------------------
+def _fingerprint(**fields: Any) -> str:
+    text = "|".join(f"{k}={fields[k]}" for k in sorted(fields))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def validate_topup_amount(amount: Any) -> Decimal:
+    try:
+        value = to_decimal(str(amount).strip())
+    except Exception as exc:
+        raise BillingError(_("Enter an amount in 元, e.g. 100 or 99.50.")) from exc
+    if (
+        not value.is_finite()
+        or value != value.quantize(Decimal("0.01"))
+        or not (MIN_TOPUP <= value <= MAX_TOPUP)
+    ):
+        raise BillingError(
+            _("A top-up is between %(min)s and %(max)s 元, in whole cents.")
+            % {"min": MIN_TOPUP, "max": MAX_TOPUP}
+        )
+    return round_cents(value)
+
+
+@transaction.atomic
+def start_topup(
+    user: Any, amount: Any, *, provider: str = "sandbox", idempotency_key: str | None = None
+) -> tuple[Payment, bool]:
+    """Create a pending top-up; returns (payment, created).
+
+    With an ``Idempotency-Key``: the same key and amount return the same payment (created=False);
+    the same key with another amount raises ``IdempotencyMismatch``.
+    """
+    value = validate_topup_amount(amount)
+    from billing.providers import get_provider
+
+    get_provider(provider)  # unknown providers fail before anything is stored
+    wallet = get_or_create_wallet(user)
+    fingerprint = _fingerprint(amount=value, provider=provider)
+    if idempotency_key:
+        existing = Payment.objects.filter(wallet=wallet, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            if existing.request_fingerprint != fingerprint:
+                raise IdempotencyMismatch(_("This Idempotency-Key was used for another request."))
+            return existing, False
+    try:
+        with transaction.atomic():
+            payment = Payment.objects.create(
+                wallet=wallet,
+                provider=provider,
+                amount=value,
+                idempotency_key=idempotency_key or None,
+                request_fingerprint=fingerprint,
+                created_at=clock.now(),
+            )
+    except IntegrityError:  # the same key raced in from a concurrent request
+        existing = Payment.objects.get(wallet=wallet, idempotency_key=idempotency_key)
+        if existing.request_fingerprint != fingerprint:
+            raise IdempotencyMismatch(
+                _("This Idempotency-Key was used for another request.")
+            ) from None
+        return existing, False
+    return payment, True
+
+
+def current_bonus_rule() -> TopUpBonusRule | None:
+    return TopUpBonusRule.objects.filter(active=True).first()
+
+
+@transaction.atomic
+def confirm_payment(
+    payment_public_id: str, *, provider: str, provider_txn_id: str, amount: Decimal
+) -> bool:
+    """Credit a top-up the provider confirmed. Returns whether this call credited it.
+
+    Idempotent: the payment moves PENDING → SUCCEEDED by compare-and-set under the wallet lock, so
+    a replayed or concurrent callback credits nothing more; ``provider_txn_id`` is unique. A top-up
+    at or above the bonus rule's threshold earns a voucher in the same ledger transaction.
+    """
+    payment = Payment.objects.filter(public_id=payment_public_id, provider=provider).first()
+    if payment is None:
+        raise InvalidWebhook(_("Unknown payment."))
+    if round_cents(to_decimal(amount)) != payment.amount:
+        raise InvalidWebhook(_("The paid amount does not match the payment."))
+    wallet = Wallet.objects.select_for_update().get(pk=payment.wallet_id)
+    now = clock.now()
+    won = (
+        Payment.objects.filter(pk=payment.pk, state=PaymentState.PENDING).update(
+            state=PaymentState.SUCCEEDED, provider_txn_id=provider_txn_id, paid_at=now
+        )
+        == 1
+    )
+    if not won:  # already credited (replay, concurrent callback, or a second "pay" click)
+        return False
+    legs: list[tuple[Account, Decimal]] = [
+        (_bucket(wallet, AccountKind.CASH), payment.amount),
+        (_system_account(AccountKind.PAYMENTS), -payment.amount),
+    ]
+    memo = _("Top-up via %(provider)s") % {"provider": provider}
+    rule = current_bonus_rule()
+    if rule and payment.amount >= rule.threshold:
+        bonus = percent_of(payment.amount, rule.percent)
+        if bonus > 0:
+            reason = _("%(percent)s %% voucher for a top-up of %(amount)s 元") % {
+                "percent": rule.percent.normalize(),
+                "amount": payment.amount,
+            }
+            voucher = _new_voucher(
+                wallet, bonus, now + timedelta(days=rule.voucher_valid_days), reason
+            )
+            legs += [(voucher, bonus), (_system_account(AccountKind.PROMOTIONS), -bonus)]
+            memo = f"{memo}; {reason}"
+    txn = _post(
+        TransactionKind.TOPUP,
+        legs,
+        wallet=wallet,
+        memo=memo,
+        key=f"payment:{provider}:{provider_txn_id}",
+        at=now,
+    )
+    Payment.objects.filter(pk=payment.pk).update(transaction=txn)
+    if wallet.warned_thresholds:
+        Wallet.objects.filter(pk=wallet.pk).update(warned_thresholds=[])
+    return True
+
+
+@transaction.atomic
+def fail_payment(payment_public_id: str, *, provider: str) -> bool:
+    return (
+        Payment.objects.filter(
+            public_id=payment_public_id, provider=provider, state=PaymentState.PENDING
+        ).update(state=PaymentState.FAILED)
+        == 1
+    )
+
+
+def handle_webhook(provider_name: str, body: bytes, headers: dict[str, str]) -> bool:
+    """Verify a provider's callback and apply it. Raises ``InvalidWebhook`` on a bad signature."""
+    from billing.providers import get_provider
+
+    event = get_provider(provider_name).parse_webhook(body, headers)
+    if event.status == "succeeded":
+        return confirm_payment(
+            event.payment_id,
+            provider=provider_name,
+            provider_txn_id=event.provider_txn_id,
+            amount=event.amount,
+        )
+    return fail_payment(event.payment_id, provider=provider_name)
+
+
+# --- lookups for views -------------------------------------------------------------------------
+def get_payment_for_user(user: Any, public_id: Any) -> Payment:
+    from django.shortcuts import get_object_or_404
+
+    return get_object_or_404(Payment, public_id=public_id, wallet__owner=user)
+
+
+def ledger_totals() -> dict[str, Decimal]:
+    """Sum of every account by kind (the whole ledger sums to zero)."""
+    return {
+        row["kind"]: row["total"] or ZERO
+        for row in Account.objects.values("kind").annotate(total=Sum("balance"))
+    }
