@@ -222,7 +222,15 @@ CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 30
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 2 * 60 * 60}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "Asia/Shanghai"
-CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+# billing: per-second usage settled in bulk; the interval is also the low-balance window.
+BILLING_SETTLEMENT_INTERVAL: int = _get("BILLING_SETTLEMENT_INTERVAL", env.int, 60)
+CELERY_BEAT_SCHEDULE: dict[str, dict] = {
+    "billing-settle-usage": {
+        "task": "billing.tasks.settle_usage_task",
+        "schedule": float(BILLING_SETTLEMENT_INTERVAL),
+    },
+    "billing-expire-vouchers": {"task": "billing.tasks.expire_vouchers_task", "schedule": 3600.0},
+}
 # Embedded default: run the worker (and beat) inside the ASGI server process.
 EMBEDDED_WORKER: bool = _get("EMBEDDED_WORKER", _strict_bool, EMBEDDED)
 if PRODUCTION and EMBEDDED_WORKER:
