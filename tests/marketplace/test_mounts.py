@@ -1,0 +1,77 @@
+"""Mount planning (pure: no database)."""
+
+from __future__ import annotations
+
+import pytest
+
+from marketplace.mounts import MAX_MOUNTS, AssetRef, MountError, mount_point, plan_mounts
+
+LLAMA = AssetRef("model", "meta-llama/Llama-2-7b-hf", "meta-llama--llama-2-7b-hf")
+ALPACA = AssetRef("dataset", "tatsu-lab/alpaca", "tatsu-lab--alpaca")
+SQUAD = AssetRef("dataset", "squad", "squad")
+
+
+def test_a_model_is_mounted_read_only_from_the_public_cache() -> None:
+    (spec,) = plan_mounts([LLAMA])
+    assert spec.source == "/pfs/public/models/meta-llama/Llama-2-7b-hf"
+    assert spec.target == "/models/meta-llama--llama-2-7b-hf"
+    assert spec.read_only is True
+    assert spec.as_dict() == {
+        "kind": "model",
+        "hub_id": "meta-llama/Llama-2-7b-hf",
+        "slug": "meta-llama--llama-2-7b-hf",
+        "source": "/pfs/public/models/meta-llama/Llama-2-7b-hf",
+        "target": "/models/meta-llama--llama-2-7b-hf",
+        "read_only": True,
+    }
+    assert "ro" in spec.fstab_options.split(",")
+
+
+def test_a_dataset_without_a_namespace_sits_directly_under_datasets() -> None:
+    (spec,) = plan_mounts([SQUAD])
+    assert (spec.source, spec.target) == ("/pfs/public/datasets/squad", "/datasets/squad")
+
+
+def test_models_come_first_and_the_same_asset_twice_is_one_mount() -> None:
+    specs = plan_mounts([SQUAD, ALPACA, LLAMA, SQUAD])
+    assert [s.target for s in specs] == [
+        "/models/meta-llama--llama-2-7b-hf",
+        "/datasets/squad",
+        "/datasets/tatsu-lab--alpaca",
+    ]
+
+
+def test_two_assets_on_one_mount_point_are_refused() -> None:
+    impostor = AssetRef("dataset", "other/squad", "squad")
+    with pytest.raises(MountError, match="/datasets/squad"):
+        plan_mounts([SQUAD, impostor])
+
+
+@pytest.mark.parametrize(
+    "asset",
+    [
+        AssetRef("model", "../../etc/passwd", "x"),
+        AssetRef("model", "org/..", "x"),
+        AssetRef("model", "org/name", "../root"),
+        AssetRef("model", "org/name", "a/b"),
+        AssetRef("model", "org/name", "UPPER"),
+        AssetRef("model", "org/name", "a..b"),
+        AssetRef("model", "org/name", ""),
+        AssetRef("weights", "org/name", "org--name"),
+    ],
+)
+def test_traversal_bad_slugs_and_unknown_kinds_are_refused(asset: AssetRef) -> None:
+    with pytest.raises(MountError):
+        plan_mounts([asset])
+
+
+def test_too_many_mounts_are_refused() -> None:
+    assets = [AssetRef("dataset", f"d{i}", f"d{i}") for i in range(MAX_MOUNTS + 1)]
+    with pytest.raises(MountError, match=str(MAX_MOUNTS)):
+        plan_mounts(assets)
+
+
+def test_mount_point_stays_inside_its_root() -> None:
+    assert mount_point("dataset", "glue") == "/datasets/glue"
+    with pytest.raises(MountError):
+        mount_point("dataset", ".")
