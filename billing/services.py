@@ -1099,3 +1099,42 @@ def ledger_totals() -> dict[str, Decimal]:
         row["kind"]: row["total"] or ZERO
         for row in Account.objects.values("kind").annotate(total=Sum("balance"))
     }
+
+
+@transaction.atomic
+def copy_price_book(book: PriceBook, effective_at: datetime | None = None) -> PriceBook:
+    """A new price-book version with ``book``'s prices, effective in one hour unless told.
+
+    The operator edits it until it takes effect; versions in effect are never edited.
+    """
+    latest = PriceBook.objects.select_for_update().order_by("-version").first()
+    copy = PriceBook.objects.create(
+        version=(latest.version if latest else 0) + 1,
+        effective_at=effective_at or clock.now() + timedelta(hours=1),
+        note=f"copy of v{book.version}",
+        storage_per_gb_day=book.storage_per_gb_day,
+        storage_free_gb=book.storage_free_gb,
+    )
+    GpuPrice.objects.bulk_create(
+        [
+            GpuPrice(
+                price_book=copy,
+                gpu_model=p.gpu_model,
+                on_demand_per_card_hour=p.on_demand_per_card_hour,
+                is_placeholder=p.is_placeholder,
+            )
+            for p in book.gpu_prices.all()
+        ]
+    )
+    TermPrice.objects.bulk_create(
+        [
+            TermPrice(
+                price_book=copy,
+                gpu_model=t.gpu_model,
+                days=t.days,
+                rate_per_card_hour=t.rate_per_card_hour,
+            )
+            for t in book.term_prices.all()
+        ]
+    )
+    return copy

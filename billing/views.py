@@ -1,12 +1,244 @@
 from __future__ import annotations
 
+import csv
+from typing import Any
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from billing import clock, services, statements
+from billing.choices import PaymentState
+from billing.forms import QuoteForm, StatementMonthForm, TopUpForm
+from billing.models import Account, BillingNotice, UsageSession, Wallet
+from billing.providers import get_provider
+from console.htmx import render_page
+
+PAGE_SIZE = 20
+
+
+def _wallet(user: Any) -> Wallet | None:
+    return Wallet.objects.filter(owner=user).first()
+
+
+def _transactions_page(request: HttpRequest, wallet: Wallet | None) -> Any:
+    page = Paginator(statements.transactions_for(request.user), PAGE_SIZE).get_page(
+        request.GET.get("tx_page")
+    )
+    statements.with_net_amounts(list(page.object_list), wallet.pk if wallet else None)
+    return page
+
+
+def _usage_page(request: HttpRequest) -> Any:
+    sessions = UsageSession.objects.for_owner(request.user).order_by("-started_at", "-id")
+    return Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("usage_page"))
 
 
 @login_required
 @require_GET
 def overview(request: HttpRequest) -> HttpResponse:
-    return render(request, "billing/overview.html")
+    wallet = _wallet(request.user)
+    now = clock.now()
+    context = {
+        "summary": services.get_wallet_summary(request.user),
+        "vouchers": Account.objects.filter(wallet__owner=request.user, kind="voucher")
+        .spendable(now)
+        .order_by("expires_at"),
+        "notices": BillingNotice.objects.filter(wallet__owner=request.user)[:3],
+        "transactions": _transactions_page(request, wallet),
+        "usage": _usage_page(request),
+        "topup_form": TopUpForm(),
+        "price_list": services.price_list(now),
+        "bonus_rule": services.current_bonus_rule(),
+        "window": services.settlement_window(),
+    }
+    partial = {"tx_page": "transactions", "usage_page": "usage"}
+    which = next((v for k, v in partial.items() if k in request.GET), "balances")
+    return render_page(request, "billing/overview.html", context, which)
+
+
+@login_required
+@require_POST
+def topup(request: HttpRequest) -> HttpResponse:
+    form = TopUpForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _("Enter an amount between 1 and 10,000,000 元."))
+        return redirect("billing:overview")
+    try:
+        payment, _created = services.start_topup(request.user, form.cleaned_data["amount"])
+    except services.BillingError as exc:
+        messages.error(request, str(exc))
+        return redirect("billing:overview")
+    return redirect(get_provider(payment.provider).checkout_url(payment))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def sandbox_checkout(request: HttpRequest, public_id: str) -> HttpResponse:
+    """The sandbox provider's checkout page; "Pay" makes the sandbox send its signed callback."""
+    payment = services.get_payment_for_user(request.user, public_id)
+    if request.method == "POST" and payment.state == PaymentState.PENDING:
+        provider = get_provider("sandbox")
+        status = "failed" if request.POST.get("outcome") == "fail" else "succeeded"
+        body, headers = provider.build_callback(payment, status)
+        # The same verification path as an HTTP callback from outside (billing:sandbox-webhook).
+        services.handle_webhook("sandbox", body, headers)
+        payment.refresh_from_db()
+        if payment.state == PaymentState.SUCCEEDED:
+            messages.success(
+                request, _("Payment received: %(amount)s 元.") % {"amount": payment.amount}
+            )
+        else:
+            messages.warning(request, _("The payment was not completed."))
+        return redirect("billing:overview")
+    return render(request, "billing/sandbox_checkout.html", {"payment": payment})
+
+
+@csrf_exempt  # called by the provider, authenticated by its HMAC signature instead
+@require_POST
+def sandbox_webhook(request: HttpRequest) -> HttpResponse:
+    try:
+        credited = services.handle_webhook("sandbox", request.body, dict(request.headers))
+    except services.BillingError as exc:
+        return JsonResponse({"error": exc.code, "detail": str(exc)}, status=400)
+    return JsonResponse({"ok": True, "credited": credited})
+
+
+def _statement(request: HttpRequest) -> statements.Statement | None:
+    form = StatementMonthForm(request.GET)
+    if not form.is_valid():
+        return None
+    return statements.build_statement(
+        _wallet(request.user), form.cleaned_data.get("month") or None, clock.now()
+    )
+
+
+@login_required
+@require_GET
+def statement(request: HttpRequest) -> HttpResponse:
+    result = _statement(request)
+    if result is None:
+        return HttpResponseBadRequest(_("Use ?month=YYYY-MM."))
+    return render(request, "billing/statement.html", {"statement": result})
+
+
+@login_required
+@require_GET
+def statement_csv(request: HttpRequest) -> HttpResponse:
+    result = _statement(request)
+    if result is None:
+        return HttpResponseBadRequest(_("Use ?month=YYYY-MM."))
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="statement-{result.month:%Y-%m}.csv"'
+    response.write("\ufeff")  # Excel opens UTF-8 with a BOM
+    out = csv.writer(response)
+    out.writerow(
+        [
+            "time",
+            "transaction",
+            "kind",
+            "description",
+            "cash",
+            "trial",
+            "voucher",
+            "amount",
+            "balance",
+        ]
+    )
+    out.writerow(["", "", "opening", "", "", "", "", "", result.opening])
+    for line in result.lines:
+        out.writerow(
+            [
+                line.txn.created_at.isoformat(),
+                line.txn.public_id,
+                line.txn.kind,
+                _csv_text(line.txn.memo),
+                line.by_kind.get("cash", ""),
+                line.by_kind.get("trial", ""),
+                line.by_kind.get("voucher", ""),
+                line.amount,
+                line.balance_after,
+            ]
+        )
+    out.writerow(["", "", "closing", "", "", "", "", "", result.closing])
+    return response
+
+
+@login_required
+@require_GET
+def usage_csv(request: HttpRequest) -> HttpResponse:
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="usage.csv"'
+    response.write("\ufeff")
+    out = csv.writer(response)
+    out.writerow(
+        [
+            "session",
+            "resource_kind",
+            "resource",
+            "name",
+            "gpu_model",
+            "cards",
+            "rate",
+            "started",
+            "ended",
+            "seconds",
+            "amount",
+            "state",
+            "price_version",
+        ]
+    )
+    sessions = (
+        UsageSession.objects.for_owner(request.user)
+        .select_related("price_book")
+        .order_by("started_at", "id")
+    )
+    for s in sessions.iterator(chunk_size=2000):
+        out.writerow(
+            [
+                s.public_id,
+                s.resource_kind,
+                s.resource_id,
+                _csv_text(s.label),
+                s.gpu_model,
+                s.cards,
+                s.rate,
+                s.started_at.isoformat(),
+                s.ended_at.isoformat() if s.ended_at else "",
+                s.settled_seconds,
+                s.charged,
+                s.state,
+                s.price_book.version if s.price_book else "",
+            ]
+        )
+    return response
+
+
+def _csv_text(value: str) -> str:
+    """Neutralise spreadsheet formulas in user-provided text (CSV injection)."""
+    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
+@login_required
+@require_GET
+def quote(request: HttpRequest) -> HttpResponse:
+    form = QuoteForm(request.GET or None)
+    result = None
+    error = ""
+    if form.is_valid():
+        try:
+            result = services.quote_for(
+                request.user,
+                form.cleaned_data["gpu_model"],
+                form.cleaned_data["cards"],
+                form.cleaned_data["disk_gb"],
+            )
+        except services.BillingError as exc:
+            error = str(exc)
+    context = {"form": form, "quote": result, "error": error, "price_list": services.price_list()}
+    return render_page(request, "billing/quote.html", context, "result")

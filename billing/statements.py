@@ -1,0 +1,138 @@
+"""Read-side of billing: the monthly statement and the rows of the billing page and CSV exports.
+
+A statement reconciles line by line: opening balance + every transaction's effect on the customer's
+buckets = closing balance, and the usage section lists each session's seconds, cards, rate and the
+amount settled in the month (the sum of its ``UsageCharge`` rows).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.conf import settings
+from django.db.models import QuerySet
+
+from billing.models import Entry, LedgerTransaction, UsageCharge, UsageSession, Wallet
+from billing.money import ZERO, round_cents
+
+
+def month_bounds(month: str | None, now: datetime) -> tuple[date, datetime, datetime]:
+    """``"2026-03"`` → (first day, start, end) in the console's time zone; default this month."""
+    tz = ZoneInfo(settings.TIME_ZONE)
+    local = now.astimezone(tz)
+    if month:
+        year, mon = (int(x) for x in month.split("-"))
+    else:
+        year, mon = local.year, local.month
+    start = datetime(year, mon, 1, tzinfo=tz)
+    end = datetime(year + (mon == 12), mon % 12 + 1, 1, tzinfo=tz)
+    return start.date(), start, end
+
+
+@dataclass
+class StatementLine:
+    txn: LedgerTransaction
+    amount: Decimal  # effect on the customer's buckets (+ in, - out)
+    by_kind: dict[str, Decimal]
+    balance_after: Decimal = ZERO
+
+
+@dataclass
+class UsageLine:
+    session: UsageSession
+    seconds: int
+    amount: Decimal
+
+
+@dataclass
+class Statement:
+    month: date
+    opening: Decimal = ZERO
+    closing: Decimal = ZERO
+    lines: list[StatementLine] = field(default_factory=list)
+    usage: list[UsageLine] = field(default_factory=list)
+    totals: dict[str, Decimal] = field(default_factory=dict)
+
+    @property
+    def usage_total(self) -> Decimal:
+        return sum((u.amount for u in self.usage), ZERO)
+
+
+def build_statement(wallet: Wallet | None, month: str | None, now: datetime) -> Statement:
+    first, start, end = month_bounds(month, now)
+    statement = Statement(month=first)
+    if wallet is None:
+        return statement
+    # Sums in Python: SQLite's SUM() is floating point; a month of one wallet is small.
+    opening = ZERO
+    for amount in Entry.objects.filter(
+        account__wallet=wallet, transaction__created_at__lt=start
+    ).values_list("amount", flat=True):
+        opening += amount
+    statement.opening = opening
+    entries = (
+        Entry.objects.filter(
+            account__wallet=wallet,
+            transaction__created_at__gte=start,
+            transaction__created_at__lt=end,
+        )
+        .select_related("transaction", "account")
+        .order_by("transaction__created_at", "transaction_id", "id")
+    )
+    lines: dict[int, StatementLine] = {}
+    totals: dict[str, Decimal] = defaultdict(lambda: ZERO)
+    for entry in entries:
+        line = lines.get(entry.transaction_id)
+        if line is None:
+            line = lines[entry.transaction_id] = StatementLine(entry.transaction, ZERO, {})
+        line.amount += entry.amount
+        line.by_kind[entry.account.kind] = line.by_kind.get(entry.account.kind, ZERO) + entry.amount
+        totals[entry.transaction.kind] += entry.amount
+    running = opening
+    for line in lines.values():
+        running += line.amount
+        line.balance_after = running
+    statement.lines = list(lines.values())
+    statement.closing = running
+    statement.totals = dict(totals)
+    usage: dict[int, UsageLine] = {}
+    charges = (
+        UsageCharge.objects.filter(
+            session__wallet=wallet,
+            transaction__created_at__gte=start,
+            transaction__created_at__lt=end,
+        )
+        .select_related("session")
+        .order_by("session_id", "from_second")
+    )
+    for charge in charges:
+        line = usage.get(charge.session_id)
+        if line is None:
+            line = usage[charge.session_id] = UsageLine(charge.session, 0, ZERO)
+        line.seconds += charge.to_second - charge.from_second
+        line.amount += charge.amount
+    statement.usage = list(usage.values())
+    return statement
+
+
+def transactions_for(user: Any) -> QuerySet:
+    return LedgerTransaction.objects.for_owner(user).order_by("-created_at", "-id")
+
+
+def with_net_amounts(
+    txns: list[LedgerTransaction], wallet_id: int | None
+) -> list[LedgerTransaction]:
+    """Attach ``net`` (effect on the customer's buckets) to a page of transactions: one query."""
+    nets: dict[int, Decimal] = defaultdict(lambda: ZERO)
+    for txn_id, amount in Entry.objects.filter(
+        transaction__in=[t.pk for t in txns], account__wallet_id=wallet_id
+    ).values_list("transaction_id", "amount"):
+        nets[txn_id] += amount
+    for txn in txns:
+        txn.net = round_cents(nets[txn.pk])  # type: ignore[attr-defined]
+    return txns
