@@ -1,0 +1,247 @@
+"""Sign-up, verification, login, reset: every rejection, the abuse limits, no enumeration."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+import pytest
+from allauth.account.models import EmailAddress
+from django.contrib.auth import get_user_model
+from django.core import mail
+from django.core.cache import cache
+from django.test import Client
+from django.urls import reverse
+
+from billing.services import get_wallet_summary
+from console import services
+from tests.conftest import PASSWORD
+
+pytestmark = pytest.mark.django_db
+User = get_user_model()
+GOOD_PASSWORD = "violet-Falcon-42-river"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_limits() -> None:
+    cache.clear()  # allauth counts attempts in the cache
+
+
+def _client(ip: str = "10.0.0.1") -> Client:
+    return Client(REMOTE_ADDR=ip, headers={"Accept-Language": "en"})
+
+
+def _signup(
+    client: Client, email: str, password: str = GOOD_PASSWORD, password2: str | None = None
+):  # noqa: ANN202
+    return client.post(
+        reverse("account_signup"),
+        {"email": email, "password1": password, "password2": password2 or password},
+    )
+
+
+def _confirmation_link(message: mail.EmailMessage) -> str:
+    return re.search(r"https?://[^/\s]+(/accounts/confirm-email/[^/\s]+/)", message.body).group(1)
+
+
+def _verified(user) -> None:  # noqa: ANN001
+    EmailAddress.objects.create(user=user, email=user.email, verified=True, primary=True)
+
+
+def _login(client: Client, login: str, password: str):  # noqa: ANN202
+    return client.post(reverse("account_login"), {"login": login, "password": password})
+
+
+# --- sign-up and verification -------------------------------------------------------------------
+def test_signup_sends_a_verification_mail_and_grants_nothing_before_it() -> None:
+    client = _client()
+    response = _signup(client, "carol@lab.example.edu")
+    assert response.status_code == 302
+    assert response["Location"] == reverse("account_email_verification_sent")
+    user = User.objects.get(email="carol@lab.example.edu")
+    assert user.username  # generated: username is optional
+    assert not EmailAddress.objects.get(user=user).verified
+    assert len(mail.outbox) == 1 and mail.outbox[0].to == ["carol@lab.example.edu"]
+    assert get_wallet_summary(user).trial == Decimal("0")
+    # Not logged in, and logging in before verifying only re-sends the mail.
+    assert client.get(reverse("account:overview")).status_code == 302
+    response = _login(client, "carol@lab.example.edu", GOOD_PASSWORD)
+    assert response["Location"] == reverse("account_email_verification_sent")
+    assert "_auth_user_id" not in client.session
+
+
+def test_verification_grants_the_trial_credit_once(django_capture_on_commit_callbacks) -> None:  # noqa: ANN001
+    client = _client()
+    _signup(client, "dave@startup.example.com")
+    link = _confirmation_link(mail.outbox[0])
+    user = User.objects.get(email="dave@startup.example.com")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(link)
+    assert response.status_code == 302
+    assert EmailAddress.objects.get(user=user).verified
+    assert get_wallet_summary(user).trial == Decimal("10.00")
+
+    # The same link again, a second verified address, a direct replay: nothing more.
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(link)
+        second = EmailAddress.objects.create(user=user, email="dave2@startup.example.com")
+        services.on_email_verified(user.pk)
+    assert not services.grant_trial_credit_after_verification(user.pk)
+    assert second.pk and get_wallet_summary(user).trial == Decimal("10.00")
+
+    response = _login(client, "dave@startup.example.com", GOOD_PASSWORD)
+    assert response.status_code == 302
+    html = client.get("/").content.decode()
+    assert "10.00 元" in html and "llama-7b-demo" in html
+
+
+def test_an_invalid_confirmation_key_is_refused() -> None:
+    response = _client().post("/accounts/confirm-email/not-a-real-key/")
+    assert response.status_code == 404 or "expired or is invalid" in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("email", "password", "password2", "message"),
+    [
+        ("not-an-email", GOOD_PASSWORD, None, "Enter a valid email address."),
+        ("", GOOD_PASSWORD, None, "This field is required."),
+        ("erin@example.com", "short1", None, "This password is too short."),
+        ("erin@example.com", "password1234", None, "This password is too common."),
+        ("erin@example.com", "4815162342108", None, "This password is entirely numeric."),
+        (
+            "erin@example.com",
+            GOOD_PASSWORD,
+            "another-Password-99",
+            "You must type the same password each time.",
+        ),
+        ("erin@mailinator.com", GOOD_PASSWORD, None, "Disposable email addresses (mailinator.com)"),
+        ("erin@inbox.guerrillamail.com", GOOD_PASSWORD, None, "Disposable email addresses"),
+    ],
+)
+def test_bad_signup_input_is_refused_with_a_clear_message(
+    email: str, password: str, password2: str | None, message: str
+) -> None:
+    response = _signup(_client(), email, password, password2)
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not User.objects.exists()
+    assert mail.outbox == []
+
+
+def test_duplicate_signup_looks_like_a_new_one_and_mails_the_owner(alice) -> None:  # noqa: ANN001
+    fresh = _signup(_client("10.0.0.2"), "frank@example.com")
+    mail.outbox.clear()
+    duplicate = _signup(_client("10.0.0.3"), alice.email)
+    assert (duplicate.status_code, duplicate["Location"]) == (fresh.status_code, fresh["Location"])
+    assert User.objects.filter(email=alice.email).count() == 1
+    assert len(mail.outbox) == 1 and mail.outbox[0].to == [alice.email]
+    assert "already" in mail.outbox[0].body  # tells the owner, not the visitor
+
+
+def test_signup_email_is_case_insensitive_duplicate(alice) -> None:  # noqa: ANN001
+    _signup(_client(), alice.email.upper())
+    assert User.objects.filter(email__iexact=alice.email).count() == 1
+
+
+# --- login --------------------------------------------------------------------------------------
+def test_login_by_email_or_username(alice) -> None:  # noqa: ANN001
+    _verified(alice)
+    for login in (alice.email, alice.username):
+        client = _client()
+        assert _login(client, login, PASSWORD).status_code == 302
+        assert client.get(reverse("account:overview")).status_code == 200
+
+
+def test_login_answers_the_same_for_unknown_accounts_and_wrong_passwords(alice) -> None:  # noqa: ANN001
+    _verified(alice)
+    unknown = _login(_client(), "nobody@example.com", "whatever-Pass-1")
+    wrong = _login(_client(), alice.email, "whatever-Pass-1")
+    assert unknown.status_code == wrong.status_code == 200
+    text = "The email address and/or password you specified are not correct."
+    assert text in unknown.content.decode() and text in wrong.content.decode()
+
+
+def test_repeated_failures_lock_the_account_but_not_others_behind_the_same_ip(alice, bob) -> None:  # noqa: ANN001
+    _verified(alice)
+    _verified(bob)
+    attacker = _client("192.0.2.7")
+    for _ in range(5):
+        assert "not correct" in _login(attacker, alice.email, "guess-Guess-1").content.decode()
+    locked = _login(attacker, alice.email, PASSWORD)
+    assert "Too many failed login attempts" in locked.content.decode()
+    assert "_auth_user_id" not in attacker.session
+    # A colleague behind the same NAT still logs in.
+    colleague = _client("192.0.2.7")
+    assert _login(colleague, bob.email, PASSWORD).status_code == 302
+    # And alice herself stays locked from anywhere until the window passes.
+    assert (
+        "Too many failed" in _login(_client("198.51.100.1"), alice.email, PASSWORD).content.decode()
+    )
+
+
+# --- password reset -----------------------------------------------------------------------------
+def test_password_reset_answers_the_same_for_unknown_and_known_addresses(alice) -> None:  # noqa: ANN001
+    _verified(alice)
+    known = _client("10.0.1.1").post(reverse("account_reset_password"), {"email": alice.email})
+    unknown = _client("10.0.1.2").post(
+        reverse("account_reset_password"), {"email": "nobody@example.com"}
+    )
+    assert (known.status_code, known["Location"]) == (unknown.status_code, unknown["Location"])
+    assert {tuple(m.to) for m in mail.outbox} == {(alice.email,), ("nobody@example.com",)}
+
+
+def test_password_reset_link_sets_a_new_password(alice) -> None:  # noqa: ANN001
+    _verified(alice)
+    client = _client()
+    client.post(reverse("account_reset_password"), {"email": alice.email})
+    link = re.search(
+        r"https?://[^/\s]+(/accounts/password/reset/key/\S+/)", mail.outbox[0].body
+    ).group(1)
+    form_url = client.get(link)["Location"]
+    response = client.post(form_url, {"password1": GOOD_PASSWORD, "password2": GOOD_PASSWORD})
+    assert response.status_code == 302
+    assert _login(_client(), alice.email, GOOD_PASSWORD).status_code == 302
+
+
+# --- abuse limits -------------------------------------------------------------------------------
+def test_signups_are_rate_limited_per_ip() -> None:
+    client = _client("203.0.113.9")
+    for i in range(5):
+        assert _signup(client, f"user{i}@example.com").status_code == 302
+    assert _signup(client, "user5@example.com").status_code == 429
+    assert not User.objects.filter(email="user5@example.com").exists()
+    assert _signup(_client("203.0.113.10"), "user6@example.com").status_code == 302
+
+
+def test_password_resets_are_rate_limited_per_ip() -> None:
+    client = _client("203.0.113.20")
+    for i in range(5):
+        response = client.post(reverse("account_reset_password"), {"email": f"x{i}@example.com"})
+        assert response.status_code == 302
+    response = client.post(reverse("account_reset_password"), {"email": "x9@example.com"})
+    assert response.status_code == 429
+    assert len(mail.outbox) == 5
+
+
+def test_password_resets_are_rate_limited_per_address(alice) -> None:  # noqa: ANN001
+    _verified(alice)
+    for i in range(3):
+        _client(f"10.9.0.{i}").post(reverse("account_reset_password"), {"email": alice.email})
+    response = _client("10.9.0.99").post(reverse("account_reset_password"), {"email": alice.email})
+    assert response.status_code == 429
+    assert len(mail.outbox) == 3
+
+
+# --- pages and language -------------------------------------------------------------------------
+def test_account_pages_speak_chinese_by_default_and_english_on_request(
+    alice, alice_client: Client
+) -> None:  # noqa: ANN001
+    zh = Client().get(reverse("account_signup")).content.decode()
+    assert '<html lang="zh-hans"' in zh and "注册" in zh and "体验金" in zh
+    en = _client().get(reverse("account_signup")).content.decode()
+    assert "Create your account" in en and "10 元 trial credit" in en
+    assert "SSH" in alice_client.get(reverse("account:overview")).content.decode()
+
+
+def test_landing_page_offers_sign_up(client: Client) -> None:
+    assert reverse("account_signup") in client.get("/").content.decode()
