@@ -1,6 +1,23 @@
 from __future__ import annotations
 
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from billing.api.views import (
+    PriceListView,
+    QuoteView,
+    TopUpViewSet,
+    TransactionViewSet,
+    UsageSessionViewSet,
+    WalletView,
+)
+
 router = DefaultRouter()
-urlpatterns: list = []
+router.register("billing/transactions", TransactionViewSet, basename="billing-transaction")
+router.register("billing/usage-sessions", UsageSessionViewSet, basename="billing-usage-session")
+router.register("billing/top-ups", TopUpViewSet, basename="billing-top-up")
+urlpatterns: list = [
+    path("billing/wallet/", WalletView.as_view(), name="billing-wallet"),
+    path("billing/quotes/", QuoteView.as_view(), name="billing-quote"),
+    path("billing/prices/", PriceListView.as_view(), name="billing-prices"),
+]

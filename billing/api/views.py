@@ -1,0 +1,188 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing import clock, services, statements
+from billing.api.serializers import (
+    PriceSerializer,
+    QuoteRequestSerializer,
+    QuoteSerializer,
+    TopUpCreateSerializer,
+    TopUpSerializer,
+    TransactionSerializer,
+    UsageSessionSerializer,
+    WalletSerializer,
+)
+from billing.models import Account, Payment, UsageSession, Wallet
+from console.api.exceptions import ApiError, ErrorCode
+
+UUID_PATTERN = "[0-9a-fA-F-]{32,36}"
+IDEMPOTENCY_HEADER = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="Retry-safe: the same key and body return the same top-up; another body → 422.",
+)
+
+
+def _billing_error(exc: services.BillingError) -> ApiError:
+    codes = {
+        "insufficient_funds": (ErrorCode.INSUFFICIENT_FUNDS, 402),
+        "idempotency_key_reused": (ErrorCode.IDEMPOTENCY_MISMATCH, 422),
+    }
+    code, http = codes.get(exc.code, (ErrorCode.INVALID, 400))
+    return ApiError(code, str(exc), status_code=http)
+
+
+class WalletView(APIView):
+    @extend_schema(
+        summary="Your balances by kind, burn rate and runway",
+        responses=WalletSerializer,
+        tags=["billing"],
+    )
+    def get(self, request: Request) -> Response:
+        summary = services.get_wallet_summary(request.user)
+        vouchers = (
+            Account.objects.filter(wallet__owner=request.user, kind="voucher")
+            .spendable(clock.now())
+            .order_by("expires_at")
+        )
+        data = {
+            "cash": summary.cash,
+            "trial": summary.trial,
+            "vouchers": summary.vouchers,
+            "spendable": summary.spendable,
+            "burn_per_hour": summary.burn_per_hour,
+            "runway_seconds": summary.runway_seconds,
+            "open_sessions": summary.open_sessions,
+            "voucher_list": list(vouchers),
+        }
+        return Response(WalletSerializer(data).data)
+
+
+class QuoteView(APIView):
+    @extend_schema(
+        summary="Quote an order (per hour, per day, long-term terms, runway)",
+        request=QuoteRequestSerializer,
+        responses=QuoteSerializer,
+        tags=["billing"],
+    )
+    def post(self, request: Request) -> Response:
+        payload = QuoteRequestSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        try:
+            quote = services.quote_for(request.user, **payload.validated_data)
+        except services.BillingError as exc:
+            raise _billing_error(exc) from None
+        return Response(QuoteSerializer(quote).data)
+
+
+class PriceListView(APIView):
+    @extend_schema(
+        summary="The prices in effect now", responses=PriceSerializer(many=True), tags=["billing"]
+    )
+    def get(self, request: Request) -> Response:
+        rows = [
+            {
+                "gpu_model": p.gpu_model,
+                "on_demand_per_card_hour": p.on_demand_per_card_hour,
+                "is_placeholder": p.is_placeholder,
+                "terms": terms,
+            }
+            for p, terms in services.price_list()
+        ]
+        return Response(PriceSerializer(rows, many=True).data)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your ledger transactions, newest first", tags=["billing"]),
+    retrieve=extend_schema(summary="One ledger transaction", tags=["billing"]),
+)
+class TransactionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = TransactionSerializer
+    lookup_field = "public_id"
+    lookup_value_regex = UUID_PATTERN
+
+    def get_queryset(self):  # noqa: ANN201
+        return statements.transactions_for(self.request.user)
+
+    def _wallet_id(self) -> int | None:
+        return Wallet.objects.filter(owner=self.request.user).values_list("pk", flat=True).first()
+
+    def paginate_queryset(self, queryset: Any) -> list | None:
+        page = super().paginate_queryset(queryset)
+        if page is not None:
+            statements.with_net_amounts(page, self._wallet_id())
+        return page
+
+    def get_object(self) -> Any:
+        txn = get_object_or_404(self.get_queryset(), public_id=self.kwargs["public_id"])
+        statements.with_net_amounts([txn], self._wallet_id())
+        return txn
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="Your usage sessions (per-second billing of each resource)", tags=["billing"]
+    ),
+    retrieve=extend_schema(summary="One usage session", tags=["billing"]),
+)
+class UsageSessionViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    serializer_class = UsageSessionSerializer
+    lookup_field = "public_id"
+    lookup_value_regex = UUID_PATTERN
+
+    def get_queryset(self):  # noqa: ANN201
+        return (
+            UsageSession.objects.for_owner(self.request.user)
+            .select_related("price_book")
+            .order_by("-started_at", "-id")
+        )
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your top-ups", tags=["billing"]),
+    retrieve=extend_schema(summary="One top-up", tags=["billing"]),
+)
+class TopUpViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = TopUpSerializer
+    lookup_field = "public_id"
+    lookup_value_regex = UUID_PATTERN
+
+    def get_queryset(self):  # noqa: ANN201
+        return Payment.objects.filter(wallet__owner=self.request.user).order_by(
+            "-created_at", "-id"
+        )
+
+    @extend_schema(
+        summary="Start a top-up; pay at checkout_url",
+        request=TopUpCreateSerializer,
+        responses={201: TopUpSerializer, 200: TopUpSerializer},
+        parameters=[IDEMPOTENCY_HEADER],
+        tags=["billing"],
+    )
+    def create(self, request: Request) -> Response:
+        payload = TopUpCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        key = (request.headers.get("Idempotency-Key") or "").strip()[:100] or None
+        try:
+            payment, created = services.start_topup(
+                request.user,
+                payload.validated_data["amount"],
+                provider=payload.validated_data["provider"],
+                idempotency_key=key,
+            )
+        except services.BillingError as exc:
+            raise _billing_error(exc) from None
+        data = TopUpSerializer(payment, context={"request": request}).data
+        return Response(data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
