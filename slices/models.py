@@ -1,1 +1,265 @@
+"""Fleet inventory (Region → Cluster → SpineGroup / ScalableUnit → Node → GPU) and GPU allocations.
+
+The fleet file is the source of truth for the inventory (`manage.py load_fleet`); node state, health
+and the free-GPU bitmask are live. Allocations are written only by `slices.services`.
+"""
+
 from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from slices.choices import (
+    ALLOCATION_STATE_BADGES,
+    NODE_HEALTH_BADGES,
+    NODE_STATE_BADGES,
+    AllocationKind,
+    AllocationState,
+    Fabric,
+    NodeHealth,
+    NodeState,
+)
+from slices.querysets import AllocationQuerySet, NodeQuerySet
+
+
+class Region(models.Model):
+    code = models.SlugField(_("code"), max_length=63, unique=True)
+    name = models.CharField(_("name"), max_length=100)
+    name_zh = models.CharField(_("Chinese name"), max_length=100, blank=True)
+    position = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        verbose_name = _("region")
+        verbose_name_plural = _("regions")
+        ordering = ("position", "code")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GpuModel(models.Model):
+    code = models.CharField(_("code"), max_length=32, unique=True)
+    memory_gib = models.PositiveIntegerField(_("memory (GiB)"))
+    nvlink_gbps = models.PositiveIntegerField(_("NVLink GB/s per GPU"), default=0)
+    # What customers order, GPUs -> weight (from the fleet file); guides fragmentation-aware placement.
+    demand = models.JSONField(_("order mix"), default=dict, blank=True)
+
+    class Meta:
+        verbose_name = _("GPU model")
+        verbose_name_plural = _("GPU models")
+        ordering = ("code",)
+
+    def __str__(self) -> str:
+        return self.code
+
+
+class Cluster(models.Model):
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="clusters")
+    code = models.SlugField(_("code"), max_length=63, unique=True)
+    name = models.CharField(_("name"), max_length=200)
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="clusters")
+    fabric = models.CharField(_("fabric"), max_length=16, choices=Fabric.choices)
+    gpus_per_node = models.PositiveSmallIntegerField(_("GPUs per node"))
+    numa_nodes = models.PositiveSmallIntegerField(_("NUMA nodes per node"), default=2)
+    gpus_per_hca = models.PositiveSmallIntegerField(_("GPUs per HCA"), default=1)
+    rails = models.PositiveSmallIntegerField(_("rails"), default=8)
+    link_gbps = models.PositiveIntegerField(_("link Gb/s"), default=200)
+    leaf_ports = models.PositiveSmallIntegerField(_("leaf switch ports"), default=40)
+    position = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        verbose_name = _("cluster")
+        verbose_name_plural = _("clusters")
+        ordering = ("position", "code")
+
+    def __str__(self) -> str:
+        return self.code
+
+    @property
+    def slices_allowed(self) -> bool:
+        return self.fabric != Fabric.ETHERNET and self.gpus_per_node == 8
+
+
+class SpineGroup(models.Model):
+    """The spine switches of one rail plane: rail-r leaves of every SU meet here."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="spine_groups")
+    rail = models.PositiveSmallIntegerField(_("rail"))
+
+    class Meta:
+        verbose_name = _("spine group")
+        verbose_name_plural = _("spine groups")
+        ordering = ("cluster", "rail")
+        constraints = (
+            models.UniqueConstraint(fields=("cluster", "rail"), name="slices_spine_unique_rail"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.cluster.code}/rail{self.rail}"
+
+
+class ScalableUnit(models.Model):
+    """Nodes whose rail-r HCAs share one rail-r leaf switch: one hop apart on every rail."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="sus")
+    index = models.PositiveSmallIntegerField(_("index"))
+    name = models.CharField(_("name"), max_length=32)
+    capacity = models.PositiveSmallIntegerField(_("nodes"))
+
+    class Meta:
+        verbose_name = _("scalable unit")
+        verbose_name_plural = _("scalable units")
+        ordering = ("cluster", "index")
+        constraints = (
+            models.UniqueConstraint(fields=("cluster", "index"), name="slices_su_unique_index"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.cluster.code}/{self.name}"
+
+
+class Node(models.Model):
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="nodes")
+    su = models.ForeignKey(ScalableUnit, on_delete=models.PROTECT, related_name="nodes")
+    index = models.PositiveSmallIntegerField(_("index in SU"))
+    hostname = models.CharField(_("hostname"), max_length=63, unique=True)
+    address = models.CharField(_("SSH address"), max_length=255)
+    ssh_port = models.PositiveIntegerField(_("SSH port"), default=22)
+    host_key_fingerprint = models.CharField(
+        _("pinned host key"), max_length=100, blank=True, help_text=_("SHA256:… fingerprint")
+    )
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="nodes")
+    gpus_per_node = models.PositiveSmallIntegerField(_("GPUs"))
+    layout = models.JSONField(_("NUMA/PCIe/NVLink layout"), default=dict, blank=True)
+    state = models.CharField(
+        _("state"), max_length=16, choices=NodeState.choices, default=NodeState.READY
+    )
+    health = models.CharField(
+        _("health"), max_length=16, choices=NodeHealth.choices, default=NodeHealth.OK
+    )
+    # Bit i set = GPU i free. Allocation commits compare-and-set this column (see services).
+    free_mask = models.PositiveIntegerField(_("free GPU mask"))
+    in_fleet_file = models.BooleanField(default=True)
+    note = models.CharField(_("operator note"), max_length=255, blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+
+    objects = NodeQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("node")
+        verbose_name_plural = _("nodes")
+        ordering = ("cluster", "su__index", "index")
+        indexes = (models.Index(fields=("cluster", "state"), name="slices_node_cluster_state"),)
+
+    def __str__(self) -> str:
+        return self.hostname
+
+    @property
+    def full_mask(self) -> int:
+        return (1 << self.gpus_per_node) - 1
+
+    @property
+    def free_gpus(self) -> int:
+        return bin(self.free_mask).count("1")
+
+    @property
+    def used_gpus(self) -> int:
+        return self.gpus_per_node - self.free_gpus
+
+    @property
+    def state_badge(self) -> str:
+        return NODE_STATE_BADGES[NodeState(self.state)]
+
+    @property
+    def health_badge(self) -> str:
+        return NODE_HEALTH_BADGES[NodeHealth(self.health)]
+
+
+class Allocation(models.Model):
+    """GPUs held for one customer: a single-node host or a multi-node cluster slice."""
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="gpu_allocations"
+    )
+    kind = models.CharField(_("kind"), max_length=8, choices=AllocationKind.choices)
+    state = models.CharField(
+        _("state"), max_length=10, choices=AllocationState.choices, default=AllocationState.ACTIVE
+    )
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="allocations")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="allocations")
+    gpu_count = models.PositiveIntegerField(_("GPUs"))
+    node_count = models.PositiveIntegerField(_("nodes"))
+    su_count = models.PositiveSmallIntegerField(_("SUs"))
+    su_min_structural = models.PositiveSmallIntegerField(_("fewest SUs possible"))
+    su_min_state = models.PositiveSmallIntegerField(_("fewest SUs free at allocation"))
+    hostfile = models.TextField(_("hostfile"), blank=True)
+    performance = models.JSONField(_("expected NCCL performance"), default=dict, blank=True)
+    label = models.CharField(_("label"), max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    ends_at = models.DateTimeField(_("lease ends"), null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    objects = AllocationQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("GPU allocation")
+        verbose_name_plural = _("GPU allocations")
+        ordering = ("-created_at", "-id")
+        indexes = (models.Index(fields=("state", "cluster"), name="slices_alloc_state_cluster"),)
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} {self.gpu_count}× {self.gpu_model_id} ({self.public_id})"
+
+    @property
+    def state_badge(self) -> str:
+        return ALLOCATION_STATE_BADGES[AllocationState(self.state)]
+
+    @property
+    def short_id(self) -> str:
+        return str(self.public_id)[:8]
+
+
+class AllocationNode(models.Model):
+    """The GPUs an allocation holds on one node, in hostfile (rank) order."""
+
+    allocation = models.ForeignKey(Allocation, on_delete=models.CASCADE, related_name="nodes")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocation_parts")
+    rank = models.PositiveIntegerField(_("node rank"))
+    gpu_mask = models.PositiveIntegerField(_("GPU mask"))
+
+    class Meta:
+        ordering = ("allocation", "rank")
+        constraints = (
+            models.UniqueConstraint(fields=("allocation", "node"), name="slices_allocnode_unique"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.allocation_id}#{self.rank}"
+
+
+class GPU(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField(_("index"))
+    uuid = models.UUIDField(_("GPU UUID"), unique=True)
+    numa_node = models.PositiveSmallIntegerField(_("NUMA node"))
+    hca = models.CharField(_("paired HCA"), max_length=16, blank=True)
+    allocation = models.ForeignKey(
+        Allocation, on_delete=models.SET_NULL, null=True, blank=True, related_name="gpus"
+    )
+
+    class Meta:
+        verbose_name = _("GPU")
+        verbose_name_plural = _("GPUs")
+        ordering = ("node", "index")
+        constraints = (
+            models.UniqueConstraint(fields=("node", "index"), name="slices_gpu_unique_index"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.node.hostname}:{self.index}"

@@ -1,12 +1,158 @@
 from __future__ import annotations
 
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_GET, require_http_methods
+
+from console.htmx import render_page
+from slices import services
+from slices.choices import NODE_STATE_BADGES, NodeState
+from slices.models import Cluster, Node
 
 
 @login_required
 @require_GET
 def instance_list(request: HttpRequest) -> HttpResponse:
     return render(request, "slices/instance_list.html")
+
+
+def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Operator pages: log in first; customers are refused (403)."""
+
+    @login_required
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_staff:
+            raise PermissionDenied
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+# Cell colours of the fabric map (Bootstrap palette); allocated cells take their holder's hue.
+STATE_COLOURS = {
+    NodeState.READY: "#d1e7dd",
+    NodeState.ALLOCATED: "#0d6efd",
+    NodeState.DRAINING: "#ffc107",
+    NodeState.FAILED: "#dc3545",
+    NodeState.MAINTENANCE: "#6c757d",
+}
+
+
+def _holder_colour(public_id: object) -> str:
+    hue = int(str(public_id).replace("-", "")[:6], 16) % 360
+    return f"hsl({hue}, 65%, 45%)"
+
+
+@staff_required
+@require_GET
+def ops_fleet(request: HttpRequest) -> HttpResponse:
+    rows = services.availability()
+    clusters = list(Cluster.objects.select_related("region", "gpu_model").order_by("position"))
+    states: dict[int, Counter] = defaultdict(Counter)
+    for cluster_id, state in Node.objects.values_list("cluster_id", "state"):
+        states[cluster_id][state] += 1
+    by_model: dict[str, dict[str, int]] = defaultdict(lambda: {"total": 0, "free": 0})
+    for a in rows:
+        by_model[a.gpu_model]["total"] += a.total_gpus
+        by_model[a.gpu_model]["free"] += a.free_gpus
+    models = [
+        {
+            "code": code,
+            "total": v["total"],
+            "used": v["total"] - v["free"],
+            "percent": round(100 * (v["total"] - v["free"]) / v["total"]) if v["total"] else 0,
+        }
+        for code, v in sorted(by_model.items())
+    ]
+    cluster_rows = [
+        {
+            "cluster": c,
+            "states": [
+                (NodeState(s).label, NODE_STATE_BADGES[NodeState(s)], states[c.pk][s])
+                for s in NodeState.values
+                if states[c.pk][s]
+            ],
+        }
+        for c in clusters
+    ]
+    context = {"rows": rows, "models": models, "clusters": cluster_rows}
+    return render_page(request, "slices/ops_fleet.html", context, "utilisation")
+
+
+@staff_required
+@require_GET
+def ops_cluster(request: HttpRequest, code: str) -> HttpResponse:
+    cluster = get_object_or_404(Cluster.objects.select_related("region", "gpu_model"), code=code)
+    rows = services.cluster_map(cluster)
+    holders: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        for node in row["nodes"]:
+            node.colour = STATE_COLOURS[NodeState(node.state)]
+            if node.holders and node.state == NodeState.ALLOCATED:
+                node.colour = _holder_colour(node.holders[0].public_id)
+            for a in node.holders:
+                holders.setdefault(
+                    str(a.public_id), {"allocation": a, "colour": _holder_colour(a.public_id)}
+                )
+    legend = [(NodeState(s).label, colour) for s, colour in STATE_COLOURS.items()]
+    context = {
+        "cluster": cluster,
+        "rows": rows,
+        "legend": legend,
+        "holders": list(holders.values()),
+        "node_count": sum(len(r["nodes"]) for r in rows),
+    }
+    return render_page(request, "slices/ops_cluster.html", context, "fabric")
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def ops_node(request: HttpRequest, public_id: str) -> HttpResponse:
+    node = get_object_or_404(
+        Node.objects.select_related("cluster", "su", "gpu_model", "cluster__region"),
+        public_id=public_id,
+    )
+    if request.method == "POST":
+        action = request.POST.get("action", "")
+        if action not in services.NODE_ACTIONS:
+            messages.error(request, _("Unknown action."))
+        elif services.change_node_state(node, action, request.POST.get("note", "")[:255]):
+            messages.success(
+                request,
+                _("%(node)s is now %(state)s.") % {"node": node, "state": node.get_state_display()},
+            )
+        else:
+            messages.warning(
+                request,
+                _("%(node)s did not change: it is %(state)s.")
+                % {"node": node, "state": node.get_state_display()},
+            )
+        if not getattr(request, "htmx", False):
+            return redirect("slices:ops-node", public_id=node.public_id)
+    gpus = list(node.gpus.select_related("allocation", "allocation__owner").order_by("index"))
+    context = {"node": node, "gpus": gpus, "actions": _actions_for(node)}
+    return render_page(request, "slices/ops_node.html", context, "node")
+
+
+def _actions_for(node: Node) -> list[tuple[str, str, str]]:
+    empty = node.free_mask == node.full_mask
+    out = []
+    if node.state in (NodeState.READY, NodeState.ALLOCATED):
+        out.append(("drain", _("Drain"), "warning"))
+    if empty and node.state != NodeState.MAINTENANCE:
+        out.append(("maintenance", _("Maintenance"), "secondary"))
+    if node.state != NodeState.FAILED:
+        out.append(("fail", _("Mark failed"), "danger"))
+    if node.state not in (NodeState.READY, NodeState.ALLOCATED):
+        out.append(("return", _("Return to service"), "success"))
+    return out

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from slices.api import views
+
 router = DefaultRouter()
-urlpatterns: list = []
+urlpatterns: list = [
+    path("availability/", views.AvailabilityView.as_view(), name="availability"),
+]

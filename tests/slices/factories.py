@@ -1,0 +1,51 @@
+"""A small fleet for the database tests: loaded through the real fleet-file path."""
+
+from __future__ import annotations
+
+from slices.fleetfile import parse_fleet
+from slices.services import load_fleet
+
+SMALL_FLEET = """\
+version: 1
+gpu_models:
+  - {code: H800, memory_gib: 80, nvlink_gbps: 200}
+  - {code: A800, memory_gib: 80, nvlink_gbps: 200}
+  - {code: RTX4090, memory_gib: 24}
+demand:
+  H800: {8: 1, 64: 4, 128: 2}
+regions:
+  - code: xiamen
+    name: Xiamen
+    name_zh: 厦门
+    clusters:
+      - code: xm-h800
+        gpu_model: H800
+        fabric: ib-hdr
+        gpus_per_node: 8
+        scalable_units: [8, 8, 8]
+        hostname: "xm-h8-su{su:02d}-n{node:02d}"
+        address: "10.12.{su}.{node}"
+      - code: xm-4090
+        gpu_model: RTX4090
+        fabric: ethernet
+        gpus_per_node: 8
+        nodes: 2
+        su_nodes: 2
+        hostname: "xm-4090-r{su:02d}-n{node:02d}"
+        address: "10.11.{su}.{node}"
+  - code: yinchuan
+    name: Yinchuan
+    name_zh: 银川
+    clusters:
+      - code: yc-a800
+        gpu_model: A800
+        fabric: ib-hdr
+        gpus_per_node: 8
+        scalable_units: [8]
+        hostname: "yc-a8-su{su:02d}-n{node:02d}"
+        address: "10.21.{su}.{node}"
+"""
+
+
+def load_small_fleet(text: str = SMALL_FLEET) -> None:
+    load_fleet(parse_fleet(text))
