@@ -1,8 +1,9 @@
-"""Tenant-isolation registry of the console's object routes (see tests/console/test_tenant_isolation.py).
+"""The console's entries in the tenant-isolation registry (tests/console/test_tenant_isolation.py).
 
-``OBJECT_ROUTES`` maps a URL name to a factory ``(owner) -> url kwargs`` that creates one object
-owned by ``owner`` and returns the kwargs that address it. The isolation test checks that another
-customer gets 404 on every method of that route, and that the owner does not.
+Other apps add a ``tests/<app>/isolation.py`` with the same names (any may be omitted):
+``OBJECT_ROUTES`` and ``STAFF_ROUTES`` map a URL name to ``factory(owner) -> url kwargs``;
+``EXEMPT_ROUTES`` maps a URL name to the reason its parameter is not a customer's object;
+``WEBSOCKET_ROUTES`` maps a websocket route's name (or pattern text) to ``factory(owner) -> path``.
 """
 
 from __future__ import annotations
@@ -22,17 +23,13 @@ def _token(owner: Any) -> dict[str, Any]:
 
 
 OBJECT_ROUTES: dict[str, Callable[[Any], dict[str, Any]]] = {
+    # pages
     "account:ssh-key-delete": _ssh_key,
     "account:ssh-key-set-default": _ssh_key,
     "account:token-revoke": _token,
+    # API
     "ssh-key-detail": _ssh_key,
     "ssh-key-set-default": _ssh_key,
     "api-token-detail": _token,
     "api-token-revoke": _token,
-}
-
-# Routes that take a parameter that is not an object of a customer, and why.
-EXEMPT_ROUTES: dict[str, str] = {
-    "account_confirm_email": "the parameter is a secret key mailed to the address, not an object id",
-    "account_reset_password_from_key": "uidb36 + secret key from the reset mail, not an object id",
 }
