@@ -10,6 +10,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.utils.translation import get_language
 from django.utils.translation import gettext_lazy as _
 
 from slices.choices import (
@@ -37,6 +38,13 @@ class Region(models.Model):
         ordering = ("position", "code")
 
     def __str__(self) -> str:
+        return self.display_name
+
+    @property
+    def display_name(self) -> str:
+        """The region's name in the current language (Chinese names for zh-hans)."""
+        if self.name_zh and (get_language() or "").startswith("zh"):
+            return self.name_zh
         return self.name
 
 

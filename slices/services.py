@@ -571,7 +571,14 @@ def availability() -> list[Availability]:
         r = regions.get(region)
         out.append(
             Availability(
-                region, r.name if r else region, model, total, free, hosts, largest, has_slices
+                region,
+                r.display_name if r else region,
+                model,
+                total,
+                free,
+                hosts,
+                largest,
+                has_slices,
             )
         )
     return out
