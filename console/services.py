@@ -232,6 +232,26 @@ def check_api_token(raw: str) -> TokenCheck:
 
 
 # --- sign-up ------------------------------------------------------------------------------------
+@transaction.atomic
+def mark_email_verified(user: User) -> None:
+    """Record ``user.email`` as verified and primary without a mail round-trip.
+
+    For accounts that operators or ``demo_setup`` create: allauth's login requires a verified
+    address. Grants nothing by itself (the trial credit follows real verification only).
+    """
+    from allauth.account.models import EmailAddress
+
+    address = EmailAddress.objects.filter(user=user, email__iexact=user.email).first()
+    if address is None:
+        address = EmailAddress(user=user, email=user.email)
+    EmailAddress.objects.filter(user=user, primary=True).exclude(pk=address.pk).update(
+        primary=False
+    )
+    address.verified = True
+    address.primary = True
+    address.save()
+
+
 def grant_trial_credit_after_verification(user_id: int) -> bool:
     """Give a newly verified account its one-time 10 元 trial credit (体验金).
 

@@ -245,3 +245,11 @@ def test_account_pages_speak_chinese_by_default_and_english_on_request(
 
 def test_landing_page_offers_sign_up(client: Client) -> None:
     assert reverse("account_signup") in client.get("/").content.decode()
+
+
+def test_accounts_created_by_operators_can_be_marked_verified_and_log_in(alice) -> None:  # noqa: ANN001
+    services.mark_email_verified(alice)
+    services.mark_email_verified(alice)  # idempotent
+    assert EmailAddress.objects.get(user=alice).verified
+    assert _login(_client(), alice.username, PASSWORD).status_code == 302
+    assert get_wallet_summary(alice).trial == Decimal("0")

@@ -305,3 +305,16 @@ def test_api_list_query_count_does_not_grow_with_keys(
     with django_assert_max_num_queries(5):
         response = alice_client.get("/api/v1/ssh-keys/")
     assert response.json()["count"] == 8
+
+
+@pytest.mark.django_db
+def test_api_refuses_nul_characters_and_oversized_input(alice_client: Client) -> None:
+    for payload in (
+        {"name": "bad\x00name", "public_key": ed25519_public_key()},
+        {"name": "x" * 101, "public_key": ed25519_public_key()},
+        {"public_key": "ssh-ed25519 " + "A" * 9000},
+        {"public_key": ["not", "a", "string"]},
+    ):
+        response = alice_client.post("/api/v1/ssh-keys/", payload, content_type="application/json")
+        assert response.status_code == 400, (payload, response.content)
+    assert not SshKey.objects.exists()
