@@ -82,7 +82,7 @@ def test_operator_drains_and_returns_a_node(fleet, operator_client: Client) -> N
     node.refresh_from_db()
     assert (node.state, node.note) == (NodeState.DRAINING, "IB link flaps")
     page = operator_client.get(_node_url(node)).content.decode()
-    assert "Return to service" in page and "GPU-" in page
+    assert 'value="return"' in page and "GPU-" in page
     operator_client.post(_node_url(node), {"action": "return"}, headers={"HX-Request": "true"})
     node.refresh_from_db()
     assert node.state == NodeState.READY
