@@ -10,6 +10,9 @@ from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from billing.services import grant_trial_credit
+from console.services import mark_email_verified
+
 DEMO_USERS = (
     # username, email, password, is_staff
     ("demo", "demo@example.com", "demo-password-2026", False),
@@ -17,7 +20,10 @@ DEMO_USERS = (
 )
 
 # Data loaders of the apps, run when the app provides them (each is idempotent).
-LOADERS: tuple[tuple[str, tuple[str, ...]], ...] = ()
+LOADERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("load_fleet", ()),  # slices/fleets/shipped.yaml: Xiamen, Yinchuan, Ulanqab
+    ("load_catalogue", ()),  # marketplace/data/: models, datasets, one-click images
+)
 
 
 class Command(BaseCommand):
@@ -44,3 +50,8 @@ class Command(BaseCommand):
             user.set_password(password)
             user.save(update_fields=["password"])
             self.stdout.write(f"created {'operator' if is_staff else 'customer'} {username}")
+        # The demo addresses count as verified (allauth requires it to log in); the demo customer
+        # gets the same one-time trial credit a verified sign-up gets (idempotent).
+        mark_email_verified(user)
+        if not is_staff:
+            grant_trial_credit(user)
