@@ -10,6 +10,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.routers import APIRootView, DefaultRouter
 
 from console import views
+from console.lockout import limit_failed_logins
 
 # /api/v1/: every app's router merged into one browsable root, plus each app's extra API paths.
 API_APPS = ("console", "slices", "marketplace", "billing")
@@ -28,6 +29,9 @@ for _app in API_APPS:
     _api = import_module(f"{_app}.api.urls")
     api_router.registry.extend(_api.router.registry)
     api_extra.extend(getattr(_api, "urlpatterns", []))
+
+# The admin's login form shares the console's failed-login lockout.
+admin.site.login = limit_failed_logins(admin.site.login)
 
 handler404 = "console.views.page_not_found"
 handler500 = "console.views.server_error"

@@ -253,3 +253,33 @@ def test_accounts_created_by_operators_can_be_marked_verified_and_log_in(alice) 
     assert EmailAddress.objects.get(user=alice).verified
     assert _login(_client(), alice.username, PASSWORD).status_code == 302
     assert get_wallet_summary(alice).trial == Decimal("0")
+
+
+def test_admin_login_shares_the_lockout(operator, alice) -> None:  # noqa: ANN001
+    _verified(operator)
+    attacker = _client("192.0.2.50")
+    for _ in range(5):
+        response = attacker.post(
+            reverse("admin:login"), {"username": operator.username, "password": "nope-Nope-1"}
+        )
+        assert response.status_code == 200
+    locked = attacker.post(
+        reverse("admin:login"), {"username": operator.username, "password": PASSWORD}
+    )
+    assert locked.status_code == 429
+    # Locked on the console's form too, while another account behind the same IP is not.
+    assert "Too many failed" in _login(attacker, operator.email, PASSWORD).content.decode()
+    ok = _client("192.0.2.50").post(
+        reverse("admin:login"), {"username": alice.username, "password": PASSWORD}
+    )
+    assert ok.status_code == 200  # alice is no operator: the admin says so, but is not locked
+    assert "Too many" not in ok.content.decode()
+
+
+def test_a_successful_admin_login_does_not_count_as_a_failure(operator) -> None:  # noqa: ANN001
+    for _ in range(6):
+        client = _client("192.0.2.60")
+        response = client.post(
+            reverse("admin:login"), {"username": operator.username, "password": PASSWORD}
+        )
+        assert response.status_code == 302

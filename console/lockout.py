@@ -1,0 +1,32 @@
+"""Failed-login lockout for login forms outside allauth (the Django admin's).
+
+Shares allauth's ``login_failed`` counter and key, so five wrong passwords for a login name lock it
+on every form (console and admin) for the configured window, without locking out the IP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+
+from allauth.core import ratelimit
+from django.http import HttpRequest, HttpResponse
+
+from console.adapters import login_attempts_key
+
+
+def limit_failed_logins(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        login = request.POST.get("username", "") if request.method == "POST" else ""
+        if not login:
+            return view(request, *args, **kwargs)
+        key = login_attempts_key(login)  # the key our allauth adapter uses: one counter
+        if not ratelimit.consume(request, action="login_failed", key=key, dry_run=True):
+            return ratelimit.respond_429(request)
+        response = view(request, *args, **kwargs)
+        if not request.user.is_authenticated:
+            ratelimit.consume(request, action="login_failed", key=key)
+        return response
+
+    return wrapper
