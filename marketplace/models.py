@@ -1,1 +1,279 @@
+"""The marketplace catalogue: public models and datasets (assets), their licenses, one-click images.
+
+Assets and images are shared by all users (the catalogue is public); the only per-user row is the
+``LicenseAcceptance`` that unlocks a gated license for mounting.
+"""
+
 from __future__ import annotations
+
+import re
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+from django.utils.translation import gettext_lazy as _
+
+from marketplace import mounts
+from marketplace.choices import AssetKind
+from marketplace.querysets import AssetQuerySet, ImageQuerySet, ImageVersionQuerySet
+
+_NON_ALNUM = re.compile(r"[^0-9a-z]+")
+
+
+def search_tokens(text: str) -> list[str]:
+    """Lower-case ASCII words: the unit of search on both databases (``Llama-2-7b`` -> llama 2 7b)."""
+    return [t for t in _NON_ALNUM.split(text.lower()) if t]
+
+
+def pack(values: list[str] | tuple[str, ...], sep: str) -> str:
+    """``["a", "b"]`` -> ``";a;b;"``: a delimited column where ``contains(";a;")`` is an exact match."""
+    cleaned = [v.strip() for v in values if v and v.strip()]
+    return f"{sep}{sep.join(cleaned)}{sep}" if cleaned else ""
+
+
+def unpack(value: str, sep: str) -> list[str]:
+    return [v for v in value.split(sep) if v]
+
+
+class License(models.Model):
+    """A license as the sources name it (SPDX-style id or URL); gated ones need acceptance."""
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    key = models.CharField(_("license id"), max_length=300, unique=True)
+    name = models.CharField(_("name"), max_length=200)
+    url = models.URLField(_("license text"), max_length=500, blank=True)
+    requires_acceptance = models.BooleanField(
+        _("gated"),
+        default=False,
+        db_index=True,
+        help_text=_("Users must accept this license once before mounting assets under it."),
+    )
+    terms = models.TextField(_("summary of terms"), blank=True)
+
+    class Meta:
+        verbose_name = _("license")
+        verbose_name_plural = _("licenses")
+        ordering = ("key",)
+
+    def __str__(self) -> str:
+        return self.name or self.key
+
+    def get_absolute_url(self) -> str:
+        return reverse("marketplace:license-detail", args=[self.public_id])
+
+
+class Asset(models.Model):
+    """A public model or dataset, cached once on the parallel file system and mountable read-only."""
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    kind = models.CharField(_("kind"), max_length=16, choices=AssetKind.choices)
+    hub_id = models.CharField(_("hub id"), max_length=200)
+    slug = models.CharField(
+        _("slug"), max_length=160, help_text=_("Mounted at /models/<slug> or /datasets/<slug>.")
+    )
+    name = models.CharField(_("name"), max_length=200)
+    publisher = models.CharField(_("publisher"), max_length=100, blank=True)
+    task = models.CharField(_("task"), max_length=64, blank=True, help_text=_("Primary task."))
+    tasks = models.CharField(
+        _("tasks"), max_length=400, blank=True, help_text=_("All tasks, as ;task-a;task-b;")
+    )
+    modalities = models.CharField(
+        _("modalities"), max_length=100, blank=True, help_text=_("As ,text,image,")
+    )
+    params_billion = models.FloatField(_("parameters (billions)"), null=True, blank=True)
+    size_gb = models.FloatField(_("size on disk (GB)"), null=True, blank=True)
+    size_estimated = models.BooleanField(
+        _("size is an estimate"),
+        default=False,
+        help_text=_("Estimated as parameters × 2 bytes (bf16) where the source gives no size."),
+    )
+    license = models.ForeignKey(
+        License,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="assets",
+        verbose_name=_("license"),
+    )
+    source = models.CharField(_("source of the facts"), max_length=400)
+    is_listed = models.BooleanField(
+        _("listed"), default=True, help_text=_("Unlisted assets are hidden and cannot be mounted.")
+    )
+    search_document = models.TextField(editable=False, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = AssetQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("asset")
+        verbose_name_plural = _("assets")
+        ordering = ("kind", "name")
+        constraints = (
+            models.UniqueConstraint(fields=("kind", "hub_id"), name="marketplace_asset_hub_id"),
+            models.UniqueConstraint(fields=("kind", "slug"), name="marketplace_asset_slug"),
+        )
+        indexes = (
+            models.Index(fields=("kind", "is_listed", "name"), name="mkt_asset_name"),
+            models.Index(fields=("kind", "is_listed", "size_gb"), name="mkt_asset_size"),
+            models.Index(fields=("kind", "is_listed", "params_billion"), name="mkt_asset_params"),
+            models.Index(fields=("kind", "publisher"), name="mkt_asset_publisher"),
+            models.Index(fields=("kind", "task"), name="mkt_asset_task"),
+        )
+
+    def __str__(self) -> str:
+        return self.hub_id
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        self.normalize()
+        if kwargs.get("update_fields") is not None:
+            fields = {*kwargs["update_fields"], "search_document", "tasks", "modalities", "task"}  # type: ignore[misc]
+            kwargs["update_fields"] = fields
+        super().save(*args, **kwargs)
+
+    def get_absolute_url(self) -> str:
+        name = (
+            "marketplace:model-detail"
+            if self.kind == AssetKind.MODEL
+            else "marketplace:dataset-detail"
+        )
+        return reverse(name, args=[self.slug])
+
+    def normalize(self) -> None:
+        """Keep the delimited columns and the search document consistent (the admin edits them
+        as plain text: ``a;b`` or ``text,image`` are accepted)."""
+        tasks = unpack(self.tasks.replace(",", ";"), ";") or ([self.task] if self.task else [])
+        self.tasks = pack(tasks, ";")
+        self.task = tasks[0] if tasks else ""
+        self.modalities = pack(unpack(self.modalities.replace(";", ","), ","), ",")
+        self.search_document = self.build_search_document()
+
+    def build_search_document(self) -> str:
+        parts = [self.hub_id, self.name, self.publisher, self.tasks or self.task, self.modalities]
+        return " ".join(dict.fromkeys(search_tokens(" ".join(parts))))
+
+    @property
+    def is_model(self) -> bool:
+        return self.kind == AssetKind.MODEL
+
+    @property
+    def gated(self) -> bool:
+        return bool(self.license_id and self.license.requires_acceptance)
+
+    @property
+    def task_list(self) -> list[str]:
+        return unpack(self.tasks, ";") or ([self.task] if self.task else [])
+
+    @property
+    def modality_list(self) -> list[str]:
+        return unpack(self.modalities, ",")
+
+    def as_ref(self) -> mounts.AssetRef:
+        return mounts.AssetRef(kind=self.kind, hub_id=self.hub_id, slug=self.slug)
+
+    @property
+    def source_path(self) -> str:
+        return mounts.source_path(self.kind, self.hub_id)
+
+    @property
+    def mount_point(self) -> str:
+        return mounts.mount_point(self.kind, self.slug)
+
+
+class LicenseAcceptance(models.Model):
+    """A user accepted a gated license (once); required before mounting assets under it."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="license_acceptances"
+    )
+    license = models.ForeignKey(License, on_delete=models.PROTECT, related_name="acceptances")
+    accepted_at = models.DateTimeField(auto_now_add=True)
+    # What the user saw when accepting, kept even if an operator edits the license later.
+    license_name = models.CharField(max_length=200)
+    license_url = models.URLField(max_length=500, blank=True)
+
+    class Meta:
+        verbose_name = _("license acceptance")
+        verbose_name_plural = _("license acceptances")
+        ordering = ("-accepted_at",)
+        constraints = (
+            models.UniqueConstraint(fields=("user", "license"), name="marketplace_acceptance_once"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.user} accepted {self.license_name}"
+
+
+class Image(models.Model):
+    """A one-click image family (PyTorch, DeepSpeed, Megatron-LM, Colossal-AI)."""
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    slug = models.SlugField(_("slug"), max_length=64, unique=True)
+    name = models.CharField(_("name"), max_length=100)
+    framework = models.CharField(_("framework"), max_length=100)
+    homepage = models.URLField(_("homepage"), blank=True)
+    summary = models.TextField(_("summary"), blank=True)
+    position = models.PositiveSmallIntegerField(_("position"), default=0)
+    is_listed = models.BooleanField(_("listed"), default=True)
+
+    objects = ImageQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("image")
+        verbose_name_plural = _("images")
+        ordering = ("position", "name")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def get_absolute_url(self) -> str:
+        return reverse("marketplace:image-detail", args=[self.slug])
+
+
+class ImageVersion(models.Model):
+    """One launchable build: framework, CUDA and Python versions, container and launch template."""
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    image = models.ForeignKey(Image, on_delete=models.CASCADE, related_name="versions")
+    slug = models.CharField(_("slug"), max_length=100, unique=True)
+    framework_version = models.CharField(_("framework version"), max_length=50)
+    cuda = models.CharField(_("CUDA"), max_length=20)
+    cudnn = models.CharField(_("cuDNN"), max_length=20, blank=True)
+    python = models.CharField(_("Python"), max_length=20)
+    container = models.CharField(_("container image"), max_length=300)
+    layer = models.JSONField(
+        _("installed on top"),
+        default=list,
+        blank=True,
+        help_text=_("What the console's mirror installs on the public image."),
+    )
+    size_gb = models.FloatField(_("size (GB, approximate)"))
+    gpu_models = models.JSONField(_("supported GPU models"), default=list)
+    contents = models.JSONField(_("contents"), default=list, blank=True)
+    launch = models.JSONField(
+        _("launch template"), default=dict, help_text=_("command, workdir, ports, env")
+    )
+    recommended = models.BooleanField(_("recommended"), default=False)
+    position = models.PositiveSmallIntegerField(_("position"), default=0)
+    is_listed = models.BooleanField(_("listed"), default=True)
+
+    objects = ImageVersionQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("image version")
+        verbose_name_plural = _("image versions")
+        ordering = ("image", "position")
+
+    def __str__(self) -> str:
+        return (
+            f"{self.image.name} {self.framework_version} (CUDA {self.cuda}, Python {self.python})"
+        )
+
+    @property
+    def ports(self) -> list[dict]:
+        return list(self.launch.get("ports", []))
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.launch.get("env", {}))

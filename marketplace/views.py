@@ -1,18 +1,112 @@
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_GET, require_POST
+
+from console.htmx import render_page
+from marketplace import services
+from marketplace.catalogue import GPU_MODELS
+from marketplace.choices import AssetKind
+from marketplace.forms import asset_filter_form, paginate
+from marketplace.models import Asset, ImageVersion
 
 
-@login_required
+def _asset_list(request: HttpRequest, kind: str) -> HttpResponse:
+    form = asset_filter_form(request.GET)
+    qs = form.apply(Asset.objects.listed().of_kind(kind).for_list())
+    context = {
+        "kind": kind,
+        "is_models": kind == AssetKind.MODEL,
+        "form": form,
+        "page": paginate(qs, request.GET.get("page")),
+        "facets": services.catalogue_facets(kind),
+    }
+    return render_page(request, "marketplace/asset_list.html", context, "results")
+
+
 @require_GET
 def model_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "marketplace/model_list.html")
+    return _asset_list(request, AssetKind.MODEL)
+
+
+@require_GET
+def dataset_list(request: HttpRequest) -> HttpResponse:
+    return _asset_list(request, AssetKind.DATASET)
+
+
+def _asset_detail(request: HttpRequest, kind: str, slug: str) -> HttpResponse:
+    asset = services.get_listed_asset(kind, slug)
+    accepted = services.has_accepted_license(request.user, asset.license)
+    context = {
+        "asset": asset,
+        "license_accepted": accepted,
+        "order_url": services.order_form_url(assets=[asset]) if accepted else "",
+    }
+    return render(request, "marketplace/asset_detail.html", context)
+
+
+@require_GET
+def model_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    return _asset_detail(request, AssetKind.MODEL, slug)
+
+
+@require_GET
+def dataset_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    return _asset_detail(request, AssetKind.DATASET, slug)
+
+
+@require_GET
+def license_detail(request: HttpRequest, public_id: str) -> HttpResponse:
+    license = services.get_license(public_id)
+    context = {
+        "license": license,
+        "accepted": services.has_accepted_license(request.user, license),
+        "next": _safe_next(request, request.GET.get("next")),
+        "examples": license.assets.filter(is_listed=True).only("kind", "slug", "hub_id")[:10],
+    }
+    return render(request, "marketplace/license_detail.html", context)
+
+
+def _safe_next(request: HttpRequest, target: str | None) -> str:
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return ""
 
 
 @login_required
+@require_POST
+def license_accept(request: HttpRequest, public_id: str) -> HttpResponse:
+    license = services.get_license(public_id)
+    if license.requires_acceptance:
+        _acceptance, created = services.accept_license(request.user, license)
+        if created:
+            messages.success(request, _("You accepted %(name)s.") % {"name": license.name})
+    target = _safe_next(request, request.POST.get("next")) or license.get_absolute_url()
+    return HttpResponseRedirect(target)
+
+
 @require_GET
 def image_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "marketplace/image_list.html")
+    gpu = request.GET.get("gpu", "")
+    if gpu not in GPU_MODELS:
+        gpu = ""
+    images = services.list_images(gpu=gpu)
+    context = {"images": images, "gpu": gpu, "gpu_models": GPU_MODELS}
+    return render_page(request, "marketplace/image_list.html", context, "results")
+
+
+@require_GET
+def image_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    image = services.get_listed_image(slug)
+    versions: list[ImageVersion] = list(image.versions.listed())
+    for version in versions:
+        version.order_url = services.order_form_url(image=version)
+    context = {"image": image, "versions": versions}
+    return render(request, "marketplace/image_detail.html", context)

@@ -1,0 +1,182 @@
+"""The read-only catalogue API: the browse pages' filters, as query parameters."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.api.exceptions import ApiError, ErrorCode
+from marketplace import services
+from marketplace.api.serializers import (
+    AssetDetailSerializer,
+    AssetSerializer,
+    ImageSerializer,
+    LicenseSerializer,
+    MountPlanSerializer,
+)
+from marketplace.catalogue import GPU_MODELS
+from marketplace.choices import AssetKind, AssetSort, GatedFilter
+from marketplace.forms import AssetFilterForm
+from marketplace.models import Asset, License
+
+SLUG_PATTERN = r"[a-z0-9][a-z0-9._-]*"
+
+FILTER_PARAMETERS = [
+    OpenApiParameter("q", str, description="Words to search for (every word must match)."),
+    OpenApiParameter("task", str, description="Task, e.g. text-generation, question-answering."),
+    OpenApiParameter("modality", str, description="text, image, audio, video, tabular, …"),
+    OpenApiParameter("publisher", str, description="Publisher (organisation on the hub)."),
+    OpenApiParameter("license", str, description="License id, e.g. apache-2.0, llama2."),
+    OpenApiParameter("size_min", float, description="Smallest size on disk, GB."),
+    OpenApiParameter("size_max", float, description="Largest size on disk, GB."),
+    OpenApiParameter("params_min", float, description="Fewest parameters, billions (models)."),
+    OpenApiParameter("params_max", float, description="Most parameters, billions (models)."),
+    OpenApiParameter(
+        "gated",
+        str,
+        enum=[c for c in GatedFilter.values if c],
+        description="yes: gated only; no: open only.",
+    ),
+    OpenApiParameter("sort", str, enum=AssetSort.values, description="Order; default name."),
+]
+
+
+class _AssetViewSet(viewsets.ReadOnlyModelViewSet):
+    kind: str = ""
+    lookup_field = "slug"
+    lookup_value_regex = SLUG_PATTERN
+
+    def get_serializer_class(self):  # noqa: ANN201
+        return AssetDetailSerializer if self.action == "retrieve" else AssetSerializer
+
+    def get_queryset(self):  # noqa: ANN201
+        qs = Asset.objects.listed().of_kind(self.kind)
+        if self.action != "list":
+            return qs.select_related("license")
+        form = AssetFilterForm(self.request.query_params)
+        if not form.is_valid():
+            errors = {k: [str(m) for m in v] for k, v in form.errors.items()}
+            raise ApiError(
+                ErrorCode.INVALID,
+                "; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()),
+                extra={"fields": errors},
+            )
+        return form.apply(qs.for_list())
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="List and search public models", parameters=FILTER_PARAMETERS, tags=["marketplace"]
+    ),
+    retrieve=extend_schema(summary="Show one model by slug", tags=["marketplace"]),
+)
+class ModelViewSet(_AssetViewSet):
+    kind = AssetKind.MODEL
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="List and search public datasets",
+        parameters=FILTER_PARAMETERS,
+        tags=["marketplace"],
+    ),
+    retrieve=extend_schema(summary="Show one dataset by slug", tags=["marketplace"]),
+)
+class DatasetViewSet(_AssetViewSet):
+    kind = AssetKind.DATASET
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="List one-click images with their versions and launch templates",
+        parameters=[
+            OpenApiParameter(
+                "gpu", str, enum=list(GPU_MODELS), description="Only versions for this card."
+            )
+        ],
+        tags=["marketplace"],
+    ),
+    retrieve=extend_schema(summary="Show one image by slug", tags=["marketplace"]),
+)
+class ImageViewSet(viewsets.ViewSet):
+    lookup_field = "slug"
+    lookup_value_regex = SLUG_PATTERN
+    serializer_class = ImageSerializer
+
+    def list(self, request: Request) -> Response:
+        gpu = request.query_params.get("gpu", "")
+        if gpu and gpu not in GPU_MODELS:
+            raise ApiError(ErrorCode.INVALID, f"gpu must be one of {', '.join(GPU_MODELS)}.")
+        images = services.list_images(gpu=gpu)
+        return Response(ImageSerializer(images, many=True).data)
+
+    def retrieve(self, request: Request, slug: str) -> Response:
+        image = next((i for i in services.list_images() if i.slug == slug), None)
+        if image is None:
+            raise ApiError(ErrorCode.NOT_FOUND, "No such image.", status.HTTP_404_NOT_FOUND)
+        return Response(ImageSerializer(image).data)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List licenses and whether you accepted them", tags=["marketplace"]),
+    retrieve=extend_schema(summary="Show one license", tags=["marketplace"]),
+)
+class LicenseViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = LicenseSerializer
+    lookup_field = "public_id"
+    lookup_value_regex = "[0-9a-fA-F-]{32,36}"
+    queryset = License.objects.all()
+
+    def get_object(self) -> License:
+        return services.get_license(self.kwargs["public_id"])
+
+    def get_serializer_context(self) -> dict:
+        context = super().get_serializer_context()
+        context["accepted_ids"] = services.accepted_license_ids(self.request.user)
+        return context
+
+    @extend_schema(
+        summary="Accept a gated license (once; needed before mounting assets under it)",
+        request=None,
+        responses={200: LicenseSerializer},
+        tags=["marketplace"],
+    )
+    @action(detail=True, methods=["post"])
+    def accept(self, request: Request, public_id: str) -> Response:
+        license = self.get_object()
+        if license.requires_acceptance:
+            services.accept_license(request.user, license)
+        return Response(LicenseSerializer(license, context=self.get_serializer_context()).data)
+
+
+class MountPlanView(APIView):
+    """What ordering these assets would mount, or why it cannot (the order form's preview)."""
+
+    @extend_schema(
+        summary="Preview the read-only mounts for a set of assets",
+        parameters=[
+            OpenApiParameter(
+                "assets",
+                OpenApiTypes.STR,
+                required=True,
+                description="Asset ids, comma-separated (or the parameter repeated).",
+            )
+        ],
+        responses={200: MountPlanSerializer},
+        tags=["marketplace"],
+    )
+    def get(self, request: Request) -> Response:
+        ids = [a for raw in request.query_params.getlist("assets") for a in raw.split(",") if a]
+        if not ids:
+            raise ApiError(ErrorCode.INVALID, "Name at least one asset id in ?assets=.")
+        try:
+            specs = services.build_mount_specs(request.user, ids)
+        except services.MountRefused as exc:
+            code = status.HTTP_403_FORBIDDEN if exc.code == services.LICENSE_NOT_ACCEPTED else 400
+            raise ApiError(exc.code, exc.message, code, extra={"assets": exc.assets}) from exc
+        return Response({"mounts": [s.as_dict() for s in specs]})

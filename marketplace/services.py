@@ -1,0 +1,428 @@
+"""Marketplace actions other apps call: mount specifications for an order, license acceptance,
+catalogue loading, and the fetchers that raise 404.
+
+The ordering flow calls :func:`build_mount_specs` with the assets the user picked; it refuses
+unknown or unlisted assets and gated assets whose license the user has not accepted, and returns the
+read-only mounts the provisioning drivers apply (see ``marketplace/mounts.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+from django.core.cache import cache
+from django.db import IntegrityError, transaction
+from django.db.models import Prefetch
+from django.http import Http404
+from django.utils import timezone
+
+from marketplace import catalogue, mounts
+from marketplace.choices import AssetKind
+from marketplace.models import Asset, Image, ImageVersion, License, LicenseAcceptance, pack
+from marketplace.mounts import MountSpec
+
+logger = logging.getLogger(__name__)
+
+# The order form belongs to the ordering issue (slices); these query strings preset it.
+ORDER_FORM_PATH = "/instances/new/"
+FACETS_CACHE_TIMEOUT = 300
+
+
+class MountRefused(Exception):  # noqa: N818 - reads as a domain event: "mount refused"
+    """The requested assets cannot be mounted; ``code`` says why, ``assets`` which ones."""
+
+    def __init__(self, code: str, message: str, assets: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.assets = list(assets)
+
+
+UNKNOWN_ASSET = "unknown_asset"
+LICENSE_NOT_ACCEPTED = "license_not_accepted"
+INVALID_MOUNT = "invalid_mount"
+
+
+# --- fetchers -----------------------------------------------------------------------------------
+def _uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def get_listed_asset(kind: str, slug: str) -> Asset:
+    try:
+        return Asset.objects.listed().select_related("license").get(kind=kind, slug=slug)
+    except Asset.DoesNotExist:
+        raise Http404 from None
+
+
+def get_license(public_id: Any) -> License:
+    pk = _uuid(public_id)
+    if pk is None:
+        raise Http404
+    try:
+        return License.objects.get(public_id=pk)
+    except License.DoesNotExist:
+        raise Http404 from None
+
+
+def get_listed_image(slug: str) -> Image:
+    try:
+        return Image.objects.listed().get(slug=slug)
+    except Image.DoesNotExist:
+        raise Http404 from None
+
+
+def get_image_version(ref: str) -> ImageVersion:
+    """A listed image version by slug (what ``?image=`` carries) or public id; 404 otherwise."""
+    qs = ImageVersion.objects.listed().select_related("image")
+    pk = _uuid(ref)
+    try:
+        return qs.get(public_id=pk) if pk else qs.get(slug=str(ref))
+    except ImageVersion.DoesNotExist:
+        raise Http404 from None
+
+
+# --- licenses -----------------------------------------------------------------------------------
+def has_accepted_license(user: Any, license: License | None) -> bool:
+    if license is None or not license.requires_acceptance:
+        return True
+    if not getattr(user, "is_authenticated", False):
+        return False
+    return LicenseAcceptance.objects.filter(user=user, license=license).exists()
+
+
+def accepted_license_ids(user: Any) -> set[int]:
+    if not getattr(user, "is_authenticated", False):
+        return set()
+    return set(LicenseAcceptance.objects.filter(user=user).values_list("license_id", flat=True))
+
+
+@transaction.atomic
+def accept_license(user: Any, license: License) -> tuple[LicenseAcceptance, bool]:
+    """Record that ``user`` accepts ``license``; accepting again is a no-op. Returns (row, created)."""
+    existing = LicenseAcceptance.objects.filter(user=user, license=license).first()
+    if existing is not None:
+        return existing, False
+    try:
+        # A double click races two requests here; the unique constraint lets one win.
+        with transaction.atomic():
+            row = LicenseAcceptance.objects.create(
+                user=user, license=license, license_name=license.name, license_url=license.url
+            )
+    except IntegrityError:
+        return LicenseAcceptance.objects.get(user=user, license=license), False
+    logger.info("user %s accepted license %s", user.pk, license.key)
+    return row, True
+
+
+# --- mounts -------------------------------------------------------------------------------------
+def build_mount_specs(user: Any, asset_ids: Iterable[Any]) -> list[MountSpec]:
+    """The read-only mounts for the assets a user picked at order time.
+
+    ``asset_ids`` are asset public ids (UUIDs or their strings). Raises :class:`MountRefused` with
+    code ``unknown_asset`` (not in the catalogue or unlisted), ``license_not_accepted`` (a gated
+    license the user has not accepted; ``assets`` names them) or ``invalid_mount``.
+    """
+    wanted = list(asset_ids)
+    ids = {_uuid(a) for a in wanted}
+    if None in ids:
+        raise MountRefused(UNKNOWN_ASSET, "Not an asset id.", [str(a) for a in wanted])
+    assets = list(
+        Asset.objects.listed()
+        .filter(public_id__in=ids)
+        .select_related("license")
+        .only("public_id", "kind", "hub_id", "slug", "license__requires_acceptance", "license__key")
+    )
+    missing = ids - {a.public_id for a in assets}
+    if missing:
+        raise MountRefused(
+            UNKNOWN_ASSET, "Some assets are not in the catalogue.", sorted(map(str, missing))
+        )
+    gated = [a for a in assets if a.gated]
+    if gated:
+        accepted = accepted_license_ids(user)
+        refused = [a for a in gated if a.license_id not in accepted]
+        if refused:
+            names = ", ".join(sorted({a.license.key for a in refused}))
+            raise MountRefused(
+                LICENSE_NOT_ACCEPTED,
+                f"Accept the license first ({names}).",
+                sorted(a.hub_id for a in refused),
+            )
+    try:
+        return mounts.plan_mounts(a.as_ref() for a in assets)
+    except mounts.MountError as exc:
+        raise MountRefused(INVALID_MOUNT, str(exc)) from exc
+
+
+def order_form_url(image: ImageVersion | None = None, assets: Iterable[Asset] = ()) -> str:
+    """The order form, preset: ``/instances/new/?image=<version slug>&assets=<id>,<id>``."""
+    params: dict[str, str] = {}
+    if image is not None:
+        params["image"] = image.slug
+    asset_ids = [str(a.public_id) for a in assets]
+    if asset_ids:
+        params["assets"] = ",".join(asset_ids)
+    return f"{ORDER_FORM_PATH}?{urlencode(params)}" if params else ORDER_FORM_PATH
+
+
+# --- images -------------------------------------------------------------------------------------
+def list_images(gpu: str = "") -> list[Image]:
+    """Listed images with their listed versions (two queries); with ``gpu``, only the versions
+    that support that card, and only images that have one."""
+    versions = ImageVersion.objects.filter(is_listed=True).order_by("position")
+    images = list(Image.objects.listed().prefetch_related(Prefetch("versions", queryset=versions)))
+    shown = []
+    for image in images:
+        image.shown_versions = [v for v in image.versions.all() if not gpu or gpu in v.gpu_models]
+        if not image.shown_versions:
+            continue
+        image.featured_version = next(
+            (v for v in image.shown_versions if v.recommended), image.shown_versions[0]
+        )
+        shown.append(image)
+    return shown
+
+
+# --- facets (filter choices) --------------------------------------------------------------------
+@dataclass
+class Facets:
+    tasks: list[str] = field(default_factory=list)
+    modalities: list[str] = field(default_factory=list)
+    publishers: list[str] = field(default_factory=list)
+    licenses: list[tuple[str, str]] = field(default_factory=list)  # (key, name)
+
+
+def _facets_key(kind: str) -> str:
+    return f"marketplace:facets:v1:{kind}"
+
+
+def catalogue_facets(kind: str) -> Facets:
+    """The values the filter controls offer, cached (one query on a miss)."""
+
+    def compute() -> Facets:
+        tasks: set[str] = set()
+        modalities: set[str] = set()
+        publishers: set[str] = set()
+        licenses: dict[str, str] = {}
+        rows = (
+            Asset.objects.listed()
+            .of_kind(kind)
+            .values_list("tasks", "modalities", "publisher", "license__key", "license__name")
+        )
+        for task_col, modality_col, publisher, key, name in rows:
+            tasks.update(t for t in task_col.split(";") if t)
+            modalities.update(m for m in modality_col.split(",") if m)
+            if publisher:
+                publishers.add(publisher)
+            if key:
+                licenses[key] = name or key
+        return Facets(
+            tasks=sorted(tasks),
+            modalities=sorted(modalities),
+            publishers=sorted(publishers, key=str.lower),
+            licenses=sorted(licenses.items(), key=lambda kv: kv[1].lower()),
+        )
+
+    return cache.get_or_set(_facets_key(kind), compute, FACETS_CACHE_TIMEOUT)
+
+
+def forget_facets() -> None:
+    cache.delete_many([_facets_key(k) for k in AssetKind.values])
+
+
+# --- loading ------------------------------------------------------------------------------------
+@dataclass
+class LoadReport:
+    created: dict[str, int] = field(default_factory=dict)
+    updated: dict[str, int] = field(default_factory=dict)
+    unchanged: dict[str, int] = field(default_factory=dict)
+
+    def add(self, what: str, outcome: str, n: int = 1) -> None:
+        if not n:
+            return
+        bucket = getattr(self, outcome)
+        bucket[what] = bucket.get(what, 0) + n
+
+    def summary(self) -> str:
+        whats = sorted({*self.created, *self.updated, *self.unchanged})
+        return "; ".join(
+            f"{w}: {self.created.get(w, 0)} created, {self.updated.get(w, 0)} updated, "
+            f"{self.unchanged.get(w, 0)} unchanged"
+            for w in whats
+        )
+
+
+_ASSET_FIELDS = (
+    "slug",
+    "name",
+    "publisher",
+    "task",
+    "tasks",
+    "modalities",
+    "params_billion",
+    "size_gb",
+    "size_estimated",
+    "license_id",
+    "source",
+    "search_document",
+)
+
+
+def _sync_licenses(keys: set[str], report: LoadReport) -> dict[str, License]:
+    known = catalogue.read_licenses()
+    existing = {lic.key: lic for lic in License.objects.all()}
+    for key in sorted(keys | set(known)):
+        record = catalogue.license_record(key, known)
+        lic = existing.get(key)
+        if lic is None:
+            existing[key] = License.objects.create(
+                key=key,
+                name=record.name[:200],
+                url=record.url[:500],
+                requires_acceptance=record.gated,
+                terms=record.terms,
+            )
+            report.add("licenses", "created")
+            continue
+        # Fail safe: a license gated in licenses.yaml is gated after every load; one an operator
+        # gated in the admin stays gated. Un-gating a shipped gated license means editing the file.
+        changes = {
+            "name": record.name[:200] if key in known else lic.name,
+            "url": record.url[:500] if key in known else lic.url,
+            "terms": record.terms if key in known else lic.terms,
+            "requires_acceptance": lic.requires_acceptance or record.gated,
+        }
+        if any(getattr(lic, k) != v for k, v in changes.items()):
+            for k, v in changes.items():
+                setattr(lic, k, v)
+            lic.save()
+            report.add("licenses", "updated")
+        else:
+            report.add("licenses", "unchanged")
+    return existing
+
+
+def _sync_assets(
+    kind: str,
+    records: list[catalogue.AssetRecord],
+    licenses: dict[str, License],
+    report: LoadReport,
+) -> None:
+    now = timezone.now()
+    existing = {a.hub_id: a for a in Asset.objects.of_kind(kind)}
+    new: list[Asset] = []
+    changed: list[Asset] = []
+    what = f"{kind}s"
+    for rec in records:
+        lic = licenses.get(rec.license) if rec.license else None
+        candidate = Asset(
+            kind=kind,
+            hub_id=rec.hub_id,
+            slug=rec.slug,
+            name=rec.name[:200],
+            publisher=rec.publisher[:100],
+            tasks=pack(list(rec.tasks), ";"),
+            modalities=pack(list(rec.modalities), ","),
+            params_billion=rec.params_billion,
+            size_gb=rec.size_gb,
+            size_estimated=rec.size_estimated,
+            license=lic,
+            source=rec.source[:400],
+        )
+        candidate.normalize()
+        current = existing.get(rec.hub_id)
+        if current is None:
+            new.append(candidate)
+            continue
+        if any(getattr(current, f) != getattr(candidate, f) for f in _ASSET_FIELDS):
+            for f in _ASSET_FIELDS:
+                setattr(current, f, getattr(candidate, f))
+            current.updated_at = now
+            changed.append(current)
+        else:
+            report.add(what, "unchanged")
+    Asset.objects.bulk_create(new, batch_size=500)
+    Asset.objects.bulk_update(changed, [*_ASSET_FIELDS, "updated_at"], batch_size=500)
+    report.add(what, "created", len(new))
+    report.add(what, "updated", len(changed))
+
+
+def _upsert(model: type, lookup: dict[str, Any], values: dict[str, Any]) -> tuple[Any, str]:
+    """Create or update one row by ``lookup``; says whether it was created, updated or unchanged."""
+    obj = model.objects.filter(**lookup).first()
+    if obj is None:
+        return model.objects.create(**lookup, **values), "created"
+    if all(getattr(obj, k) == v for k, v in values.items()):
+        return obj, "unchanged"
+    for k, v in values.items():
+        setattr(obj, k, v)
+    obj.save()
+    return obj, "updated"
+
+
+def _sync_images(report: LoadReport) -> None:
+    for position, rec in enumerate(catalogue.read_images()):
+        image, outcome = _upsert(
+            Image,
+            {"slug": rec.slug},
+            {
+                "name": rec.name,
+                "framework": rec.framework,
+                "homepage": rec.homepage,
+                "summary": rec.summary,
+                "position": position,
+            },
+        )
+        report.add("images", outcome)
+        for vpos, v in enumerate(rec.versions):
+            _, outcome = _upsert(
+                ImageVersion,
+                {"slug": v.slug},
+                {
+                    "image": image,
+                    "framework_version": v.framework_version,
+                    "cuda": v.cuda,
+                    "cudnn": v.cudnn,
+                    "python": v.python,
+                    "container": v.container,
+                    "layer": list(v.layer),
+                    "size_gb": v.size_gb,
+                    "gpu_models": list(v.gpus),
+                    "contents": list(v.contents),
+                    "launch": v.launch.as_dict(),
+                    "recommended": v.recommended,
+                    "position": vpos,
+                },
+            )
+            report.add("image versions", outcome)
+
+
+@transaction.atomic
+def load_catalogue() -> LoadReport:
+    """Load the shipped catalogue (marketplace/data/) into the database. Idempotent.
+
+    Rows are matched by (kind, hub id) and image/version slug; facts from the files overwrite the
+    stored ones; operator choices stay: ``is_listed``, and a license an operator gated stays gated
+    (a license licenses.yaml gates is gated again, whatever the admin says).
+    Assets an operator added in the admin are left alone.
+    """
+    report = LoadReport()
+    asset_records = {
+        kind: list(catalogue.read_assets(kind)) for kind in (AssetKind.MODEL, AssetKind.DATASET)
+    }
+    keys = {r.license for recs in asset_records.values() for r in recs if r.license}
+    licenses = _sync_licenses(keys, report)
+    for kind, records in asset_records.items():
+        _sync_assets(kind, records, licenses, report)
+    _sync_images(report)
+    transaction.on_commit(forget_facets)
+    return report

@@ -1,0 +1,33 @@
+"""Display helpers for catalogue numbers: ``{{ asset.params_billion|params }}``, ``{{ gb|gigabytes }}``."""
+
+from __future__ import annotations
+
+from django import template
+from django.utils.translation import gettext as _
+
+register = template.Library()
+
+
+@register.filter
+def params(value: float | None) -> str:
+    """6.738 -> "6.74 B"; 0.135 -> "135 M"; None -> "—"."""
+    if value is None:
+        return "—"
+    if value >= 1:
+        return f"{value:,.2f}".rstrip("0").rstrip(".") + " B"
+    millions = value * 1000
+    return f"{millions:,.1f}".rstrip("0").rstrip(".") + " M"
+
+
+@register.filter
+def gigabytes(value: float | None) -> str:
+    """13.476 -> "13.5 GB"; 0.0182 -> "18.2 MB"; None -> "—"."""
+    if value is None:
+        return "—"
+    if value >= 1000:
+        return f"{value / 1000:,.2f}".rstrip("0").rstrip(".") + " TB"
+    if value >= 1:
+        return f"{value:,.1f}".rstrip("0").rstrip(".") + " GB"
+    if value >= 0.001:
+        return f"{value * 1000:,.1f}".rstrip("0").rstrip(".") + " MB"
+    return _("under 1 MB")
