@@ -283,3 +283,19 @@ def test_a_successful_admin_login_does_not_count_as_a_failure(operator) -> None:
             reverse("admin:login"), {"username": operator.username, "password": PASSWORD}
         )
         assert response.status_code == 302
+
+
+def test_signup_ignores_privilege_fields() -> None:
+    _client().post(
+        reverse("account_signup"),
+        {
+            "email": "mallory@example.com",
+            "password1": GOOD_PASSWORD,
+            "password2": GOOD_PASSWORD,
+            "is_staff": "on",
+            "is_superuser": "on",
+            "username": "admin",
+        },
+    )
+    user = User.objects.get(email="mallory@example.com")
+    assert not user.is_staff and not user.is_superuser
