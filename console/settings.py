@@ -11,6 +11,7 @@ Bad values fail at start with a message naming the variable (see ``ConfigError``
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -304,7 +305,8 @@ ACCOUNT_DEFAULT_HTTP_PROTOCOL = "https" if PRODUCTION else "http"
 # Failed logins count per login name only: five wrong passwords lock that account for 15 minutes
 # without locking out colleagues behind the same NAT; "login" still throttles raw volume per IP.
 ACCOUNT_RATE_LIMITS = {
-    "signup": _get("RATE_LIMIT_SIGNUP", env.str, "5/h/ip"),
+    # A class signing up from one campus NAT must fit; farming trial credit must not.
+    "signup": _get("RATE_LIMIT_SIGNUP", env.str, "10/h/ip"),
     "reset_password": _get("RATE_LIMIT_RESET_PASSWORD", env.str, "5/h/ip,3/h/key"),
     "reset_password_from_key": "20/m/ip",
     "login": _get("RATE_LIMIT_LOGIN", env.str, "60/m/ip"),
@@ -312,7 +314,14 @@ ACCOUNT_RATE_LIMITS = {
     "confirm_email": "1/3m/key",
     "change_password": "5/m/user",
     "manage_email": "10/m/user",
+    "reauthenticate": "10/m/user",
 }
+for _action, _rates in ACCOUNT_RATE_LIMITS.items():
+    for _rate in _rates.split(","):
+        if not re.fullmatch(r"\d+/\d*\.?\d*[smhd](/(ip|key|user))?", _rate.strip()):
+            raise ConfigError(
+                f"Rate limit {_rate!r} for {_action} is invalid; use e.g. 10/h/ip or 5/15m/key"
+            )
 # Reverse proxies in front of the web servers that append to X-Forwarded-For (the per-IP limits
 # read the client address through them; 0 = use the socket's peer address).
 ALLAUTH_TRUSTED_PROXY_COUNT: int = _get("TRUSTED_PROXY_COUNT", env.int, 0)

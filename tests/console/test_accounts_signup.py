@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import pytest
 from allauth.account.models import EmailAddress
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core import mail
 from django.core.cache import cache
@@ -204,23 +205,30 @@ def test_password_reset_link_sets_a_new_password(alice) -> None:  # noqa: ANN001
 
 
 # --- abuse limits -------------------------------------------------------------------------------
+def _limit(action: str) -> int:
+    """The first (per-IP) allowance of the configured rate, e.g. "10/h/ip" -> 10."""
+    return int(settings.ACCOUNT_RATE_LIMITS[action].split("/")[0])
+
+
 def test_signups_are_rate_limited_per_ip() -> None:
     client = _client("203.0.113.9")
-    for i in range(5):
+    limit = _limit("signup")
+    for i in range(limit):
         assert _signup(client, f"user{i}@example.com").status_code == 302
-    assert _signup(client, "user5@example.com").status_code == 429
-    assert not User.objects.filter(email="user5@example.com").exists()
-    assert _signup(_client("203.0.113.10"), "user6@example.com").status_code == 302
+    assert _signup(client, "over@example.com").status_code == 429
+    assert not User.objects.filter(email="over@example.com").exists()
+    assert _signup(_client("203.0.113.10"), "other-ip@example.com").status_code == 302
 
 
 def test_password_resets_are_rate_limited_per_ip() -> None:
     client = _client("203.0.113.20")
-    for i in range(5):
+    limit = _limit("reset_password")
+    for i in range(limit):
         response = client.post(reverse("account_reset_password"), {"email": f"x{i}@example.com"})
         assert response.status_code == 302
-    response = client.post(reverse("account_reset_password"), {"email": "x9@example.com"})
+    response = client.post(reverse("account_reset_password"), {"email": "over@example.com"})
     assert response.status_code == 429
-    assert len(mail.outbox) == 5
+    assert len(mail.outbox) == limit
 
 
 def test_password_resets_are_rate_limited_per_address(alice) -> None:  # noqa: ANN001
@@ -299,3 +307,23 @@ def test_signup_ignores_privilege_fields() -> None:
     )
     user = User.objects.get(email="mallory@example.com")
     assert not user.is_staff and not user.is_superuser
+
+
+def test_a_malformed_rate_limit_setting_fails_at_start(tmp_path) -> None:  # noqa: ANN001
+    import subprocess
+    import sys
+
+    from tests.support.servers import ROOT, embedded_env
+
+    env = embedded_env(tmp_path)
+    env["RATE_LIMIT_SIGNUP"] = "ten per hour"
+    result = subprocess.run(
+        [sys.executable, "-c", "import console.settings"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "Rate limit 'ten per hour' for signup is invalid" in result.stderr
