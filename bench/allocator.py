@@ -147,8 +147,16 @@ def packing_bound(spec: FleetSpec) -> float:
 
 
 class Simulation:
-    def __init__(self, spec: FleetSpec, policy_name: str, discipline: str, patience: float) -> None:
+    def __init__(
+        self,
+        spec: FleetSpec,
+        policy_name: str,
+        discipline: str,
+        patience: float,
+        strict: bool = False,
+    ) -> None:
         self.spec = spec
+        self.strict = strict
         self.fleet = Fleet(spec)
         self.policy = POLICIES[policy_name]
         self.discipline = discipline
@@ -175,6 +183,8 @@ class Simulation:
         req = Request(item.id, item.gpus, item.gpu_model, item.region, now, now + item.duration)
         t0 = time.perf_counter_ns()
         got = self.fleet.plan(req, self.policy)
+        if self.strict and isinstance(got, Placement) and not got.at_structural_minimum:
+            return False  # strict topology: a slice only starts on ceil(n / SU size) SUs
         if isinstance(got, Placement):
             self.fleet.commit(got)
             self.latencies.append((time.perf_counter_ns() - t0) / 1000)
@@ -265,6 +275,7 @@ class Simulation:
         return {
             "policy": self.policy.name,
             "discipline": self.discipline,
+            "topology": "strict" if self.strict else "state-min",
             "requests": total,
             "acceptance_ratio": round(self.accepted / total, 4) if total else 0.0,
             "accepted_gpu_hours": round(self.gpu_hours, 1),
@@ -315,7 +326,7 @@ class Simulation:
                     self._start(item, now, departures)
                     continue
                 req = Request(item.id, item.gpus, item.gpu_model, item.region, now)
-                shadow = self.fleet.earliest_start(req) or math.inf
+                shadow = self.fleet.earliest_start(req, structural=self.strict) or math.inf
                 kept.append(item)
                 continue
             if now + item.duration <= shadow and self._try(item, now):
@@ -379,6 +390,26 @@ def latency_check(spec: FleetSpec, ops: int, seed: int) -> dict:
     }
 
 
+def _print_summary(rows: list[dict]) -> None:
+    """A compact table on stderr for people; stdout stays one JSON object per line."""
+    head = (
+        f"{'trace':<28} {'topology':<9} {'discipline':<13} {'policy':<12} {'accept':>7} "
+        f"{'GPU-h':>10} {'@state':>7} {'@ceil':>6} {'SUs':>5} {'frag':>6} {'strand':>7} "
+        f"{'wait s':>7} {'p95 s':>8} {'p50 µs':>7} {'p99 µs':>7}"
+    )
+    print(head, file=sys.stderr)
+    for r in rows:
+        print(
+            f"{r['trace'][:28]:<28} {r['topology']:<9} {r['discipline']:<13} {r['policy']:<12} "
+            f"{r['acceptance_ratio']:>7.4f} {r['accepted_gpu_hours']:>10.0f} "
+            f"{r['slices_at_state_min']:>7.3f} {r['slices_at_structural_min']:>6.3f} "
+            f"{r['mean_sus_per_slice']:>5.2f} {r['fragmentation_mean']:>6.3f} "
+            f"{r['stranded_gpus_mean']:>7.1f} {r['wait_mean_s']:>7.0f} {r['wait_p95_s']:>8.0f} "
+            f"{r['alloc_latency_us']['p50']:>7.1f} {r['alloc_latency_us']['p99']:>7.1f}",
+            file=sys.stderr,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--fleet", type=Path, default=SHIPPED_FLEET)
@@ -389,6 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-trace", type=Path, help="write the synthetic trace and exit")
     ap.add_argument("--discipline", choices=["fifo-backfill", "loss", "both"], default="both")
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument(
+        "--topology",
+        choices=["state-min", "strict", "both"],
+        default="both",
+        help="state-min: a slice may span the fewest SUs the free state allows; strict: a slice "
+        "starts only on ceil(n / SU size) SUs (the empty-cluster optimum)",
+    )
     ap.add_argument(
         "--patience", type=float, default=4 * 3600.0, help="FIFO: seconds before leaving"
     )
@@ -415,15 +453,20 @@ def main(argv: list[str] | None = None) -> int:
         ]
     disciplines = ["fifo-backfill", "loss"] if args.discipline == "both" else [args.discipline]
     bound = packing_bound(spec)
+    modes = [False, True] if args.topology == "both" else [args.topology == "strict"]
+    summary = []
     for name, trace in runs:
-        for discipline in disciplines:
-            for policy in args.policies.split(","):
-                sim = Simulation(spec, policy, discipline, args.patience)
-                result = sim.run(trace, args.sample_every)
-                out = {"trace": name, "fleet": args.fleet.name, "fleet_gpus": spec.gpu_count}
-                out.update(result)
-                out["structural_packing_bound"] = bound
-                print(json.dumps(out, ensure_ascii=False), flush=True)
+        for strict in modes:
+            for discipline in disciplines:
+                for policy in args.policies.split(","):
+                    sim = Simulation(spec, policy, discipline, args.patience, strict)
+                    result = sim.run(trace, args.sample_every)
+                    out = {"trace": name, "fleet": args.fleet.name, "fleet_gpus": spec.gpu_count}
+                    out.update(result)
+                    out["structural_packing_bound"] = bound
+                    print(json.dumps(out, ensure_ascii=False), flush=True)
+                    summary.append(out)
+    _print_summary(summary)
     if not args.no_latency_check:
         print(json.dumps(latency_check(latency_fleet(1, "c"), 3000, args.seed)), flush=True)
         print(json.dumps(latency_check(latency_fleet(49, "c"), 3000, args.seed)), flush=True)

@@ -305,6 +305,22 @@ def value_table(demand: Mapping[int, float], su_capacity: int, gpn: int = 8) -> 
     return table
 
 
+def spanning_value_table(
+    demand: Mapping[int, float], su_capacity: int, cluster_nodes: int, gpn: int = 8
+) -> list[float]:
+    """C[F]: demand-weighted capacity (nodes) that F free nodes of a cluster offer to slices larger
+    than an SU (those may span SUs, so only the cluster's free total bounds them)."""
+    total = sum(w for s, w in demand.items() if s >= SLICE_UNIT_GPUS) or 1.0
+    table = [0.0] * (cluster_nodes + 1)
+    for size, weight in demand.items():
+        nodes = size // gpn
+        if size < SLICE_UNIT_GPUS or nodes <= su_capacity:
+            continue
+        for f in range(cluster_nodes + 1):
+            table[f] += weight / total * nodes * (f // nodes)
+    return table
+
+
 # --------------------------------------------------------------------------------------------
 # The allocator state
 # --------------------------------------------------------------------------------------------
@@ -326,6 +342,7 @@ class _Cluster:
         "su_ends",
         "free_nodes",
         "value",
+        "cvalue",
         "first_gid",
     )
 
@@ -350,6 +367,7 @@ class _Cluster:
         self.su_ends: list[dict[str, float]] = [{} for _ in spec.sus]
         self.free_nodes = self.spec.node_count
         self.value: list[float] = []
+        self.cvalue: list[float] = []
 
 
 @dataclass
@@ -424,6 +442,11 @@ class Fleet:
             if not any(s >= SLICE_UNIT_GPUS for s in d):
                 d = DEFAULT_SLICE_DEMAND
             cl.value = value_table(d, cl.su_cap_max, cl.gpn) if cl.slices_ok else []
+            cl.cvalue = (
+                spanning_value_table(d, cl.su_cap_max, cl.spec.node_count, cl.gpn)
+                if cl.slices_ok
+                else []
+            )
 
     # ---- small accessors ------------------------------------------------------------------------
 
@@ -885,7 +908,11 @@ class TopologyAwarePolicy:
             if k != kmin:
                 continue
             got = self._in_cluster(fleet, cl, nodes, k, req)
-            key = (got[0], cl.idx)
+            # Across clusters the SU-spanning sizes count too: 8 nodes taken from a cluster with
+            # 64 free destroy its only 512-card slice, from one with 200 free they destroy none.
+            spanning = cl.cvalue[cl.free_nodes] - cl.cvalue[cl.free_nodes - nodes]
+            loss, fit, align = got[0]
+            key = (round(loss + spanning, 9), fit, align, cl.idx)
             if best_key is None or key < best_key:
                 best_key, best = key, (cl, got[1])
         return best
@@ -965,6 +992,8 @@ class TopologyAwarePolicy:
                 if not f:
                     continue
                 loss = cl.value[f] - cl.value[f - 1] if cl.value else 0.0
+                if cl.cvalue:
+                    loss += cl.cvalue[cl.free_nodes] - cl.cvalue[cl.free_nodes - 1]
                 key = (round(loss, 9), f, cl.idx, su)
                 if best_key is None or key < best_key:
                     best_key, best_gid = key, free[0]
