@@ -322,7 +322,10 @@ class UsageSession(models.Model):
     """
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="usage_sessions")
+    # Indexed by (wallet, -started_at) and the partial open-sessions index below.
+    wallet = models.ForeignKey(
+        Wallet, on_delete=models.PROTECT, related_name="usage_sessions", db_index=False
+    )
     resource_kind = models.CharField(_("resource kind"), max_length=20)
     resource_id = models.CharField(_("resource"), max_length=64)
     label = models.CharField(_("name"), max_length=120, blank=True)
@@ -330,7 +333,9 @@ class UsageSession(models.Model):
     gpu_model = models.CharField(_("GPU model"), max_length=40, blank=True)
     cards = models.PositiveIntegerField(_("cards"))  # GB for disks
     rate = models.DecimalField(_("rate"), **RATE)  # per card-hour (GPU) or per GB-day (disk)
-    price_book = models.ForeignKey(PriceBook, null=True, on_delete=models.PROTECT, related_name="+")
+    price_book = models.ForeignKey(
+        PriceBook, null=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
     state = models.CharField(max_length=8, choices=UsageState.choices, default=UsageState.OPEN)
     started_at = models.DateTimeField(_("started"))
     ended_at = models.DateTimeField(_("ended"), null=True, blank=True)
@@ -353,9 +358,13 @@ class UsageSession(models.Model):
                 name="billing_usage_one_open_per_resource",
             ),
         )
+        # Settlement rewrites every open row each minute: indexes only on columns it never
+        # changes, so PostgreSQL can update in place (HOT; see migration 0003's fillfactor).
         indexes = (
-            models.Index(fields=("state", "wallet")),
-            models.Index(fields=("wallet", "-started_at")),
+            models.Index(
+                fields=("wallet",), condition=Q(state="open"), name="billing_usage_open_by_wallet"
+            ),
+            models.Index(fields=("wallet", "-started_at"), name="billing_usage_by_wallet"),
         )
 
     def __str__(self) -> str:
