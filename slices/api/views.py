@@ -24,7 +24,9 @@ class AvailabilityView(APIView):
     def get(self, request: Request) -> Response:
         clusters = {
             (c.region.code, c.gpu_model.code): c
-            for c in Cluster.objects.select_related("region", "gpu_model").order_by("-position")
+            for c in Cluster.objects.select_related("region", "gpu_model")
+            .prefetch_related("sus")
+            .order_by("-position")
             if c.slices_allowed
         }
         rows = []

@@ -44,10 +44,12 @@ def test_anonymous_visitors_are_sent_to_log_in(fleet) -> None:  # noqa: ANN001
 def test_fleet_page_shows_utilisation_per_region_and_model(
     fleet,
     alice,
-    operator_client: Client,  # noqa: ANN001
+    operator_client: Client,
+    django_assert_max_num_queries,  # noqa: ANN001
 ) -> None:
     services.allocate(alice, 64, "H800")
-    response = operator_client.get(reverse("slices:ops-fleet"))
+    with django_assert_max_num_queries(12):
+        response = operator_client.get(reverse("slices:ops-fleet"))
     assert response.status_code == 200
     body = response.content.decode()
     assert "H800" in body and "RTX4090" in body
