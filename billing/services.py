@@ -855,7 +855,7 @@ def settle_usage(
 
 def _request_stops(refs: list[tuple[str, str]]) -> None:
     for kind, resource_id in refs:
-        _request_stop(kind, resource_id, CloseReason.INSUFFICIENT_FUNDS)
+        _request_stop(kind, resource_id, CloseReason.INSUFFICIENT_FUNDS.value)
 
 
 def _notify_on_commit(notices: list[BillingNotice]) -> None:
