@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 
 class AccountKind(models.TextChoices):
@@ -33,7 +34,7 @@ class TransactionKind(models.TextChoices):
     TOPUP = "topup", _("Top-up")
     TRIAL_GRANT = "trial_grant", _("Trial credit")
     VOUCHER_GRANT = "voucher_grant", _("Voucher grant")
-    USAGE = "usage", _("Usage")
+    USAGE = "usage", pgettext_lazy("transaction kind", "Usage")
     TERM_PURCHASE = "term_purchase", _("Long-term rental")
     REFUND = "refund", _("Refund")
     VOUCHER_EXPIRY = "voucher_expiry", _("Voucher expired")
@@ -76,7 +77,7 @@ class CloseReason(models.TextChoices):
 class PaymentState(models.TextChoices):
     PENDING = "pending", _("Awaiting payment")
     SUCCEEDED = "succeeded", _("Paid")
-    FAILED = "failed", _("Failed")
+    FAILED = "failed", pgettext_lazy("payment state", "Failed")
 
 
 PAYMENT_STATE_BADGES = {

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 from billing.choices import (
     AccountKind,
@@ -438,7 +439,7 @@ class Payment(models.Model):
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="payments")
-    provider = models.CharField(_("provider"), max_length=20)
+    provider = models.CharField(pgettext_lazy("payment", "provider"), max_length=20)
     amount = models.DecimalField(_("amount"), **MONEY)
     state = models.CharField(
         _("state"), max_length=10, choices=PaymentState.choices, default=PaymentState.PENDING
