@@ -161,7 +161,8 @@ class Simulation:
         self.policy = POLICIES[policy_name]
         self.discipline = discipline
         self.patience = patience
-        self.latencies: list[float] = []
+        self.latencies: list[float] = []  # wall clock, includes being preempted
+        self.cpu_latencies: list[float] = []  # CPU time of the allocating thread
         self.slices: list[Placement] = []
         self.waits: dict[str, list[float]] = defaultdict(list)
         self.accepted = 0
@@ -182,12 +183,14 @@ class Simulation:
     def _try(self, item: TraceItem, now: float) -> bool:
         req = Request(item.id, item.gpus, item.gpu_model, item.region, now, now + item.duration)
         t0 = time.perf_counter_ns()
+        c0 = time.thread_time_ns()
         got = self.fleet.plan(req, self.policy)
         if self.strict and isinstance(got, Placement) and not got.at_structural_minimum:
             return False  # strict topology: a slice only starts on ceil(n / SU size) SUs
         if isinstance(got, Placement):
             self.fleet.commit(got)
             self.latencies.append((time.perf_counter_ns() - t0) / 1000)
+            self.cpu_latencies.append((time.thread_time_ns() - c0) / 1000)
             if got.is_slice:
                 self.slices.append(got)
             return True
@@ -306,6 +309,10 @@ class Simulation:
                 "p50": round(pct(self.latencies, 0.5), 1),
                 "p99": round(pct(self.latencies, 0.99), 1),
             },
+            "alloc_cpu_us": {
+                "p50": round(pct(self.cpu_latencies, 0.5), 1),
+                "p99": round(pct(self.cpu_latencies, 0.99), 1),
+            },
         }
 
     def _schedule(self, queue: list[TraceItem], now: float, departures: list) -> None:
@@ -360,6 +367,7 @@ def latency_check(spec: FleetSpec, ops: int, seed: int) -> dict:
     total = spec.gpu_count
     live: list[str] = []
     lat: list[float] = []
+    cpu: list[float] = []
     used = 0
     sizes = [1, 2, 4, 8, 64, 64, 128, 256]
     n = 0
@@ -372,10 +380,13 @@ def latency_check(spec: FleetSpec, ops: int, seed: int) -> dict:
         size = rng.choice(sizes)
         req = Request(str(n), size, "H800", None, n, n + rng.randint(100, 100_000))
         t0 = time.perf_counter_ns()
+        c0 = time.thread_time_ns()
         got = fleet.allocate(req)
         dt = (time.perf_counter_ns() - t0) / 1000
+        dc = (time.thread_time_ns() - c0) / 1000
         if isinstance(got, Placement):
             lat.append(dt)
+            cpu.append(dc)
             live.append(got.request_id)
             used += got.gpus
         elif live:
@@ -387,7 +398,59 @@ def latency_check(spec: FleetSpec, ops: int, seed: int) -> dict:
         "allocations": len(lat),
         "p50_us": round(pct(lat, 0.5), 1),
         "p99_us": round(pct(lat, 0.99), 1),
+        "cpu_p50_us": round(pct(cpu, 0.5), 1),
+        "cpu_p99_us": round(pct(cpu, 0.99), 1),
     }
+
+
+_AVERAGED = (
+    "acceptance_ratio",
+    "accepted_gpu_hours",
+    "slices_at_structural_min",
+    "slices_at_state_min",
+    "mean_sus_per_slice",
+    "fragmentation_mean",
+    "stranded_gpus_mean",
+    "wait_mean_s",
+    "wait_p95_s",
+)
+
+
+def _average(results: list[dict]) -> dict:
+    """Mean of every scalar metric over seeds (latency: mean of the per-seed percentiles)."""
+    out = {k: results[0][k] for k in ("policy", "discipline", "topology")}
+    out["seeds"] = len(results)
+    out["requests"] = sum(r["requests"] for r in results)
+    for key in _AVERAGED:
+        out[key] = round(statistics.fmean(r[key] for r in results), 4)
+    sizes = sorted({s for r in results for s in r["wait_by_size"]}, key=int)
+    out["wait_by_size"] = {
+        size: {
+            q: round(
+                statistics.fmean(
+                    r["wait_by_size"][size][q] for r in results if size in r["wait_by_size"]
+                ),
+                1,
+            )
+            for q in ("mean_s", "p95_s", "p99_s")
+        }
+        for size in sizes
+    }
+    for key in ("alloc_latency_us", "alloc_cpu_us"):
+        out[key] = {
+            q: round(statistics.fmean(r[key][q] for r in results), 1) for q in ("p50", "p99")
+        }
+    return out
+
+
+def _paired(ours: list[dict], other: list[dict]) -> dict:
+    """ours − this policy on the same traces: mean and standard error over seeds."""
+    out = {}
+    for key in ("acceptance_ratio", "accepted_gpu_hours", "wait_mean_s"):
+        diffs = [a[key] - b[key] for a, b in zip(ours, other, strict=True)]
+        se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+        out[key] = {"mean": round(statistics.fmean(diffs), 4), "se": round(se, 4)}
+    return out
 
 
 def _print_summary(rows: list[dict]) -> None:
@@ -395,7 +458,7 @@ def _print_summary(rows: list[dict]) -> None:
     head = (
         f"{'trace':<28} {'topology':<9} {'discipline':<13} {'policy':<12} {'accept':>7} "
         f"{'GPU-h':>10} {'@state':>7} {'@ceil':>6} {'SUs':>5} {'frag':>6} {'strand':>7} "
-        f"{'wait s':>7} {'p95 s':>8} {'p50 µs':>7} {'p99 µs':>7}"
+        f"{'wait s':>7} {'p95 s':>8} {'p50 µs':>7} {'p99 µs':>7} {'cpu p99':>7}"
     )
     print(head, file=sys.stderr)
     for r in rows:
@@ -405,7 +468,8 @@ def _print_summary(rows: list[dict]) -> None:
             f"{r['slices_at_state_min']:>7.3f} {r['slices_at_structural_min']:>6.3f} "
             f"{r['mean_sus_per_slice']:>5.2f} {r['fragmentation_mean']:>6.3f} "
             f"{r['stranded_gpus_mean']:>7.1f} {r['wait_mean_s']:>7.0f} {r['wait_p95_s']:>8.0f} "
-            f"{r['alloc_latency_us']['p50']:>7.1f} {r['alloc_latency_us']['p99']:>7.1f}",
+            f"{r['alloc_latency_us']['p50']:>7.1f} {r['alloc_latency_us']['p99']:>7.1f} "
+            f"{r['alloc_cpu_us']['p99']:>7.1f}",
             file=sys.stderr,
         )
 
@@ -415,8 +479,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fleet", type=Path, default=SHIPPED_FLEET)
     ap.add_argument("--trace", type=Path, help="JSONL trace to replay (default: synthetic)")
     ap.add_argument("--load", type=float, action="append", help="synthetic offered load(s)")
-    ap.add_argument("--requests", type=int, default=3000, help="synthetic requests per load")
+    ap.add_argument("--requests", type=int, default=2000, help="synthetic requests per load")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="synthetic: repeat with seeds seed..seed+N-1 and print one averaged object per "
+        "policy with the paired difference to ours (mean ± standard error)",
+    )
     ap.add_argument("--write-trace", type=Path, help="write the synthetic trace and exit")
     ap.add_argument("--discipline", choices=["fifo-backfill", "loss", "both"], default="both")
     ap.add_argument("--policies", default=",".join(POLICIES))
@@ -440,29 +511,44 @@ def main(argv: list[str] | None = None) -> int:
         write_trace(synthetic_trace(spec, loads[0], args.requests, args.seed), args.write_trace)
         print(json.dumps({"wrote": str(args.write_trace), "load": loads[0], "seed": args.seed}))
         return 0
-    runs: list[tuple[str, list[TraceItem]]]
-    if args.trace:
-        runs = [(str(args.trace), read_trace(args.trace))]
-    else:
-        runs = [
-            (
-                f"synthetic load={load} seed={args.seed}",
-                synthetic_trace(spec, load, args.requests, args.seed),
-            )
-            for load in loads
-        ]
     disciplines = ["fifo-backfill", "loss"] if args.discipline == "both" else [args.discipline]
     bound = packing_bound(spec)
     modes = [False, True] if args.topology == "both" else [args.topology == "strict"]
+    policies = args.policies.split(",")
+    for name in policies:
+        if name not in POLICIES:
+            raise SystemExit(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    seeds = list(range(args.seed, args.seed + max(args.seeds, 1)))
+    groups: list[tuple[str, list[list[TraceItem]]]]
+    if args.trace:
+        groups = [(str(args.trace), [read_trace(args.trace)])]
+    else:
+        groups = [
+            (
+                f"synthetic load={load} seed={seeds[0]}"
+                + (f"..{seeds[-1]}" if len(seeds) > 1 else ""),
+                [synthetic_trace(spec, load, args.requests, seed) for seed in seeds],
+            )
+            for load in loads
+        ]
     summary = []
-    for name, trace in runs:
+    for name, traces in groups:
         for strict in modes:
             for discipline in disciplines:
-                for policy in args.policies.split(","):
-                    sim = Simulation(spec, policy, discipline, args.patience, strict)
-                    result = sim.run(trace, args.sample_every)
+                per_policy: dict[str, list[dict]] = {}
+                for policy in policies:
+                    per_policy[policy] = [
+                        Simulation(spec, policy, discipline, args.patience, strict).run(
+                            trace, args.sample_every
+                        )
+                        for trace in traces
+                    ]
+                for policy in policies:
+                    results = per_policy[policy]
                     out = {"trace": name, "fleet": args.fleet.name, "fleet_gpus": spec.gpu_count}
-                    out.update(result)
+                    out.update(results[0] if len(results) == 1 else _average(results))
+                    if len(results) > 1 and "ours" in per_policy and policy != "ours":
+                        out["ours_minus_this"] = _paired(per_policy["ours"], results)
                     out["structural_packing_bound"] = bound
                     print(json.dumps(out, ensure_ascii=False), flush=True)
                     summary.append(out)
