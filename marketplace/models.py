@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 import uuid
+from functools import lru_cache
 
 from django.conf import settings
 from django.db import models
-from django.urls import reverse
+from django.urls import get_script_prefix, reverse
 from django.utils.translation import gettext_lazy as _
 
 from marketplace import mounts
@@ -34,6 +35,15 @@ def pack(values: list[str] | tuple[str, ...], sep: str) -> str:
 
 def unpack(value: str, sep: str) -> list[str]:
     return [v for v in value.split(sep) if v]
+
+
+_SLUG_MARK = "00slug00"
+
+
+@lru_cache(maxsize=16)
+def _detail_url_template(kind: str, script_prefix: str) -> str:
+    name = "marketplace:model-detail" if kind == AssetKind.MODEL else "marketplace:dataset-detail"
+    return reverse(name, args=[_SLUG_MARK])
 
 
 class License(models.Model):
@@ -133,12 +143,8 @@ class Asset(models.Model):
         super().save(*args, **kwargs)
 
     def get_absolute_url(self) -> str:
-        name = (
-            "marketplace:model-detail"
-            if self.kind == AssetKind.MODEL
-            else "marketplace:dataset-detail"
-        )
-        return reverse(name, args=[self.slug])
+        # A list page links 24 assets; one reverse() per kind and script prefix is enough.
+        return _detail_url_template(self.kind, get_script_prefix()).replace(_SLUG_MARK, self.slug)
 
     def normalize(self) -> None:
         """Keep the delimited columns and the search document consistent (the admin edits them

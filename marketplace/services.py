@@ -20,6 +20,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Prefetch
 from django.http import Http404
 from django.utils import timezone
+from django.utils.text import Truncator
 
 from marketplace import catalogue, mounts
 from marketplace.choices import AssetKind
@@ -224,7 +225,7 @@ def catalogue_facets(kind: str) -> Facets:
             if publisher:
                 publishers.add(publisher)
             if key:
-                licenses[key] = name or key
+                licenses[key] = Truncator(name or key).chars(48)
         return Facets(
             tasks=sorted(tasks),
             modalities=sorted(modalities),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from django import template
+from django.utils.html import format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.translation import gettext as _
 
 register = template.Library()
@@ -31,3 +33,19 @@ def gigabytes(value: float | None) -> str:
     if value >= 0.001:
         return f"{value * 1000:,.1f}".rstrip("0").rstrip(".") + " MB"
     return _("under 1 MB")
+
+
+@register.simple_tag
+def options(values: list, selected: object = None) -> str:
+    """``<option>``s for a filter select, built in one pass (hundreds of publishers or tasks would
+    otherwise cost a template loop with a comparison each). ``values``: strings or (value, label)."""
+    chosen = "" if selected is None else str(selected)
+    rows = ((v, v) if isinstance(v, str) else (v[0], v[1]) for v in values)
+    return format_html_join(
+        "",
+        '<option value="{}"{}>{}</option>',
+        (
+            (value, mark_safe(" selected") if value == chosen else "", label)
+            for value, label in rows
+        ),  # noqa: S308
+    )
