@@ -1285,3 +1285,50 @@ def copy_price_book(book: PriceBook, effective_at: datetime | None = None) -> Pr
         ]
     )
     return copy
+
+
+def reconcile(wallet: Wallet | None = None) -> list[str]:
+    """Check the books; returns a list of problems (empty when everything reconciles).
+
+    * every session's total is rate × seconds under the rounding rule and equals its usage
+      postings (``UsageCharge`` rows);
+    * every ledger transaction sums to zero and every cached balance equals its entries;
+    * every paid top-up has exactly one ledger transaction, every pending/failed one none.
+    Sums are taken in Python (SQLite's SUM is floating point). Meant for a periodic audit task
+    and the tests; it reads everything of ``wallet`` (or all wallets).
+    """
+    problems: list[str] = []
+    sessions = UsageSession.objects.all() if wallet is None else wallet.usage_sessions.all()
+    posted: dict[int, Decimal] = defaultdict(lambda: ZERO)
+    for session_id, amount in UsageCharge.objects.filter(session__in=sessions).values_list(
+        "session_id", "amount"
+    ):
+        posted[session_id] += amount
+    for s in sessions:
+        expected = charge_for(s.rate, s.cards, s.settled_seconds, s.per_seconds)
+        if s.charged != expected or posted[s.pk] != expected:
+            problems.append(
+                f"session {s.public_id}: charged {s.charged}, posted {posted[s.pk]}, "
+                f"rate × seconds {expected}"
+            )
+    entries = (
+        Entry.objects.all() if wallet is None else Entry.objects.filter(account__wallet=wallet)
+    )
+    by_txn: dict[int, Decimal] = defaultdict(lambda: ZERO)
+    by_account: dict[int, Decimal] = defaultdict(lambda: ZERO)
+    for txn_id, account_id, amount in entries.values_list("transaction", "account", "amount"):
+        by_txn[txn_id] += amount
+        by_account[account_id] += amount
+    if wallet is None:
+        problems += [f"transaction {pk} sums to {total}" for pk, total in by_txn.items() if total]
+    accounts = Account.objects.all() if wallet is None else wallet.accounts.all()
+    problems += [
+        f"account {a.public_id} caches {a.balance}, entries sum to {by_account[a.pk]}"
+        for a in accounts
+        if a.balance != by_account[a.pk]
+    ]
+    payments = Payment.objects.all() if wallet is None else wallet.payments.all()
+    for p in payments:
+        if (p.state == PaymentState.SUCCEEDED) != (p.transaction_id is not None):
+            problems.append(f"payment {p.public_id} ({p.state}) has transaction {p.transaction_id}")
+    return problems

@@ -108,6 +108,7 @@ def test_random_sequences_keep_the_ledger_whole(prices, ops) -> None:  # noqa: A
         services.settle_usage()
         assert_ledger_consistent()
         _assert_no_money_created_or_lost()
+        assert services.reconcile() == []
         for session in UsageSession.objects.all():
             per = session.per_seconds
             assert session.charged == charge_for(
@@ -136,3 +137,26 @@ def _assert_no_money_created_or_lost() -> None:
     charged = sum((s.charged for s in UsageSession.objects.all()), Decimal(0))
     assert charged == total(AccountKind.USAGE_REVENUE)
     assert LedgerTransaction.objects.filter(kind=TransactionKind.USAGE).count() >= 0
+
+
+@pytest.mark.django_db
+def test_reconciliation_finds_nothing_after_normal_use_and_flags_tampering(
+    alice,
+    prices,
+    billing_clock,  # noqa: ANN001
+) -> None:
+    services.grant_trial_credit(alice)
+    payment, _ = services.start_topup(alice, "50.00")
+    services.confirm_payment(
+        str(payment.public_id), provider="sandbox", provider_txn_id="x", amount=Decimal("50.00")
+    )
+    services.open_usage_session(
+        alice, resource_kind="instance", resource_id="r", gpu_model="A800", cards=2
+    )
+    billing_clock.advance(3000)
+    services.settle_usage()
+    assert services.reconcile() == []
+    assert services.reconcile(alice.wallet) == []
+    # a cached balance edited behind the ledger's back is reported
+    Account.objects.filter(kind=AccountKind.CASH).update(balance=Decimal("1000000"))
+    assert len(services.reconcile()) == 1
