@@ -15,8 +15,13 @@ from playwright.sync_api import sync_playwright
 from tests.support import servers
 
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-quic",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
 ]
 
 
@@ -33,11 +38,16 @@ def main() -> None:
         stack.start_web()
         try:
             with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+                browser = pw.chromium.launch(
+                    executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS
+                )
                 page = browser.new_page(viewport={"width": 1280, "height": 800}, locale="zh-CN")
                 page.goto(stack.url + "/accounts/login/")
                 page.fill("input[name=login]", user)
-                page.fill("input[name=password]", "ops-password-2026" if user == "ops" else "demo-password-2026")
+                page.fill(
+                    "input[name=password]",
+                    "ops-password-2026" if user == "ops" else "demo-password-2026",
+                )
                 page.click("#login-form button[type=submit]")
                 page.wait_for_url(stack.url + "/")
                 page.goto(stack.url + url_path)
