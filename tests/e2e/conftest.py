@@ -24,10 +24,6 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 
-# Playwright's sync API runs an event loop in this thread; Django would refuse ORM calls from a
-# thread with a running loop. The test thread only reads state to assert on it.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
@@ -36,8 +32,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Browser]:
+@pytest.fixture
+def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Browser]:
+    """Chromium for one test. Not session-scoped: Playwright's sync API keeps an event loop
+    running in this thread while it is open, which would break later tests using asyncio.run()
+    (pytest-django runs transactional tests, like these, before others)."""
+    # With that loop running, Django refuses ORM calls in this thread unless told that the test
+    # thread only reads state to assert on it (scoped to this test, never set for subprocesses).
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
