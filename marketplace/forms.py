@@ -22,7 +22,9 @@ class AssetFilterForm(forms.Form):
     size_max = forms.FloatField(label=_("Size to (GB)"), required=False, min_value=0)
     params_min = forms.FloatField(label=_("Parameters from (B)"), required=False, min_value=0)
     params_max = forms.FloatField(label=_("Parameters to (B)"), required=False, min_value=0)
-    gated = forms.ChoiceField(label=_("Access"), required=False, choices=GatedFilter.choices)
+    gated = forms.ChoiceField(
+        label=_("License gating"), required=False, choices=GatedFilter.choices
+    )
     sort = forms.ChoiceField(label=_("Sort"), required=False, choices=AssetSort.choices)
 
     def clean(self) -> dict:
