@@ -133,6 +133,11 @@ def build_mount_specs(user: Any, asset_ids: Iterable[Any]) -> list[MountSpec]:
     license the user has not accepted; ``assets`` names them) or ``invalid_mount``.
     """
     wanted = list(asset_ids)
+    if len(wanted) > mounts.MAX_MOUNTS:
+        # Refused before touching the database: a huge id list is a mistake or an attack.
+        raise MountRefused(
+            INVALID_MOUNT, f"At most {mounts.MAX_MOUNTS} assets can be mounted on one instance."
+        )
     ids = {_uuid(a) for a in wanted}
     if None in ids:
         raise MountRefused(UNKNOWN_ASSET, "Not an asset id.", [str(a) for a in wanted])

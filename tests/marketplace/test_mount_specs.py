@@ -145,3 +145,12 @@ def test_license_api_says_whether_you_accepted(
 def test_the_catalogue_api_needs_a_login(client: Client) -> None:
     assert client.get("/api/v1/models/").status_code in (401, 403)
     assert client.get("/api/v1/mount-plan/?assets=x").status_code in (401, 403)
+
+
+def test_more_ids_than_mounts_are_refused_before_any_lookup(
+    alice,
+    django_assert_num_queries,  # noqa: ANN001
+) -> None:
+    with django_assert_num_queries(0), pytest.raises(MountRefused) as refused:
+        services.build_mount_specs(alice, [uuid.uuid4() for _ in range(1000)])
+    assert refused.value.code == services.INVALID_MOUNT

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import posixpath
+import re
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from marketplace.catalogue import slug_for
 from marketplace.mounts import MAX_MOUNTS, AssetRef, MountError, mount_point, plan_mounts
 
 LLAMA = AssetRef("model", "meta-llama/Llama-2-7b-hf", "meta-llama--llama-2-7b-hf")
@@ -75,3 +81,35 @@ def test_mount_point_stays_inside_its_root() -> None:
     assert mount_point("dataset", "glue") == "/datasets/glue"
     with pytest.raises(MountError):
         mount_point("dataset", ".")
+
+
+_TEXT = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=40
+)
+
+
+@given(hub_id=_TEXT, slug=_TEXT, kind=st.sampled_from(["model", "dataset"]))
+@settings(max_examples=400)
+def test_no_input_yields_a_mount_outside_its_roots(hub_id: str, slug: str, kind: str) -> None:
+    """Whatever text arrives, a spec is either refused or stays inside the PFS cache and the
+    asset root, with a target made only of allow-listed characters."""
+    try:
+        (spec,) = plan_mounts([AssetRef(kind, hub_id, slug)])
+    except MountError:
+        return
+    root = "/models/" if kind == "model" else "/datasets/"
+    assert spec.target.startswith(root) and "/" not in spec.target[len(root) :]
+    assert posixpath.normpath(spec.source) == spec.source
+    assert spec.source.startswith(f"/pfs/public/{kind}s/")
+    assert re.fullmatch(r"[a-z0-9][a-z0-9._-]*", spec.slug) and ".." not in spec.slug
+    assert spec.read_only is True
+
+
+@given(
+    publisher=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_-]{0,20}", fullmatch=True),
+    name=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_-]{0,30}", fullmatch=True),
+)
+def test_every_valid_hub_id_gets_a_mountable_slug(publisher: str, name: str) -> None:
+    hub_id = f"{publisher}/{name}"
+    (spec,) = plan_mounts([AssetRef("model", hub_id, slug_for(hub_id))])
+    assert spec.source == f"/pfs/public/models/{hub_id}"
