@@ -180,12 +180,12 @@ def test_embedded_server_serves_pages_and_health(embedded_stack) -> None:  # noq
 
 def test_embedded_websocket_gets_channel_layer_message_and_task_result(embedded_stack) -> None:  # noqa: ANN001
     stack, public_id = embedded_stack
-    asyncio.run(_broadcast_and_task(stack, public_id, _send_via_view))
+    servers.run_async(_broadcast_and_task(stack, public_id, _send_via_view))
 
 
 def test_embedded_websocket_refuses_foreign_origin_and_anonymous(embedded_stack) -> None:  # noqa: ANN001
     stack, _ = embedded_stack
-    asyncio.run(_refusals(stack))
+    servers.run_async(_refusals(stack))
 
 
 @pytest.mark.integration
@@ -216,20 +216,20 @@ def test_production_websocket_gets_redis_message_and_worker_process_result(
         finally:
             await layer.flush()
 
-    asyncio.run(run())
+    servers.run_async(run())
     assert "console.ping_worker_task" in stack.procs[0].output()  # the separate worker ran it
 
 
 @pytest.mark.integration
 def test_production_websocket_refuses_foreign_origin_and_anonymous(production_stack) -> None:  # noqa: ANN001
     stack, _ = production_stack
-    asyncio.run(_refusals(stack))
+    servers.run_async(_refusals(stack))
 
 
 @pytest.mark.integration
 def test_production_worker_runs_tasks_from_rabbitmq(rabbitmq_stack) -> None:  # noqa: ANN001
     stack, public_id = rabbitmq_stack
-    asyncio.run(_broadcast_and_task(stack, public_id, _send_via_view))
+    servers.run_async(_broadcast_and_task(stack, public_id, _send_via_view))
     worker_log = stack.procs[0].output()
     assert "amqp://" in worker_log
     assert "console.ping_worker_task" in worker_log

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import socket
@@ -9,14 +10,28 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion on a fresh loop in its own thread.
+
+    The browser tests' sync Playwright keeps an event loop running on the main thread, where
+    ``asyncio.run`` refuses to start.
+    """
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def free_port() -> int:
@@ -28,6 +43,7 @@ def free_port() -> int:
 def base_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL"))}
     env.pop("DJANGO_SETTINGS_MODULE", None)
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # browser-test fixtures set it for this process only
     env["PYTHONUNBUFFERED"] = "1"
     env["LOG_LEVEL"] = "WARNING"
     return env
