@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 # The order form belongs to the ordering issue (slices); these query strings preset it.
 ORDER_FORM_PATH = "/instances/new/"
 FACETS_CACHE_TIMEOUT = 300
+# pg_advisory_xact_lock key serialising catalogue loads (any constant unique to this purpose).
+LOAD_LOCK_KEY = 0x6D6B745F6C6F6164  # "mkt_load"
 
 
 class MountRefused(Exception):  # noqa: N818 - reads as a domain event: "mount refused"
@@ -422,6 +424,12 @@ def load_catalogue() -> LoadReport:
     Assets an operator added in the admin are left alone.
     """
     report = LoadReport()
+    if connection.vendor == "postgresql":
+        # Two processes loading at once (two web servers running demo_setup at start) queue here
+        # instead of racing on the unique constraints; the second then finds nothing to do.
+        # SQLite needs no lock: its IMMEDIATE transactions already serialise writers.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOAD_LOCK_KEY])
     asset_records = {
         kind: list(catalogue.read_assets(kind)) for kind in (AssetKind.MODEL, AssetKind.DATASET)
     }
