@@ -386,6 +386,63 @@ def allocate(
     )
 
 
+@dataclass(frozen=True)
+class Preview:
+    """What an order would get now (nothing is reserved): for the order form and the API."""
+
+    gpus: int
+    gpu_model: str
+    region: str
+    cluster: str
+    node_count: int
+    su_count: int
+    su_min_structural: int
+    at_structural_minimum: bool
+    # when the slice could start on ceil(n / SU size) SUs, if it cannot now (from lease ends)
+    structural_earliest: datetime | None
+    performance: dict[str, Any]
+
+
+def preview_allocation(
+    gpus: int, gpu_model: str, region: str | None = None, *, ends_at: datetime | None = None
+) -> Preview:
+    """Plan without reserving; raises NoCapacity like `allocate` when nothing fits now."""
+    now = timezone.now()
+    fleet, _nodes = build_fleet(gpu_model)
+    req = topology.Request("preview", gpus, gpu_model, region, now.timestamp(), _ts(ends_at))
+    planned = fleet.plan(req)
+    if isinstance(planned, topology.Unplaceable):
+        whole, _nodes = build_fleet(None)
+        why = whole.explain(req) or planned
+        earliest = datetime.fromtimestamp(why.earliest, tz=now.tzinfo) if why.earliest else None
+        raise NoCapacity(why, earliest)
+    structural = None
+    if not planned.at_structural_minimum:
+        t = fleet.earliest_start(req, structural=True)
+        structural = datetime.fromtimestamp(t, tz=now.tzinfo) if t else None
+    cluster = Cluster.objects.select_related("gpu_model").get(code=planned.cluster)
+    perf = expected_performance(
+        len(planned.shares),
+        len(planned.shares[0].gpus),
+        planned.su_count,
+        fabric=cluster.fabric,
+        rails=cluster.rails,
+        nvlink_gbps=cluster.gpu_model.nvlink_gbps,
+    )
+    return Preview(
+        gpus,
+        gpu_model,
+        planned.region,
+        planned.cluster,
+        len(planned.shares),
+        planned.su_count,
+        planned.su_min_structural,
+        planned.at_structural_minimum,
+        structural,
+        perf.as_dict(),
+    )
+
+
 @transaction.atomic
 def _commit(
     owner: Any,

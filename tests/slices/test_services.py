@@ -107,3 +107,20 @@ def test_availability_reports_free_gpus_hosts_and_largest_slice(fleet, alice) ->
     assert (h800.total_gpus, h800.free_gpus, h800.largest_slice) == (192, 128, 128)
     assert rows[("xiamen", "RTX4090")].slices is False
     assert rows[("xiamen", "RTX4090")].host_sizes == (1, 2, 4, 8)
+
+
+def test_preview_shows_placement_and_performance_without_reserving(fleet, alice) -> None:  # noqa: ANN001
+    p = services.preview_allocation(128, "H800")
+    assert (p.su_count, p.su_min_structural, p.at_structural_minimum) == (2, 2, True)
+    assert p.performance["gpus"] == 128 and p.performance["busbw_gbps"] > 0
+    assert Allocation.objects.count() == 0
+    for hostname in ("xm-h8-su02-n01", "xm-h8-su03-n01"):
+        services.change_node_state(Node.objects.get(hostname=hostname), "fail")
+    ends = timezone.now() + timedelta(hours=2)
+    held = services.allocate(alice, 64, "H800", ends_at=ends)
+    assert held.hostfile.startswith("xm-h8-su01-")
+    # 0 + 7 + 7 free: a 64-GPU slice now needs two SUs; on one SU once `held` ends.
+    p = services.preview_allocation(64, "H800")
+    assert (p.su_count, p.su_min_structural, p.at_structural_minimum) == (2, 1, False)
+    assert p.structural_earliest is not None
+    assert abs((p.structural_earliest - ends).total_seconds()) < 1
