@@ -143,7 +143,8 @@ def delete_ssh_key(user: User, key: SshKey) -> bool:
     """
     User.objects.select_for_update().filter(pk=user.pk).first()
     deleted, _rows = SshKey.objects.for_owner(user).filter(pk=key.pk).delete()
-    if deleted and key.is_default:
+    # Checked after the delete, under the lock: ``key`` may be stale about being the default.
+    if deleted and not SshKey.objects.for_owner(user).defaults().exists():
         successor = SshKey.objects.for_owner(user).order_by("-created_at", "-id").first()
         if successor is not None:
             SshKey.objects.filter(pk=successor.pk).update(is_default=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from rest_framework import serializers
 
 from console.models import ApiToken, SshKey
@@ -64,7 +65,7 @@ class ApiTokenCreateSerializer(serializers.Serializer):
 
     def validate_expires_at(self, value):  # noqa: ANN001, ANN201
         if value is not None and value <= timezone.now():
-            raise serializers.ValidationError("The expiry must be in the future.")
+            raise serializers.ValidationError(_("The expiry must be in the future."))
         return value
 
 
