@@ -679,8 +679,12 @@ def settle_usage(
     revenue = next((a for a in accounts if a.wallet_id is None), None)
     if revenue is None:  # the first settlement ever
         created = _system_account(AccountKind.USAGE_REVENUE)
-        revenue = _Bucket(created.pk, None, created.kind, created.balance, None)
-        Account.objects.select_for_update().filter(pk=created.pk).exists()
+        # Lock and read in one statement: a concurrent first settlement may have created and
+        # credited this account since; a balance read before the lock would lose its posting.
+        balance = (
+            Account.objects.select_for_update().values_list("balance", flat=True).get(pk=created.pk)
+        )
+        revenue = _Bucket(created.pk, None, created.kind, balance, None)
     buckets: dict[int, list[_Bucket]] = defaultdict(list)
     for account in accounts:
         if account.wallet_id in locked:
