@@ -66,6 +66,15 @@ def get_listed_asset(kind: str, slug: str) -> Asset:
         raise Http404 from None
 
 
+def get_asset_by_hub_id(kind: str, hub_id: str) -> Asset:
+    """A listed asset by its hub id (stable across databases, unlike public ids): what a recipe
+    such as the one-click demo names, e.g. ``("model", "meta-llama/Llama-2-7b-hf")``."""
+    try:
+        return Asset.objects.listed().select_related("license").get(kind=kind, hub_id=hub_id)
+    except Asset.DoesNotExist:
+        raise Http404 from None
+
+
 def get_license(public_id: Any) -> License:
     pk = _uuid(public_id)
     if pk is None:

@@ -154,3 +154,15 @@ def test_more_ids_than_mounts_are_refused_before_any_lookup(
     with django_assert_num_queries(0), pytest.raises(MountRefused) as refused:
         services.build_mount_specs(alice, [uuid.uuid4() for _ in range(1000)])
     assert refused.value.code == services.INVALID_MOUNT
+
+
+def test_a_recipe_can_name_assets_by_hub_id(alice, llama, llama2) -> None:  # noqa: ANN001
+    from django.http import Http404
+
+    found = services.get_asset_by_hub_id("model", "meta-llama/Llama-2-7b-hf")
+    assert found.pk == llama.pk and found.gated
+    with pytest.raises(Http404):
+        services.get_asset_by_hub_id("dataset", "meta-llama/Llama-2-7b-hf")
+    services.accept_license(alice, llama2)
+    (spec,) = services.build_mount_specs(alice, [found.public_id])
+    assert spec.target == "/models/meta-llama--llama-2-7b-hf"
