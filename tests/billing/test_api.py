@@ -133,3 +133,9 @@ def test_transaction_amounts_are_the_customers_side(alice, alice_api, prices) ->
     assert body["results"][0]["amount"] == "10.00"
     one = alice_api.get(f"/api/v1/billing/transactions/{body['results'][0]['id']}/").json()
     assert one["kind"] == "trial_grant" and one["amount"] == "10.00"
+
+
+def test_malformed_ids_are_404_not_500(alice_api) -> None:  # noqa: ANN001
+    for url in ("transactions", "usage-sessions", "top-ups"):
+        response = alice_api.get(f"/api/v1/billing/{url}/40bdFE1--58862AeA3a75EF3cDF53FD09-/")
+        assert response.status_code == 404, url
