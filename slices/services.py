@@ -584,13 +584,14 @@ class Availability:
     gpu_model: str
     total_gpus: int
     free_gpus: int
+    out_of_service_gpus: int  # not leased, but on drained/failed/maintenance nodes
     host_sizes: tuple[int, ...]  # host sizes that can be placed now
     largest_slice: int  # GPUs, 0 if none
     slices: bool  # the region has a slice cluster of this model
 
     @property
     def used_gpus(self) -> int:
-        return self.total_gpus - self.free_gpus
+        return self.total_gpus - self.free_gpus - self.out_of_service_gpus
 
     @property
     def utilisation(self) -> float:
@@ -608,6 +609,7 @@ def availability() -> list[Availability]:
         cls = fleet.candidates(model, region)
         total = sum(c.spec.gpu_count for c in cls)
         free = fleet.free_gpus(model, region)
+        out_of_service = fleet.out_of_service_gpus(model, region)
         hosts = tuple(
             s
             for s in topology.HOST_SIZES
@@ -633,6 +635,7 @@ def availability() -> list[Availability]:
                 model,
                 total,
                 free,
+                out_of_service,
                 hosts,
                 largest,
                 has_slices,

@@ -468,6 +468,17 @@ class Fleet:
                     total += tables_pop[m] if cl.gpn == 8 else _popcount(m)
         return total
 
+    def out_of_service_gpus(self, model: str | None = None, region: str | None = None) -> int:
+        """Unleased GPUs on drained, failed or maintenance nodes."""
+        total = 0
+        for cl in self.clusters:
+            if (model and cl.model != model) or (region and cl.region != region):
+                continue
+            for gid in range(cl.first_gid, cl.first_gid + cl.spec.node_count):
+                if not self.node_ok[gid]:
+                    total += _popcount(self.node_mask[gid])
+        return total
+
     def is_whole_free(self, gid: int) -> bool:
         cl = self.cluster_of(gid)
         return self.node_ok[gid] and self.node_mask[gid] == (1 << cl.gpn) - 1

@@ -48,9 +48,12 @@ STATE_COLOURS = {
 }
 
 
-def _holder_colour(public_id: object) -> str:
-    hue = int(str(public_id).replace("-", "")[:6], 16) % 360
-    return f"hsl({hue}, 65%, 45%)"
+# Holders get well-separated colours (no red, yellow or grey: those mean failed, draining and
+# maintenance), in the order they appear on the map; the palette repeats past twelve holders.
+HOLDER_PALETTE = (
+    "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+    "#393b79", "#637939", "#7b4173", "#3182bd", "#ff7f0e", "#bcbd22",
+)  # fmt: skip
 
 
 @staff_required
@@ -61,16 +64,16 @@ def ops_fleet(request: HttpRequest) -> HttpResponse:
     states: dict[int, Counter] = defaultdict(Counter)
     for cluster_id, state in Node.objects.values_list("cluster_id", "state"):
         states[cluster_id][state] += 1
-    by_model: dict[str, dict[str, int]] = defaultdict(lambda: {"total": 0, "free": 0})
+    by_model: dict[str, dict[str, int]] = defaultdict(lambda: {"total": 0, "used": 0})
     for a in rows:
         by_model[a.gpu_model]["total"] += a.total_gpus
-        by_model[a.gpu_model]["free"] += a.free_gpus
+        by_model[a.gpu_model]["used"] += a.used_gpus
     models = [
         {
             "code": code,
             "total": v["total"],
-            "used": v["total"] - v["free"],
-            "percent": round(100 * (v["total"] - v["free"]) / v["total"]) if v["total"] else 0,
+            "used": v["used"],
+            "percent": round(100 * v["used"] / v["total"]) if v["total"] else 0,
         }
         for code, v in sorted(by_model.items())
     ]
@@ -97,13 +100,12 @@ def ops_cluster(request: HttpRequest, code: str) -> HttpResponse:
     holders: dict[str, dict[str, Any]] = {}
     for row in rows:
         for node in row["nodes"]:
+            for a in node.holders:
+                colour = HOLDER_PALETTE[len(holders) % len(HOLDER_PALETTE)]
+                holders.setdefault(str(a.public_id), {"allocation": a, "colour": colour})
             node.colour = STATE_COLOURS[NodeState(node.state)]
             if node.holders and node.state == NodeState.ALLOCATED:
-                node.colour = _holder_colour(node.holders[0].public_id)
-            for a in node.holders:
-                holders.setdefault(
-                    str(a.public_id), {"allocation": a, "colour": _holder_colour(a.public_id)}
-                )
+                node.colour = holders[str(node.holders[0].public_id)]["colour"]
     legend = [(NodeState(s).label, colour) for s, colour in STATE_COLOURS.items()]
     context = {
         "cluster": cluster,

@@ -9,6 +9,9 @@ class AvailabilitySerializer(serializers.Serializer):
     gpu_model = serializers.CharField()
     total_gpus = serializers.IntegerField()
     free_gpus = serializers.IntegerField()
+    out_of_service_gpus = serializers.IntegerField(
+        help_text="Unleased GPUs on drained, failed or maintenance nodes."
+    )
     host_sizes = serializers.ListField(
         child=serializers.IntegerField(), help_text="Host sizes (GPUs) that can be placed now."
     )

@@ -45,6 +45,7 @@ class AvailabilityView(APIView):
                     "gpu_model": a.gpu_model,
                     "total_gpus": a.total_gpus,
                     "free_gpus": a.free_gpus,
+                    "out_of_service_gpus": a.out_of_service_gpus,
                     "host_sizes": list(a.host_sizes),
                     "slices": a.slices,
                     "largest_slice": a.largest_slice,

@@ -48,12 +48,16 @@ def test_fleet_page_shows_utilisation_per_region_and_model(
     django_assert_max_num_queries,  # noqa: ANN001
 ) -> None:
     services.allocate(alice, 64, "H800")
+    services.change_node_state(Node.objects.get(hostname="xm-h8-su03-n08"), "drain")
     with django_assert_max_num_queries(12):
         response = operator_client.get(reverse("slices:ops-fleet"))
     assert response.status_code == 200
     body = response.content.decode()
     assert "H800" in body and "RTX4090" in body
-    assert "64 / 192" in body  # H800 card: used / total GPUs
+    assert "64 / 192" in body  # H800 card: used / total GPUs (the drained node is not "used")
+    assert (
+        '<td class="text-end">120</td><td class="text-end">8</td>' in body
+    )  # free, out of service
     assert "<td>厦门</td>" in body  # the default language shows the Chinese region name
     assert reverse("slices:ops-cluster", args=["xm-h800"]) in body
 
