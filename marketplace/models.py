@@ -11,11 +11,12 @@ import uuid
 from functools import lru_cache
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.urls import get_script_prefix, reverse
 from django.utils.translation import gettext_lazy as _
 
-from marketplace import mounts
+from marketplace import catalogue, mounts
 from marketplace.choices import AssetKind
 from marketplace.querysets import AssetQuerySet, ImageQuerySet, ImageVersionQuerySet
 
@@ -44,6 +45,34 @@ _SLUG_MARK = "00slug00"
 def _detail_url_template(kind: str, script_prefix: str) -> str:
     name = "marketplace:model-detail" if kind == AssetKind.MODEL else "marketplace:dataset-detail"
     return reverse(name, args=[_SLUG_MARK])
+
+
+def validate_hub_id(value: str) -> None:
+    if not catalogue.is_valid_hub_id(value):
+        raise ValidationError(
+            _("A hub id is \"name\" or \"publisher/name\": letters, digits, '.', '_', '-'."),
+            code="invalid",
+        )
+
+
+def validate_asset_slug(value: str) -> None:
+    if not catalogue.is_valid_slug(value):
+        raise ValidationError(
+            _(
+                "A slug is lower-case letters, digits, '.', '_' and '-' (no '..'), starting with a letter or digit."
+            ),
+            code="invalid",
+        )
+
+
+def validate_container(value: str) -> None:
+    if not catalogue.CONTAINER_RE.fullmatch(value):
+        raise ValidationError(
+            _(
+                "A container reference is [registry/]repository:tag, e.g. pytorch/pytorch:2.1.2-cuda12.1-cudnn8-devel."
+            ),
+            code="invalid",
+        )
 
 
 class License(models.Model):
@@ -78,9 +107,12 @@ class Asset(models.Model):
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     kind = models.CharField(_("kind"), max_length=16, choices=AssetKind.choices)
-    hub_id = models.CharField(_("hub id"), max_length=200)
+    hub_id = models.CharField(_("hub id"), max_length=200, validators=[validate_hub_id])
     slug = models.CharField(
-        _("slug"), max_length=160, help_text=_("Mounted at /models/<slug> or /datasets/<slug>.")
+        _("slug"),
+        max_length=160,
+        validators=[validate_asset_slug],
+        help_text=_("Mounted at /models/<slug> or /datasets/<slug>."),
     )
     name = models.CharField(_("name"), max_length=200)
     publisher = models.CharField(_("publisher"), max_length=100, blank=True)
@@ -247,7 +279,9 @@ class ImageVersion(models.Model):
     cuda = models.CharField(_("CUDA"), max_length=20)
     cudnn = models.CharField(_("cuDNN"), max_length=20, blank=True)
     python = models.CharField(_("Python"), max_length=20)
-    container = models.CharField(_("container image"), max_length=300)
+    container = models.CharField(
+        _("container image"), max_length=300, validators=[validate_container]
+    )
     layer = models.JSONField(
         _("installed on top"),
         default=list,
@@ -275,6 +309,16 @@ class ImageVersion(models.Model):
         return (
             f"{self.image.name} {self.framework_version} (CUDA {self.cuda}, Python {self.python})"
         )
+
+    def clean(self) -> None:
+        models_ok = isinstance(self.gpu_models, list) and bool(self.gpu_models)
+        if not models_ok or set(self.gpu_models) - set(catalogue.GPU_MODELS):
+            raise ValidationError(
+                {
+                    "gpu_models": _("A list of GPU models among: %(models)s.")
+                    % {"models": ", ".join(catalogue.GPU_MODELS)}
+                }
+            )
 
     @property
     def ports(self) -> list[dict]:

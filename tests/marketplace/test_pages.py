@@ -8,7 +8,7 @@ from django.test import Client
 
 from marketplace.choices import AssetKind
 from marketplace.forms import PAGE_SIZE
-from marketplace.models import LicenseAcceptance
+from marketplace.models import Asset, LicenseAcceptance
 from tests.marketplace.factories import (
     AssetFactory,
     ImageFactory,
@@ -203,3 +203,26 @@ def test_operators_reach_the_catalogue_in_the_admin(admin_client: Client) -> Non
         "/admin/marketplace/licenseacceptance/",
     ):
         assert admin_client.get(url).status_code == 200, url
+
+
+def test_the_admin_refuses_an_asset_that_could_not_be_mounted(admin_client: Client) -> None:
+    license = LicenseFactory(key="mit")
+    response = admin_client.post(
+        "/admin/marketplace/asset/add/",
+        {
+            "kind": "model",
+            "hub_id": "acme/../../etc",
+            "slug": "../root",
+            "name": "bad",
+            "source": "operator",
+            "license": license.pk,
+            "is_listed": "on",
+            "tasks": "",
+            "modalities": "",
+            "task": "",
+        },
+    )
+    assert response.status_code == 200  # the form again, with errors
+    errors = response.context["adminform"].form.errors
+    assert "hub_id" in errors and "slug" in errors
+    assert not Asset.objects.filter(name="bad").exists()
