@@ -10,7 +10,8 @@ Services other apps call
 * ``close_usage_session(resource_kind, resource_id, *, reason=CloseReason.RELEASED, at=None)`` —
   billing stops (released, failed, migrated away); settles up to ``at``.
 * ``quote_for(user, gpu_model, cards, disk_gb=0) -> Quote`` — the price calculator on the current
-  price book and the user's balance (order forms, API).
+  price book and the user's balance (order forms, API); ``ensure_affordable(...)`` (same
+  arguments) raises ``InsufficientFunds`` when the balance cannot run the order for one window.
 * ``purchase_term(user, *, gpu_model, cards, days, resource_kind, resource_id, label="")`` — a
   long-term rental paid up front at the locked price.
 * The **stop hook**: when the balance cannot cover the next settlement window, billing closes the
@@ -479,6 +480,20 @@ def quote_for(user: Any, gpu_model: str, cards: int, disk_gb: int = 0) -> Quote:
         disk_gb=disk_gb,
         storage=book.storage_quote,
     )
+
+
+def ensure_affordable(user: Any, gpu_model: str, cards: int, disk_gb: int = 0) -> Quote:
+    """Refuse an on-demand order the balance cannot run for one settlement window.
+
+    The ordering app calls it before allocating; returns the quote (with runway) on success.
+    """
+    quote = quote_for(user, gpu_model, cards, disk_gb)
+    if quote.runway_seconds is not None and quote.runway_seconds < settlement_window():
+        raise InsufficientFunds(
+            _("Your balance cannot run %(cards)d × %(model)s for one minute; please top up.")
+            % {"cards": cards, "model": gpu_model}
+        )
+    return quote
 
 
 # --- metering ------------------------------------------------------------------------------------

@@ -117,3 +117,12 @@ def test_running_out_stops_the_session_and_calls_the_hook(
     assert LedgerTransaction.objects.filter(kind="usage").count() >= 38
     assert alice.wallet.notices.filter(kind="low_balance").count() == 1
     assert_ledger_consistent()
+
+
+def test_an_order_the_balance_cannot_run_for_a_minute_is_refused(alice, prices) -> None:  # noqa: ANN001
+    with pytest.raises(services.InsufficientFunds):
+        services.ensure_affordable(alice, "A800", 8)
+    services.grant_trial_credit(alice)  # 10 元 runs 8 × A800 (28 元/h) for 21 minutes
+    assert services.ensure_affordable(alice, "A800", 8).runway_seconds == 1285
+    with pytest.raises(services.PriceNotSet):
+        services.ensure_affordable(alice, "V100", 1)

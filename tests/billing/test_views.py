@@ -190,3 +190,26 @@ def test_no_wallet_yet_renders_empty_page(bob_client, prices) -> None:  # noqa: 
     response = bob_client.get(reverse("billing:overview"))
     assert response.status_code == 200
     assert not Wallet.objects.exists()
+
+
+def test_cancelled_checkout_credits_nothing(alice, alice_client, prices) -> None:  # noqa: ANN001
+    alice_client.post(reverse("billing:topup"), {"amount": "42.00"})
+    payment = Payment.objects.get()
+    alice_client.post(
+        reverse("billing:sandbox-checkout", args=[payment.public_id]), {"outcome": "fail"}
+    )
+    payment.refresh_from_db()
+    assert payment.state == "failed"
+    assert services.get_wallet_summary(alice).cash == Decimal("0.00")
+    # paying a failed payment afterwards does nothing either
+    alice_client.post(
+        reverse("billing:sandbox-checkout", args=[payment.public_id]), {"outcome": "pay"}
+    )
+    assert services.get_wallet_summary(alice).cash == Decimal("0.00")
+
+
+def test_bad_top_up_amounts_change_nothing(alice_client, prices) -> None:  # noqa: ANN001
+    for amount in ("0", "-5", "abc", "1.001", "99999999999"):
+        response = alice_client.post(reverse("billing:topup"), {"amount": amount})
+        assert response.status_code == 302 and response.url == reverse("billing:overview")
+    assert not Payment.objects.exists()
