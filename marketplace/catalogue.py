@@ -218,7 +218,17 @@ class ImageRecord:
     versions: tuple[ImageVersionRecord, ...]
 
 
-GPU_MODELS = ("RTX 4090", "A800", "H800")
+# GPU model codes as the fleet names them (slices/fleets/*.yaml), and how people write them.
+GPU_MODELS = ("RTX4090", "A800", "H800")
+GPU_LABELS = {"RTX4090": "RTX 4090", "A800": "A800", "H800": "H800"}
+
+
+def gpu_code(value: str) -> str:
+    """``"RTX 4090"`` / ``"rtx4090"`` -> ``"RTX4090"``; "" for anything that is not a known card."""
+    code = "".join(str(value).split()).upper()
+    return code if code in GPU_MODELS else ""
+
+
 # docker reference: [registry/]repo[:tag], lower-case repo path, no digest needed here.
 CONTAINER_RE = re.compile(
     r"^(?:[a-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
@@ -261,9 +271,9 @@ def read_images(path: Path = IMAGES_YAML) -> list[ImageRecord]:
             container = str(v["container"])
             if not CONTAINER_RE.fullmatch(container):
                 raise CatalogueError(f"{slug}: not a container reference: {container!r}")
-            gpus = tuple(str(g) for g in v["gpus"])
-            if unknown := set(gpus) - set(GPU_MODELS):
-                raise CatalogueError(f"{slug}: unknown GPU models {sorted(unknown)}")
+            gpus = tuple(gpu_code(g) for g in v["gpus"])
+            if "" in gpus:
+                raise CatalogueError(f"{slug}: unknown GPU models in {v['gpus']}")
             versions.append(
                 ImageVersionRecord(
                     slug=slug,

@@ -320,6 +320,11 @@ class ImageVersion(models.Model):
                 }
             )
 
+    def supports(self, gpu_model: str) -> bool:
+        """Whether this build runs on a card, by fleet code (``RTX4090``) or name (``RTX 4090``)."""
+        code = catalogue.gpu_code(gpu_model)
+        return bool(code) and code in self.gpu_models
+
     @property
     def ports(self) -> list[dict]:
         return list(self.launch.get("ports", []))

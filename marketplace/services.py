@@ -199,7 +199,7 @@ def list_images(gpu: str = "") -> list[Image]:
     images = list(Image.objects.listed().prefetch_related(Prefetch("versions", queryset=versions)))
     shown = []
     for image in images:
-        image.shown_versions = [v for v in image.versions.all() if not gpu or gpu in v.gpu_models]
+        image.shown_versions = [v for v in image.versions.all() if not gpu or v.supports(gpu)]
         if not image.shown_versions:
             continue
         image.featured_version = next(

@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.htmx import render_page
 from marketplace import services
-from marketplace.catalogue import GPU_MODELS
+from marketplace.catalogue import GPU_LABELS, gpu_code
 from marketplace.choices import AssetKind
 from marketplace.forms import asset_filter_form, paginate
 from marketplace.models import Asset, ImageVersion
@@ -94,11 +94,9 @@ def license_accept(request: HttpRequest, public_id: str) -> HttpResponse:
 
 @require_GET
 def image_list(request: HttpRequest) -> HttpResponse:
-    gpu = request.GET.get("gpu", "")
-    if gpu not in GPU_MODELS:
-        gpu = ""
+    gpu = gpu_code(request.GET.get("gpu", ""))
     images = services.list_images(gpu=gpu)
-    context = {"images": images, "gpu": gpu, "gpu_models": GPU_MODELS}
+    context = {"images": images, "gpu": gpu, "gpu_models": GPU_LABELS.items()}
     return render_page(request, "marketplace/image_list.html", context, "results")
 
 

@@ -19,7 +19,7 @@ from marketplace.api.serializers import (
     LicenseSerializer,
     MountPlanSerializer,
 )
-from marketplace.catalogue import GPU_MODELS
+from marketplace.catalogue import GPU_MODELS, gpu_code
 from marketplace.choices import AssetKind, AssetSort, GatedFilter
 from marketplace.forms import AssetFilterForm
 from marketplace.models import Asset, License
@@ -96,7 +96,10 @@ class DatasetViewSet(_AssetViewSet):
         summary="List one-click images with their versions and launch templates",
         parameters=[
             OpenApiParameter(
-                "gpu", str, enum=list(GPU_MODELS), description="Only versions for this card."
+                "gpu",
+                str,
+                enum=list(GPU_MODELS),
+                description="Only versions for this card (fleet code).",
             )
         ],
         tags=["marketplace"],
@@ -109,8 +112,9 @@ class ImageViewSet(viewsets.ViewSet):
     serializer_class = ImageSerializer
 
     def list(self, request: Request) -> Response:
-        gpu = request.query_params.get("gpu", "")
-        if gpu and gpu not in GPU_MODELS:
+        raw = request.query_params.get("gpu", "")
+        gpu = gpu_code(raw)
+        if raw and not gpu:
             raise ApiError(ErrorCode.INVALID, f"gpu must be one of {', '.join(GPU_MODELS)}.")
         images = services.list_images(gpu=gpu)
         return Response(ImageSerializer(images, many=True).data)

@@ -7,6 +7,8 @@ from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext as _
 
+from marketplace.catalogue import GPU_LABELS
+
 register = template.Library()
 
 
@@ -49,3 +51,9 @@ def options(values: list, selected: object = None) -> str:
             for value, label in rows
         ),  # noqa: S308
     )
+
+
+@register.filter
+def gpu_label(code: str) -> str:
+    """Fleet code -> how people write it: ``RTX4090`` -> ``RTX 4090``."""
+    return GPU_LABELS.get(code, code)

@@ -56,7 +56,7 @@ class ImageVersionFactory(factory.django.DjangoModelFactory):
     python = "3.10"
     container = "pytorch/pytorch:2.1.2-cuda12.1-cudnn8-devel"
     size_gb = 8.6
-    gpu_models = factory.LazyFunction(lambda: ["RTX 4090", "A800", "H800"])
+    gpu_models = factory.LazyFunction(lambda: ["RTX4090", "A800", "H800"])
     launch = factory.LazyFunction(
         lambda: {
             "command": "jupyter lab --port=8888",

@@ -226,3 +226,20 @@ def test_the_admin_refuses_an_asset_that_could_not_be_mounted(admin_client: Clie
     errors = response.context["adminform"].form.errors
     assert "hub_id" in errors and "slug" in errors
     assert not Asset.objects.filter(name="bad").exists()
+
+
+def test_gpu_models_use_the_fleet_codes_and_accept_the_written_names(alice_client: Client) -> None:
+    image = ImageFactory(slug="colossal-ai", name="Colossal-AI")
+    modern = ImageVersionFactory(
+        image=image, slug="colossalai-0.3.6", gpu_models=["RTX4090", "A800", "H800"]
+    )
+    legacy = ImageVersionFactory(image=image, slug="colossalai-0.3.0", gpu_models=["A800"])
+    assert modern.supports("RTX 4090") and modern.supports("RTX4090")
+    assert not legacy.supports("RTX 4090") and not legacy.supports("no such card")
+    html = alice_client.get("/images/?gpu=RTX+4090").content.decode()
+    assert "CUDA 12.1" in html
+    body = alice_client.get("/api/v1/images/?gpu=RTX4090").json()
+    assert [v["slug"] for v in body[0]["versions"]] == ["colossalai-0.3.6"]
+    assert alice_client.get("/api/v1/images/?gpu=V100").status_code == 400
+    detail = alice_client.get("/images/colossal-ai/").content.decode()
+    assert "RTX 4090" in detail
