@@ -114,3 +114,24 @@ class ApiToken(models.Model):
     @property
     def display_prefix(self) -> str:
         return f"gct_{self.prefix}_…"
+
+
+class TrialCreditClaim(models.Model):
+    """One trial credit per mailbox, ever: survives account deletion, sees through +tags.
+
+    ``mailbox`` is the canonical form of the verified address (``services.canonical_mailbox``):
+    lower case, ``+tag`` removed, dots ignored at Gmail.
+    """
+
+    mailbox = models.CharField(max_length=254, unique=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("trial credit claim")
+        verbose_name_plural = _("trial credit claims")
+
+    def __str__(self) -> str:
+        return self.mailbox

@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from console.choices import ApiTokenState
-from console.models import ApiToken, SshKey, User
+from console.models import ApiToken, SshKey, TrialCreditClaim, User
 from console.validators import parse_ssh_public_key
 
 logger = logging.getLogger(__name__)
@@ -253,17 +253,40 @@ def mark_email_verified(user: User) -> None:
     address.save()
 
 
-def grant_trial_credit_after_verification(user_id: int) -> bool:
+_DOTLESS_DOMAINS = {"gmail.com": "gmail.com", "googlemail.com": "gmail.com"}
+
+
+def canonical_mailbox(email: str) -> str:
+    """The mailbox behind an address: ``A.Lice+gpu@GoogleMail.com`` -> ``alice@gmail.com``."""
+    local, _at, domain = email.strip().lower().rpartition("@")
+    local = local.split("+", 1)[0]
+    if domain in _DOTLESS_DOMAINS:
+        domain = _DOTLESS_DOMAINS[domain]
+        local = local.replace(".", "")
+    return f"{local}@{domain}"
+
+
+def grant_trial_credit_after_verification(user_id: int, email: str | None = None) -> bool:
     """Give a newly verified account its one-time 10 元 trial credit (体验金).
 
-    Called after the email verification has committed. The billing service is idempotent per
-    account (a unique trial-grant row), so a second verification, a second address or two
-    confirmations racing each other grant nothing more. Returns whether this call granted it.
+    Called after the email verification has committed. Once per account (the billing service is
+    idempotent per wallet, so a second verification, a second address or two confirmations racing
+    each other grant nothing more) and once per mailbox ever (``TrialCreditClaim``: a new account
+    on ``alice+2@…`` or on the address of a deleted account gets none). Returns whether this call
+    granted it.
     """
     from billing.services import grant_trial_credit
 
     user = User.objects.filter(pk=user_id, is_active=True).first()
     if user is None:
+        return False
+    mailbox = canonical_mailbox(email or user.email)
+    # get_or_create copes with a concurrent creator (unique mailbox): the loser reads its row.
+    claim, _created = TrialCreditClaim.objects.get_or_create(
+        mailbox=mailbox, defaults={"user": user}
+    )
+    if claim.user_id != user.pk:
+        logger.info("no trial credit for user %s: mailbox already claimed", user.public_id)
         return False
     granted = grant_trial_credit(user)
     if granted:
@@ -271,6 +294,6 @@ def grant_trial_credit_after_verification(user_id: int) -> bool:
     return granted
 
 
-def on_email_verified(user_id: int) -> None:
+def on_email_verified(user_id: int, email: str | None = None) -> None:
     """Schedule the trial credit once the verification's transaction commits."""
-    transaction.on_commit(lambda: grant_trial_credit_after_verification(user_id))
+    transaction.on_commit(lambda: grant_trial_credit_after_verification(user_id, email))

@@ -17,4 +17,4 @@ from console import services
 @receiver(email_confirmed, dispatch_uid="console.trial_credit_on_email_confirmed")
 def grant_trial_credit_on_email_confirmed(sender: Any, email_address: Any, **kwargs: Any) -> None:
     # Fires for link verification and for the indirect proof of a password reset alike.
-    services.on_email_verified(email_address.user_id)
+    services.on_email_verified(email_address.user_id, email_address.email)

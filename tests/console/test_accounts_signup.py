@@ -327,3 +327,35 @@ def test_a_malformed_rate_limit_setting_fails_at_start(tmp_path) -> None:  # noq
     )
     assert result.returncode != 0
     assert "Rate limit 'ten per hour' for signup is invalid" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("email", "mailbox"),
+    [
+        ("Alice@Example.com", "alice@example.com"),
+        ("alice+gpu@example.com", "alice@example.com"),
+        ("A.Lice+x@GoogleMail.com", "alice@gmail.com"),
+        ("a.lice@lab.example.edu", "a.lice@lab.example.edu"),
+    ],
+)
+def test_canonical_mailbox(email: str, mailbox: str) -> None:
+    assert services.canonical_mailbox(email) == mailbox
+
+
+def _sign_up_and_verify(email: str, ip: str, capture) -> object:  # noqa: ANN001
+    client = _client(ip)
+    mail.outbox.clear()
+    _signup(client, email)
+    with capture(execute=True):
+        client.post(_confirmation_link(mail.outbox[0]))
+    return User.objects.get(email__iexact=email)
+
+
+def test_one_trial_credit_per_mailbox_across_accounts(django_capture_on_commit_callbacks) -> None:  # noqa: ANN001
+    first = _sign_up_and_verify("ivan@example.com", "10.2.0.1", django_capture_on_commit_callbacks)
+    alias = _sign_up_and_verify(
+        "Ivan+second@example.com", "10.2.0.2", django_capture_on_commit_callbacks
+    )
+    assert get_wallet_summary(first).trial == Decimal("10.00")
+    assert EmailAddress.objects.get(user=alias).verified
+    assert get_wallet_summary(alias).trial == Decimal("0")
