@@ -312,7 +312,6 @@ def grant_voucher(
         key=key,
         by=by,
     )
-    _rearm_warnings(wallet)
     return voucher
 
 
@@ -324,12 +323,6 @@ def _new_voucher(wallet: Wallet, amount: Decimal, expires_at: datetime, reason: 
         expires_at=expires_at,
         reason=reason[:200],
     )
-
-
-def _rearm_warnings(wallet: Wallet) -> None:
-    # New money: the next settlement re-decides warnings from the new runway.
-    if wallet.warned_thresholds:
-        Wallet.objects.filter(pk=wallet.pk).update(warned_thresholds=[])
 
 
 @transaction.atomic
@@ -1221,9 +1214,9 @@ def confirm_payment(
         key=f"payment:{provider}:{provider_txn_id}",
         at=now,
     )
+    # Low-balance warnings re-arm at the next settlement if the runway is back above them
+    # (billing/lowbalance.py), so a top-up too small to matter does not warn twice.
     Payment.objects.filter(pk=payment.pk).update(transaction=txn)
-    if wallet.warned_thresholds:
-        Wallet.objects.filter(pk=wallet.pk).update(warned_thresholds=[])
     return True
 
 

@@ -120,6 +120,13 @@ def test_exactly_one_warning_per_threshold_and_rearmed_by_a_top_up(
         services.settle_usage()
     notices = list(BillingNotice.objects.order_by("id").values_list("kind", "threshold_seconds"))
     assert notices == [("low_balance", 3600)]
+    small, _ = services.start_topup(alice, "1.00")  # still under an hour: no second warning
+    services.confirm_payment(
+        str(small.public_id), provider="sandbox", provider_txn_id="s", amount=Decimal("1.00")
+    )
+    billing_clock.advance(60)
+    services.settle_usage()
+    assert BillingNotice.objects.count() == 1
     payment, _ = services.start_topup(alice, "1000.00")
     services.confirm_payment(
         str(payment.public_id), provider="sandbox", provider_txn_id="p", amount=Decimal("1000.00")
