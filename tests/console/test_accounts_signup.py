@@ -359,3 +359,23 @@ def test_one_trial_credit_per_mailbox_across_accounts(django_capture_on_commit_c
     assert get_wallet_summary(first).trial == Decimal("10.00")
     assert EmailAddress.objects.get(user=alias).verified
     assert get_wallet_summary(alias).trial == Decimal("0")
+
+
+def test_password_change_and_logout(alice) -> None:  # noqa: ANN001
+    _verified(alice)
+    client = _client()
+    _login(client, alice.email, PASSWORD)
+    weak = client.post(
+        reverse("account_change_password"),
+        {"oldpassword": PASSWORD, "password1": "12345", "password2": "12345"},
+    )
+    assert "This password is too short" in weak.content.decode()
+    response = client.post(
+        reverse("account_change_password"),
+        {"oldpassword": PASSWORD, "password1": GOOD_PASSWORD, "password2": GOOD_PASSWORD},
+    )
+    assert response.status_code == 302
+    assert client.get(reverse("account:overview")).status_code == 200  # still logged in
+    client.post(reverse("account_logout"))
+    assert client.get(reverse("account:overview")).status_code == 302
+    assert _login(_client(), alice.email, GOOD_PASSWORD).status_code == 302
