@@ -191,6 +191,40 @@ def order_form_url(image: ImageVersion | None = None, assets: Iterable[Asset] = 
     return f"{ORDER_FORM_PATH}?{urlencode(params)}" if params else ORDER_FORM_PATH
 
 
+# --- the order form's asset picker --------------------------------------------------------------
+PICKER_LIMIT = 10
+
+
+@dataclass
+class AssetPicker:
+    """What ``templates/marketplace/_asset_picker.html`` shows: the assets already picked (kept
+    across searches) and up to ``PICKER_LIMIT`` matches of the search, each with its gate."""
+
+    q: str
+    selected: list[Asset]
+    results: list[Asset]
+    accepted_license_ids: set[int]
+
+    def can_mount(self, asset: Asset) -> bool:
+        return not asset.gated or asset.license_id in self.accepted_license_ids
+
+
+def asset_picker(user: Any, selected_ids: Iterable[Any] = (), q: str = "") -> AssetPicker:
+    """The picker's state for ``user`` (three queries at most, whatever the number of assets).
+
+    Unknown or malformed selected ids are dropped silently here; ``build_mount_specs`` is the gate
+    that refuses them at order time.
+    """
+    ids = [pk for pk in (_uuid(a) for a in list(selected_ids)[: mounts.MAX_MOUNTS]) if pk]
+    base = Asset.objects.listed().for_list()
+    selected = list(base.filter(public_id__in=ids).order_by("kind", "name")) if ids else []
+    results: list[Asset] = []
+    if q.strip():
+        results = list(base.search(q).exclude(public_id__in=ids).sorted_by("name")[:PICKER_LIMIT])
+    accepted = accepted_license_ids(user) if any(a.gated for a in [*selected, *results]) else set()
+    return AssetPicker(q=q, selected=selected, results=results, accepted_license_ids=accepted)
+
+
 # --- images -------------------------------------------------------------------------------------
 def list_images(gpu: str = "") -> list[Image]:
     """Listed images with their listed versions (two queries); with ``gpu``, only the versions

@@ -16,6 +16,7 @@ urlpatterns = [
         views.license_accept,
         name="license-accept",
     ),
+    path("marketplace/picker/", views.asset_picker, name="asset-picker"),
     path("images/", views.image_list, name="image-list"),
     path("images/<slug:slug>/", views.image_detail, name="image-detail"),
 ]

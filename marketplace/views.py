@@ -92,6 +92,17 @@ def license_accept(request: HttpRequest, public_id: str) -> HttpResponse:
     return HttpResponseRedirect(target)
 
 
+@login_required
+@require_GET
+def asset_picker(request: HttpRequest) -> HttpResponse:
+    """The order form's asset picker, re-rendered by htmx as the user searches (the checked
+    boxes travel along as ``assets`` and stay picked)."""
+    picker = services.asset_picker(
+        request.user, request.GET.getlist("assets"), request.GET.get("asset_q", "")[:100]
+    )
+    return render(request, "marketplace/_asset_picker.html#picker-results", {"picker": picker})
+
+
 @require_GET
 def image_list(request: HttpRequest) -> HttpResponse:
     gpu = gpu_code(request.GET.get("gpu", ""))

@@ -57,3 +57,9 @@ def options(values: list, selected: object = None) -> str:
 def gpu_label(code: str) -> str:
     """Fleet code -> how people write it: ``RTX4090`` -> ``RTX 4090``."""
     return GPU_LABELS.get(code, code)
+
+
+@register.filter
+def can_mount(picker: object, asset: object) -> bool:
+    """``{% if picker|can_mount:asset %}``: the asset is open or its license was accepted."""
+    return bool(picker.can_mount(asset))  # type: ignore[attr-defined]

@@ -3,6 +3,8 @@ and the number of queries of every list (no N+1)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 
@@ -243,3 +245,65 @@ def test_gpu_models_use_the_fleet_codes_and_accept_the_written_names(alice_clien
     assert alice_client.get("/api/v1/images/?gpu=V100").status_code == 400
     detail = alice_client.get("/images/colossal-ai/").content.decode()
     assert "RTX 4090" in detail
+
+
+# --- the order form's asset picker --------------------------------------------------------------
+def test_the_picker_searches_and_keeps_what_was_picked(alice_client: Client) -> None:
+    picked = AssetFactory(kind=AssetKind.DATASET, hub_id="tatsu-lab/alpaca")
+    AssetFactory(hub_id="acme/picker-model-7b")
+    html = alice_client.get(
+        f"/marketplace/picker/?asset_q=picker 7b&assets={picked.public_id}",
+        headers={"HX-Request": "true"},
+    ).content.decode()
+    assert html.strip().startswith('<div id="asset-picker-results">')
+    assert re.search(rf'value="{picked.public_id}"[^>]*\n?\s*checked', html)
+    assert "acme/picker-model-7b" in html and "/models/acme--picker-model-7b" in html
+
+
+def test_the_picker_disables_gated_assets_until_the_license_is_accepted(
+    alice, alice_client: Client
+) -> None:  # noqa: ANN001
+    from marketplace import services
+
+    llama2 = LicenseFactory(key="llama2", requires_acceptance=True)
+    llama = AssetFactory(hub_id="meta-llama/Llama-2-7b-hf", license=llama2)
+    url = "/marketplace/picker/?asset_q=llama"
+    html = alice_client.get(url).content.decode()
+    assert re.search(rf'value="{llama.public_id}"[^>]*disabled', html, re.S)
+    assert "accept the license first" in html or "请先接受" in html
+    services.accept_license(alice, llama2)
+    html = alice_client.get(url).content.decode()
+    assert not re.search(rf'value="{llama.public_id}"[^>]*disabled', html, re.S)
+
+
+def test_the_picker_needs_a_login_and_ignores_bad_ids(client: Client, alice_client: Client) -> None:
+    assert client.get("/marketplace/picker/").status_code == 302
+    assert alice_client.get("/marketplace/picker/?assets=../../x&assets=1").status_code == 200
+
+
+def test_picker_queries_do_not_grow_with_rows(
+    alice_client: Client, django_assert_num_queries
+) -> None:  # noqa: ANN001
+    gated = LicenseFactory(key="gemma", requires_acceptance=True)
+    picked = [AssetFactory(hub_id=f"acme/picked-{i}", license=gated) for i in range(5)]
+    for i in range(15):
+        AssetFactory(hub_id=f"acme/found-{i}")
+    query = "&".join(f"assets={a.public_id}" for a in picked)
+    # session + user, the picked assets, the matches, the user's accepted licenses
+    with django_assert_num_queries(5):
+        alice_client.get(f"/marketplace/picker/?asset_q=acme&{query}")
+
+
+def test_the_order_form_includes_the_whole_picker(alice) -> None:  # noqa: ANN001
+    from django.template.loader import render_to_string
+
+    from marketplace import services
+
+    picked = AssetFactory(kind=AssetKind.DATASET, hub_id="glue", publisher="")
+    html = render_to_string(
+        "marketplace/_asset_picker.html",
+        {"picker": services.asset_picker(alice, [picked.public_id], "")},
+    )
+    assert 'id="asset-picker"' in html and 'name="asset_q"' in html
+    assert 'hx-get="/marketplace/picker/"' in html
+    assert f'value="{picked.public_id}"' in html and "/datasets/glue" in html
