@@ -307,3 +307,19 @@ def test_the_order_form_includes_the_whole_picker(alice) -> None:  # noqa: ANN00
     assert 'id="asset-picker"' in html and 'name="asset_q"' in html
     assert 'hx-get="/marketplace/picker/"' in html
     assert f'value="{picked.public_id}"' in html and "/datasets/glue" in html
+
+
+def test_license_list_api_queries_do_not_grow_with_rows(
+    alice, alice_client: Client, django_assert_num_queries
+) -> None:  # noqa: ANN001
+    from marketplace import services
+
+    for i in range(12):
+        lic = LicenseFactory(key=f"many-{i}", requires_acceptance=i % 2 == 0)
+        if i % 4 == 0:
+            services.accept_license(alice, lic)
+    # session + user, the caller's acceptances, count, one page
+    with django_assert_num_queries(5):
+        body = alice_client.get("/api/v1/licenses/").json()
+    accepted = {r["key"]: r["accepted"] for r in body["results"]}
+    assert accepted["many-0"] is True and accepted["many-2"] is False and accepted["many-1"] is True
