@@ -1235,14 +1235,17 @@ def handle_webhook(provider_name: str, body: bytes, headers: dict[str, str]) -> 
     from billing.providers import get_provider
 
     event = get_provider(provider_name).parse_webhook(body, headers)
-    if event.status == "succeeded":
+    if event.status != "succeeded":
+        return fail_payment(event.payment_id, provider=provider_name)
+    try:
         return confirm_payment(
             event.payment_id,
             provider=provider_name,
             provider_txn_id=event.provider_txn_id,
             amount=event.amount,
         )
-    return fail_payment(event.payment_id, provider=provider_name)
+    except IntegrityError:  # the provider's transaction id already paid another payment
+        raise InvalidWebhook(_("This provider transaction was already used.")) from None
 
 
 # --- lookups for views -------------------------------------------------------------------------

@@ -213,3 +213,22 @@ def test_bad_top_up_amounts_change_nothing(alice_client, prices) -> None:  # noq
         response = alice_client.post(reverse("billing:topup"), {"amount": amount})
         assert response.status_code == 302 and response.url == reverse("billing:overview")
     assert not Payment.objects.exists()
+
+
+def test_one_provider_transaction_cannot_pay_two_payments(alice, client, prices) -> None:  # noqa: ANN001
+    first, _ = services.start_topup(alice, "10.00")
+    second, _ = services.start_topup(alice, "10.00")
+    for payment, expected in ((first, 200), (second, 400)):
+        body = json.dumps(
+            {
+                "payment": str(payment.public_id),
+                "txn": "same-txn",
+                "amount": "10.00",
+                "status": "succeeded",
+            }
+        ).encode()
+        assert _webhook(client, body, sign(body)).status_code == expected
+    assert services.get_wallet_summary(alice).cash == Decimal("10.00")
+    second.refresh_from_db()
+    assert second.state == "pending"
+    assert_ledger_consistent()
