@@ -10,6 +10,22 @@ from console.celery import app as celery_app
 PASSWORD = "correct-horse-battery-9"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Serve static files from the source folders in tests, in both modes.
+
+    Production's hashed manifest is a deployment artifact (collectstatic); the in-process suite
+    renders pages in production mode too (the integration run) and must not need it. The
+    server-process tests run collectstatic and use the real manifest storage.
+    """
+    from django.conf import settings
+
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+    settings.WHITENOISE_USE_FINDERS = True
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _celery_runs_tasks_inline() -> None:
     """In-process tests run tasks inline when they are enqueued (on commit).

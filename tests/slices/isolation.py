@@ -1,0 +1,24 @@
+"""Tenant-isolation registry for slices (see tests/console/test_tenant_isolation.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slices.models import Node
+from tests.slices.factories import load_small_fleet
+
+
+def _node(owner: Any) -> dict[str, Any]:
+    if not Node.objects.exists():
+        load_small_fleet()
+    return {"public_id": Node.objects.order_by("pk").values_list("public_id", flat=True).first()}
+
+
+OBJECT_ROUTES: dict = {}
+
+# Operator pages: a customer never gets a 2xx (the node is fleet inventory, not a customer object).
+STAFF_ROUTES = {"slices:ops-node": _node}
+
+EXEMPT_ROUTES: dict[str, str] = {
+    "slices:ops-cluster": "a cluster code on an operator-only page (covered by tests/slices/test_ops_pages.py)",
+}
