@@ -1258,7 +1258,7 @@ def get_payment_for_user(user: Any, public_id: Any) -> Payment:
 def ledger_totals() -> dict[str, Decimal]:
     """Sum of every account by kind (the whole ledger sums to zero)."""
     return {
-        row["kind"]: row["total"] or ZERO
+        row["kind"]: round_cents(row["total"] or ZERO)  # SQLite sums in floating point
         for row in Account.objects.values("kind").annotate(total=Sum("balance"))
     }
 

@@ -160,3 +160,18 @@ def test_reconciliation_finds_nothing_after_normal_use_and_flags_tampering(
     # a cached balance edited behind the ledger's back is reported
     Account.objects.filter(kind=AccountKind.CASH).update(balance=Decimal("1000000"))
     assert len(services.reconcile()) == 1
+
+
+@pytest.mark.django_db
+def test_reconcile_command(alice, prices) -> None:  # noqa: ANN001
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    services.grant_trial_credit(alice)
+    out = StringIO()
+    call_command("billing_reconcile", stdout=out)
+    assert "no problems" in out.getvalue()
+    Account.objects.filter(kind=AccountKind.TRIAL).update(balance=Decimal("99"))
+    with pytest.raises(CommandError):
+        call_command("billing_reconcile", stdout=StringIO(), stderr=StringIO())
