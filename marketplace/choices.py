@@ -10,6 +10,7 @@ class AssetKind(models.TextChoices):
 
 
 class AssetSort(models.TextChoices):
+    RELEVANCE = "relevance", _("Best match")
     NAME = "name", _("Name (A–Z)")
     NAME_DESC = "-name", _("Name (Z–A)")
     SIZE = "size", _("Size (smallest first)")

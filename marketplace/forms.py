@@ -69,7 +69,12 @@ class AssetFilterForm(forms.Form):
             qs = qs.filter(license__requires_acceptance=True)
         elif f.get("gated") == GatedFilter.OPEN:
             qs = qs.exclude(license__requires_acceptance=True)
-        return qs.sorted_by(f.get("sort", AssetSort.NAME))
+        # No sort chosen: the best matches first when searching, otherwise by name.
+        default = AssetSort.RELEVANCE if f.get("q") else AssetSort.NAME
+        sort = f.get("sort", default)
+        if sort == AssetSort.RELEVANCE:
+            return qs.by_relevance(f.get("q", ""))
+        return qs.sorted_by(sort)
 
     @property
     def active(self) -> bool:

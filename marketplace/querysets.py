@@ -7,8 +7,8 @@ from typing import Any
 
 from django.contrib.postgres.search import SearchQuery, SearchVectorField
 from django.db import connection, models
-from django.db.models import F, Func
-from django.db.models.functions import Lower
+from django.db.models import Case, F, Func, IntegerField, Value, When
+from django.db.models.functions import Length, Lower
 
 from marketplace.choices import AssetKind
 
@@ -93,6 +93,28 @@ class AssetQuerySet(models.QuerySet):
 
     def with_modality(self, modality: str) -> AssetQuerySet:
         return self.filter(modalities__contains=f",{modality},")
+
+    def by_relevance(self, q: str) -> AssetQuerySet:
+        """Best matches first, the same on both databases: a name that starts with the first word,
+        a publisher named in the query, then the shortest (most canonical) names:
+        "llama 2 7b" puts meta-llama/Llama-2-7b-hf before Nous-Hermes-llama-2-7b fine-tunes."""
+        tokens = query_tokens(q)
+        if not tokens:
+            return self.sorted_by("name")
+        score = Case(
+            When(name_lower__startswith=tokens[0], then=Value(2)),
+            default=Value(0),
+            output_field=IntegerField(),
+        ) + Case(
+            When(publisher_lower__in=tokens, then=Value(1)),
+            default=Value(0),
+            output_field=IntegerField(),
+        )
+        return (
+            self.alias(name_lower=Lower("name"), publisher_lower=Lower("publisher"))
+            .alias(relevance=score, name_length=Length("name"))
+            .order_by(F("relevance").desc(), "name_length", "name_lower", "id")
+        )
 
     def sorted_by(self, sort: str) -> AssetQuerySet:
         return self.order_by(*SORTS.get(sort, SORTS["name"]))

@@ -37,14 +37,16 @@ def test_filtering_keeps_the_url_in_sync_and_back_restores_results(
 
     page.fill("#id_q", "llama 2 7b")
     # Only the filters in use travel in the URL.
-    expect(page).to_have_url(re.compile(r"/marketplace/\?q=llama(%20|\+)2(%20|\+)7b&sort=name$"))
+    expect(page).to_have_url(
+        re.compile(r"/marketplace/\?q=llama(%20|\+)2(%20|\+)7b&sort=relevance$")
+    )
     expect(page.locator("[data-hub-id='meta-llama/Llama-2-7b-hf']")).to_be_visible()
     searched = count.inner_text()
     assert searched != everything
 
     page.select_option("#id_gated", "no")
     expect(page).to_have_url(
-        re.compile(r"/marketplace/\?q=llama(%20|\+)2(%20|\+)7b&gated=no&sort=name$")
+        re.compile(r"/marketplace/\?q=llama(%20|\+)2(%20|\+)7b&gated=no&sort=relevance$")
     )
     expect(page.locator("[data-hub-id='meta-llama/Llama-2-7b-hf']")).to_have_count(0)
 

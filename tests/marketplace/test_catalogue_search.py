@@ -22,11 +22,22 @@ def test_searching_llama_2_7b_finds_metas_model(full_catalogue, alice_client: Cl
     hits = alice_client.get("/api/v1/models/?q=llama 2 7b hf&publisher=meta-llama").json()[
         "results"
     ]
+    # Best match first: the base model's name is the shortest that starts with the first word.
     assert [h["hub_id"] for h in hits] == [
-        "meta-llama/Llama-2-7b-chat-hf",
         "meta-llama/Llama-2-7b-hf",
+        "meta-llama/Llama-2-7b-chat-hf",
     ]
     assert all(h["gated"] and h["license"]["key"] == "llama2" for h in hits)
+
+
+def test_best_match_puts_canonical_models_first(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+    def top(q: str, kind: str = "models") -> str:
+        return alice_client.get(f"/api/v1/{kind}/?q={q}").json()["results"][0]["hub_id"]
+
+    assert top("llama 2 7b") == "meta-llama/Llama-2-7b-hf"
+    assert top("qwen 7b") == "Qwen/Qwen2-7B"
+    assert top("google gemma").startswith("google/gemma-")
+    assert top("squad", "datasets") == "squad"
 
 
 def test_gated_filter_over_the_catalogue_returns_only_gated_licenses(

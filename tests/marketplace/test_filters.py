@@ -100,9 +100,20 @@ WHISPER, BGE = "openai/whisper-large-v3", "BAAI/bge-m3"
 
 def test_search_matches_every_word_case_insensitively(shelf, alice_client: Client) -> None:
     assert both(alice_client, "q=LLAMA 7b") == [LLAMA7]
-    assert both(alice_client, "q=llama") == [LLAMA70, LLAMA7]
+    assert both(alice_client, "q=llama&sort=name") == [LLAMA70, LLAMA7]
     assert both(alice_client, "q=whisper") == [WHISPER]
     assert both(alice_client, "q=llama whisper") == []
+
+
+def test_a_search_lists_best_matches_first_unless_sorted(shelf, alice_client: Client) -> None:
+    AssetFactory(hub_id="acme/My-Llama-Finetune", publisher="acme")
+    # Names starting with the first word, shortest first; then the rest.
+    assert both(alice_client, "q=llama") == [LLAMA7, LLAMA70, "acme/My-Llama-Finetune"]
+    assert both(alice_client, "q=llama&sort=relevance") == both(alice_client, "q=llama")
+    # A publisher named in the query counts too.
+    assert both(alice_client, "q=acme llama")[0] == "acme/My-Llama-Finetune"
+    # Without a search, "best match" is the name order.
+    assert both(alice_client, "sort=relevance") == both(alice_client, "sort=name")
 
 
 def test_search_finds_by_publisher_and_task_words(shelf, alice_client: Client) -> None:

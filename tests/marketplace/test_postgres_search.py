@@ -25,8 +25,8 @@ def test_the_search_index_exists_and_the_planner_can_use_it(full_catalogue) -> N
 def test_prefix_search_every_word_must_match(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
     hits = alice_client.get("/api/v1/models/?q=llama 2 7b hf&publisher=meta-llama").json()
     assert [h["hub_id"] for h in hits["results"]] == [
-        "meta-llama/Llama-2-7b-chat-hf",
         "meta-llama/Llama-2-7b-hf",
+        "meta-llama/Llama-2-7b-chat-hf",
     ]
     # A word prefix is enough on PostgreSQL ("whisp" -> whisper).
     whisper = alice_client.get("/api/v1/models/?q=whisp large v3&publisher=openai").json()
