@@ -121,7 +121,13 @@ def run(args: argparse.Namespace, connection) -> int:  # noqa: ANN001
     client.force_login(user)
     _urlconf()
 
-    with override_settings(ROOT_URLCONF=__name__):
+    # Plain static URLs: production's manifest storage would need a collectstatic first, and
+    # static file naming is not what is measured.
+    storages = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+    with override_settings(ROOT_URLCONF=__name__, STORAGES=storages):
         # Warm-up: imports, template compilation, facets cache, SQLite page cache.
         for _, url, htmx in QUERIES:
             assert _get(client, url, htmx) == 200, url
