@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from console import account_views, signals  # noqa: F401 - signals: connect the receivers
+from console import account_views
 
 app_name = "account"
 urlpatterns = [

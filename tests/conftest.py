@@ -55,7 +55,7 @@ def bob(django_user_model):  # noqa: ANN001, ANN201
 
 @pytest.fixture
 def operator(django_user_model):  # noqa: ANN001, ANN201
-    return _make_user(django_user_model, "ops", first_name="Olga", is_staff=True)
+    return _make_user(django_user_model, "ops", first_name="Olga", is_staff=True, is_superuser=True)
 
 
 def _client_for(user) -> Client:  # noqa: ANN001

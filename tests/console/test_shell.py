@@ -102,3 +102,10 @@ def test_post_without_csrf_token_is_refused(alice) -> None:  # noqa: ANN001
     client.force_login(alice)
     response = client.post(reverse("set_language"), {"language": "en"})
     assert response.status_code == 403
+
+
+def test_operator_admin_lists_keys_and_tokens_without_secrets(operator_client: Client) -> None:
+    for model in ("sshkey", "apitoken", "trialcreditclaim", "user"):
+        response = operator_client.get(f"/admin/console/{model}/")
+        assert response.status_code == 200, model
+    assert b"secret_hash" not in operator_client.get("/admin/console/apitoken/").content
