@@ -56,6 +56,20 @@ class MountSpec:
             "read_only": self.read_only,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict) -> MountSpec:
+        """Rebuild a spec stored as JSON (e.g. on an instance) and check it again: a row edited
+        in the database must not be able to mount anything but the PFS cache, read-only."""
+        try:
+            spec = mount_spec(AssetRef(str(data["kind"]), str(data["hub_id"]), str(data["slug"])))
+        except (KeyError, TypeError) as exc:
+            raise MountError(f"not a mount specification: {data!r}") from exc
+        if (data.get("source"), data.get("target")) != (spec.source, spec.target):
+            raise MountError(f"{spec.hub_id}: stored paths do not match the asset")
+        if data.get("read_only") is not True:
+            raise MountError(f"{spec.hub_id}: marketplace mounts are read-only")
+        return spec
+
     @property
     def fstab_options(self) -> str:
         """The options a driver passes to ``mount --bind`` (remounted ro, no suid/dev/exec)."""

@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from marketplace.catalogue import slug_for
-from marketplace.mounts import MAX_MOUNTS, AssetRef, MountError, mount_point, plan_mounts
+from marketplace.mounts import (
+    MAX_MOUNTS,
+    AssetRef,
+    MountError,
+    MountSpec,
+    mount_point,
+    plan_mounts,
+)
 
 LLAMA = AssetRef("model", "meta-llama/Llama-2-7b-hf", "meta-llama--llama-2-7b-hf")
 ALPACA = AssetRef("dataset", "tatsu-lab/alpaca", "tatsu-lab--alpaca")
@@ -113,3 +120,15 @@ def test_every_valid_hub_id_gets_a_mountable_slug(publisher: str, name: str) -> 
     hub_id = f"{publisher}/{name}"
     (spec,) = plan_mounts([AssetRef("model", hub_id, slug_for(hub_id))])
     assert spec.source == f"/pfs/public/models/{hub_id}"
+
+
+def test_a_stored_spec_round_trips_and_is_checked_again() -> None:
+    (spec,) = plan_mounts([LLAMA])
+    assert MountSpec.from_dict(spec.as_dict()) == spec
+    tampered = {**spec.as_dict(), "source": "/etc"}
+    with pytest.raises(MountError, match="do not match"):
+        MountSpec.from_dict(tampered)
+    with pytest.raises(MountError, match="read-only"):
+        MountSpec.from_dict({**spec.as_dict(), "read_only": False})
+    with pytest.raises(MountError):
+        MountSpec.from_dict({"kind": "model"})

@@ -323,3 +323,15 @@ def test_license_list_api_queries_do_not_grow_with_rows(
         body = alice_client.get("/api/v1/licenses/").json()
     accepted = {r["key"]: r["accepted"] for r in body["results"]}
     assert accepted["many-0"] is True and accepted["many-2"] is False and accepted["many-1"] is True
+
+
+def test_the_instance_page_partial_lists_mounts() -> None:
+    from django.template.loader import render_to_string
+
+    from marketplace.mounts import AssetRef, plan_mounts
+
+    specs = plan_mounts([AssetRef("dataset", "squad", "squad")])
+    for mounts in (specs, [s.as_dict() for s in specs]):
+        html = render_to_string("marketplace/_mounts.html", {"mounts": mounts})
+        assert "squad" in html and "<code>/datasets/squad</code>" in html
+    assert "instance-mounts" in render_to_string("marketplace/_mounts.html", {"mounts": []})
