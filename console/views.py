@@ -13,6 +13,7 @@ from django.template import loader
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from console.dashboard import build_dashboard
 from console.events import notify_user
 from console.tasks import ping_worker_task
 
@@ -22,7 +23,7 @@ def home(request: HttpRequest) -> HttpResponse:
     """The landing page for visitors, the dashboard for signed-in users."""
     if not request.user.is_authenticated:
         return render(request, "console/landing.html")
-    return render(request, "console/dashboard.html")
+    return render(request, "console/dashboard.html", {"dashboard": build_dashboard(request.user)})
 
 
 @never_cache

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch, Q
 from django.http import Http404
 from django.utils import timezone
 from django.utils.text import Truncator
@@ -487,3 +487,13 @@ def load_catalogue() -> LoadReport:
             cursor.execute("ANALYZE marketplace_asset")
     transaction.on_commit(forget_facets)
     return report
+
+
+def catalogue_counts() -> dict[str, int]:
+    """Listed models, datasets and images, for summaries (two queries)."""
+    counts = Asset.objects.filter(is_listed=True).aggregate(
+        models=Count("pk", filter=Q(kind=AssetKind.MODEL)),
+        datasets=Count("pk", filter=Q(kind=AssetKind.DATASET)),
+    )
+    counts["images"] = Image.objects.filter(is_listed=True).count()
+    return counts

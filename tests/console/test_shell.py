@@ -109,3 +109,30 @@ def test_operator_admin_lists_keys_and_tokens_without_secrets(operator_client: C
         response = operator_client.get(f"/admin/console/{model}/")
         assert response.status_code == 200, model
     assert b"secret_hash" not in operator_client.get("/admin/console/apitoken/").content
+
+
+def test_dashboard_shows_balance_availability_and_prices(alice_client: Client) -> None:
+    from billing.seed import seed_default_prices
+    from tests.slices.factories import load_small_fleet
+
+    seed_default_prices()
+    load_small_fleet()
+    html = alice_client.get("/").content.decode()
+    assert 'id="availability"' in html
+    assert "1.90 元" in html  # RTX 4090 on-demand price from the seed price book
+    assert "H800" in html and "A800" in html
+
+
+def test_dashboard_without_fleet_explains_how_to_load_it(alice_client: Client) -> None:
+    html = alice_client.get("/").content.decode()
+    assert "load_fleet" in html
+
+
+def test_dashboard_query_count_does_not_grow_with_the_fleet(
+    alice_client: Client, django_assert_max_num_queries
+) -> None:  # noqa: ANN001
+    from tests.slices.factories import load_small_fleet
+
+    load_small_fleet()
+    with django_assert_max_num_queries(25):
+        alice_client.get("/")
