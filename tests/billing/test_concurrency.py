@@ -6,13 +6,10 @@ Run: DATABASE_URL=postgres://postgres@127.0.0.1:5432/gc_billing REDIS_URL=redis:
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from billing import services
 from billing.models import LedgerTransaction, Payment, UsageCharge, UsageSession
@@ -20,31 +17,9 @@ from billing.money import charge_for
 from billing.providers.sandbox import SandboxProvider
 from tests.billing.conftest import assert_ledger_consistent
 from tests.billing.factories import UserFactory
+from tests.support.concurrency import race
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-def _race(n: int, work: Callable[[int], Any]) -> list[Any]:
-    """Run ``work(i)`` in n threads released together; each thread has its own connection."""
-    barrier = threading.Barrier(n)
-    results: list[Any] = [None] * n
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = work(i)
-        except Exception as exc:  # asserted on below
-            results[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a thread hung (deadlock?)"
-    return results
 
 
 def _open(users: list[Any], per_user: int) -> None:
@@ -64,7 +39,7 @@ def test_concurrent_settlements_charge_once(prices, billing_clock) -> None:  # n
     users = [UserFactory() for _ in range(4)]
     _open(users, 5)
     billing_clock.advance(600)
-    results = _race(8, lambda i: services.settle_usage())
+    results = race(8, lambda i: services.settle_usage())
     assert not [r for r in results if isinstance(r, Exception)], results
     assert sum(r.charged for r in results) == charge_for(Decimal("1.90"), 8, 600) * 20
     assert UsageCharge.objects.count() == 20
@@ -81,7 +56,7 @@ def test_concurrent_settlements_at_different_seconds_sum_to_the_one_shot(
     start = billing_clock.now()
     from datetime import timedelta
 
-    results = _race(10, lambda i: services.settle_usage(start + timedelta(seconds=60 * (i + 1))))
+    results = race(10, lambda i: services.settle_usage(start + timedelta(seconds=60 * (i + 1))))
     assert not [r for r in results if isinstance(r, Exception)], results
     services.settle_usage(start + timedelta(seconds=600))
     for session in UsageSession.objects.all():
@@ -93,7 +68,7 @@ def test_concurrent_webhook_replays_credit_once(prices) -> None:  # noqa: ANN001
     user = UserFactory()
     payment, _ = services.start_topup(user, "100000.00")
     body, headers = SandboxProvider().build_callback(payment)
-    results = _race(8, lambda i: services.handle_webhook("sandbox", body, headers))
+    results = race(8, lambda i: services.handle_webhook("sandbox", body, headers))
     assert sorted(results) == [False] * 7 + [True]
     summary = services.get_wallet_summary(user)
     assert summary.cash == Decimal("100000.00") and summary.vouchers == Decimal("5000.00")
@@ -104,7 +79,7 @@ def test_concurrent_webhook_replays_credit_once(prices) -> None:  # noqa: ANN001
 
 def test_concurrent_trial_grants_grant_once() -> None:
     user = UserFactory()
-    results = _race(6, lambda i: services.grant_trial_credit(user))
+    results = race(6, lambda i: services.grant_trial_credit(user))
     assert sorted(results) == [False] * 5 + [True]
     assert services.get_wallet_summary(user).trial == Decimal("10.00")
 
@@ -130,7 +105,7 @@ def test_concurrent_top_ups_and_settlements_lose_no_update(prices, billing_clock
             return services.handle_webhook("sandbox", body, headers)
         return services.settle_usage()
 
-    results = _race(14, work)
+    results = race(14, work)
     assert not [r for r in results if isinstance(r, Exception)], results
     charged = charge_for(Decimal("3.50"), 8, 300) * 2
     for user in users:
@@ -158,6 +133,6 @@ def test_mixed_money_movements_across_wallets_never_deadlock(prices, billing_clo
             )
         return services.close_usage_session("instance", f"{users[i % 5].pk}-{i % 2}")
 
-    results = _race(24, work)
+    results = race(24, work)
     assert not [r for r in results if isinstance(r, Exception)], results
     assert_ledger_consistent()

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import re
-import threading
-from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
 
 import pytest
 from allauth.account.models import EmailAddress
@@ -14,39 +11,17 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core import mail
 from django.core.cache import cache
-from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
 from billing.models import LedgerTransaction
 from billing.services import get_wallet_summary
 from console import services
+from tests.support.concurrency import race
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 User = get_user_model()
 PASSWORD = "violet-Falcon-42-river"
-
-
-def _race(n: int, work: Callable[[int], Any]) -> list[Any]:
-    """Run ``work(i)`` in n threads released together; each thread uses its own DB connection."""
-    barrier = threading.Barrier(n)
-    results: list[Any] = [None] * n
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = work(i)
-        except Exception as exc:  # reported by the assertions below
-            results[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results
 
 
 def test_concurrent_verification_grants_the_trial_credit_once() -> None:
@@ -60,8 +35,11 @@ def test_concurrent_verification_grants_the_trial_credit_once() -> None:
         1
     )
 
-    results = _race(6, lambda i: Client(REMOTE_ADDR=f"10.1.1.{i}").post(path).status_code)
-    assert all(code in (200, 302) for code in results), results
+    results = race(6, lambda i: Client(REMOTE_ADDR=f"10.1.1.{i}").post(path).status_code)
+    # Requests that read the address after another one verified it find the link used (allauth
+    # answers 404 for an already-verified address); none fails, at least one verifies.
+    assert all(code in (200, 302, 404) for code in results), results
+    assert any(code in (200, 302) for code in results), results
 
     assert EmailAddress.objects.get(user=user).verified
     assert get_wallet_summary(user).trial == Decimal("10.00")
@@ -70,7 +48,7 @@ def test_concurrent_verification_grants_the_trial_credit_once() -> None:
     # The grant itself, hit by many workers at once (e.g. two verification paths firing):
     # exactly one call wins, the others wait on the wallet lock and see its grant.
     other = User.objects.create_user("racer", "racer@example.com", PASSWORD)
-    wins = _race(8, lambda i: services.grant_trial_credit_after_verification(other.pk))
+    wins = race(8, lambda i: services.grant_trial_credit_after_verification(other.pk))
     assert wins.count(True) == 1 and wins.count(False) == 7, wins
     assert get_wallet_summary(other).trial == Decimal("10.00")
 
@@ -89,7 +67,7 @@ def test_a_burst_of_signups_from_one_ip_stays_within_the_limit() -> None:
         )
 
     limit = int(settings.ACCOUNT_RATE_LIMITS["signup"].split("/")[0])
-    results = _race(limit + 8, signup)
+    results = race(limit + 8, signup)
     assert all(code in (302, 429) for code in results), results
     created = User.objects.filter(email__startswith="burst").count()
     assert created == results.count(302)

@@ -6,7 +6,6 @@ Every test in this folder is marked ``e2e``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,15 +13,7 @@ import pytest
 from django.core.cache import cache
 from playwright.sync_api import Browser, Page, sync_playwright
 
-CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

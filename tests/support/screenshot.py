@@ -13,16 +13,7 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 from tests.support import servers
-
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
 
 def main() -> None:
@@ -38,9 +29,7 @@ def main() -> None:
         stack.start_web()
         try:
             with sync_playwright() as pw:
-                browser = pw.chromium.launch(
-                    executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS
-                )
+                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 page = browser.new_page(viewport={"width": 1280, "height": 800}, locale="zh-CN")
                 page.goto(stack.url + "/accounts/login/")
                 page.fill("input[name=login]", user)
