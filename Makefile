@@ -51,9 +51,14 @@ test-integration: $(VENV)/.synced system-deps
 	  SECURE_SSL_REDIRECT=false SESSION_COOKIE_SECURE=false CSRF_COOKIE_SECURE=false \
 	  $(VENV)/bin/pytest -m integration -q
 
+# Type-checked with mypy + django-stubs: the pure modules strictly (pyproject.toml [tool.mypy]).
+TYPED := slices/topology.py slices/perf.py slices/fleetfile.py billing/money.py billing/pricing.py \
+	billing/lowbalance.py billing/clock.py marketplace/mounts.py marketplace/catalogue.py console/sshkeys.py
+
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy $(TYPED)
 
 format: $(VENV)/.synced
 	$(VENV)/bin/ruff format .

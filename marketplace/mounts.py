@@ -12,6 +12,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from marketplace.catalogue import DATASET, MODEL, is_valid_hub_id, is_valid_slug
 
@@ -57,7 +58,7 @@ class MountSpec:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> MountSpec:
+    def from_dict(cls, data: dict[str, Any]) -> MountSpec:
         """Rebuild a spec stored as JSON (e.g. on an instance) and check it again: a row edited
         in the database must not be able to mount anything but the PFS cache, read-only."""
         try:

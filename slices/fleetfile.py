@@ -59,12 +59,12 @@ class FleetFileError(ValueError):
         super().__init__(f"{where}{line}: {reason}")
 
 
-class _LDict(dict):
+class _LDict(dict[Any, Any]):
     line: int = 0
     lines: dict[Any, int]
 
 
-class _LList(list):
+class _LList(list[Any]):
     line: int = 0
     lines: list[int]
 
@@ -72,7 +72,7 @@ class _LList(list):
 class _Loader(yaml.SafeLoader):
     """A safe loader that remembers the line of every mapping key and list item."""
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> _LDict:  # type: ignore[override]
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> _LDict:
         d = _LDict()
         d.line = node.start_mark.line + 1
         d.lines = {}
@@ -85,7 +85,7 @@ class _Loader(yaml.SafeLoader):
             d.lines[key] = key_node.start_mark.line + 1
         return d
 
-    def construct_sequence(self, node: yaml.SequenceNode, deep: bool = False) -> _LList:  # type: ignore[override]
+    def construct_sequence(self, node: yaml.SequenceNode, deep: bool = False) -> _LList:
         lst = _LList(self.construct_object(child, deep=True) for child in node.value)
         lst.line = node.start_mark.line + 1
         lst.lines = [child.start_mark.line + 1 for child in node.value]

@@ -30,7 +30,7 @@ import heapq
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 SLICE_UNIT_GPUS = 64
 HOST_SIZES = (1, 2, 4, 8)
@@ -775,7 +775,7 @@ class Fleet:
                 if sum(counts[:need]) >= nodes:
                     return t
             return None
-        masks = {}
+        masks: dict[int, int] = {}
         for t, lid in ends:
             lease = self.leases[lid]
             for gid, m in lease.masks.items():
@@ -909,7 +909,7 @@ class TopologyAwarePolicy:
     def choose_slice(
         self, fleet: Fleet, clusters: Sequence[_Cluster], nodes: int, req: Request
     ) -> tuple[_Cluster, dict[int, int]] | None:
-        best_key: tuple | None = None
+        best_key: tuple[Any, ...] | None = None
         best: tuple[_Cluster, dict[int, int]] | None = None
         ks = [(fleet.state_min_sus(cl, nodes), cl) for cl in clusters]
         kmin = min((k for k, _ in ks if k), default=0)
@@ -930,9 +930,10 @@ class TopologyAwarePolicy:
 
     def _in_cluster(
         self, fleet: Fleet, cl: _Cluster, nodes: int, k: int, req: Request
-    ) -> tuple[tuple, dict[int, int]]:
+    ) -> tuple[tuple[Any, ...], dict[int, int]]:
         V = cl.value
         free = [len(x) for x in cl.su_free]
+        best_key: tuple[Any, ...] | None
         if k == 1:
             best_key = None
             best_su = -1
@@ -966,9 +967,9 @@ class TopologyAwarePolicy:
                 used[f] = used.get(f, 0) + 1
                 sus.append(su)
                 align += a
-            key = (round(loss, 9), total, align, tuple(sorted(sus)))
-            if best_key is None or key < best_key:
-                best_key = key
+            combo_key = (round(loss, 9), total, align, tuple(sorted(sus)))
+            if best_key is None or combo_key < best_key:
+                best_key = combo_key
                 best_take = {su: f - left for su, f, left in zip(sus, fs, lefts, strict=True)}
         assert best_key is not None
         return best_key[:3], best_take
