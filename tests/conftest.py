@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
+from hypothesis import settings as hypothesis_settings
 
 from console.celery import app as celery_app
+
+# Every randomised test prints how to reproduce a failure (hypothesis's blob, or `--hypothesis-seed`).
+hypothesis_settings.register_profile("console", print_blob=True, deadline=None)
+hypothesis_settings.load_profile("console")
 
 PASSWORD = "correct-horse-battery-9"
 
