@@ -351,7 +351,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "console.api.pagination.ConsolePagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "console.api.exceptions.api_exception_handler",
     "DEFAULT_RENDERER_CLASSES": [

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import secrets
 import time
 
@@ -73,7 +74,12 @@ def diagnostics_ping(request: HttpRequest) -> HttpResponse:
     try:
         delay = float(request.POST.get("delay", "0.5"))
     except ValueError:
-        return JsonResponse({"error": "invalid", "detail": "delay must be a number"}, status=400)
+        delay = math.nan
+    if not math.isfinite(delay) or not 0 <= delay <= 10:
+        return JsonResponse(
+            {"error": "invalid", "detail": "delay must be a number of seconds from 0 to 10"},
+            status=400,
+        )
     ping_worker_task.delay(request.user.pk, token, delay)
     if request.htmx:
         return render(request, "console/diagnostics.html#ping-sent", {"token": token})

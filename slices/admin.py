@@ -48,9 +48,35 @@ class NodeAdmin(admin.ModelAdmin):
     list_display = ("hostname", "cluster", "su", "state", "health", "free_mask", "in_fleet_file")
     list_filter = ("state", "health", "cluster__region", "gpu_model", "cluster")
     search_fields = ("hostname", "address")
-    # Inventory comes from the fleet file and GPUs from the allocator: read-only here.
-    readonly_fields = ("public_id", "cluster", "su", "index", "hostname", "free_mask", "gpu_model")
+    # Inventory comes from the fleet file and GPUs from the allocator: read-only here. State and
+    # health change only through the operator actions (slices.services.change_node_state), which
+    # check the node's leases.
+    readonly_fields = (
+        "public_id",
+        "cluster",
+        "su",
+        "index",
+        "hostname",
+        "free_mask",
+        "gpu_model",
+        "gpus_per_node",
+        "layout",
+        "in_fleet_file",
+        "state",
+        "health",
+        "state_changed_at",
+    )
     list_select_related = ("cluster", "su")
+
+    def save_model(self, request, obj, form, change) -> None:  # noqa: ANN001
+        if not change:
+            super().save_model(request, obj, form, change)
+            return
+        # Write only what the operator changed: a full save would put back the free-GPU mask as
+        # it was read, freeing GPUs that an allocation took in the meantime.
+        fields = [name for name in form.changed_data if name not in self.readonly_fields]
+        if fields:
+            obj.save(update_fields=fields)
 
 
 @admin.register(GPU)
@@ -59,6 +85,13 @@ class GpuAdmin(admin.ModelAdmin):
     search_fields = ("node__hostname", "uuid")
     list_select_related = ("node", "allocation")
     readonly_fields = ("node", "index", "uuid", "allocation")
+
+    # GPUs are held and released by the allocator only.
+    def has_add_permission(self, request) -> bool:  # noqa: ANN001
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+        return False
 
 
 class AllocationNodeInline(admin.TabularInline):
@@ -89,4 +122,7 @@ class AllocationAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in Allocation._meta.fields]
 
     def has_add_permission(self, request) -> bool:  # noqa: ANN001
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:  # noqa: ANN001
         return False

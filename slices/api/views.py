@@ -33,8 +33,10 @@ class AvailabilityView(APIView):
         for a in services.availability():
             perf = None
             c = clusters.get((a.region, a.gpu_model))
-            if c is not None:
-                sus = math.ceil(8 / max(su.capacity for su in c.sus.all()))
+            # An SU-less or empty cluster (possible mid-edit in the admin) has no slice estimate.
+            su_capacity = max((su.capacity for su in c.sus.all()), default=0) if c else 0
+            if c is not None and su_capacity > 0:
+                sus = math.ceil(8 / su_capacity)
                 perf = expected_performance(
                     8, 8, sus, fabric=c.fabric, rails=c.rails, nvlink_gbps=c.gpu_model.nvlink_gbps
                 ).as_dict()

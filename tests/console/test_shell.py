@@ -136,3 +136,20 @@ def test_dashboard_query_count_does_not_grow_with_the_fleet(
     load_small_fleet()
     with django_assert_max_num_queries(25):
         alice_client.get("/")
+
+
+def test_api_pages_are_capped(alice_client: Client) -> None:
+    response = alice_client.get("/api/v1/ssh-keys/?limit=100000000")
+    assert response.status_code == 200
+    from console.api.pagination import ConsolePagination
+
+    assert ConsolePagination.max_limit == 200
+
+
+def test_diagnostics_ping_refuses_a_delay_that_is_not_a_finite_number(
+    operator_client: Client,
+) -> None:
+    for delay in ("nan", "inf", "-1", "soon", "1e9"):
+        response = operator_client.post(reverse("diagnostics-ping"), {"delay": delay})
+        assert response.status_code == 400, delay
+        assert response.json()["error"] == "invalid"

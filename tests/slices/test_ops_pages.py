@@ -111,3 +111,27 @@ def test_availability_api_lists_regions_models_and_slice_performance(
     assert h800["slice_performance"]["busbw_gbps"] > 0
     assert rows[("xiamen", "RTX4090")]["slice_performance"] is None
     assert Client().get("/api/v1/availability/").status_code in (401, 403)
+
+
+def test_admin_cannot_overwrite_allocator_state(operator_client, alice) -> None:  # noqa: ANN001
+    """Node state/health and free masks, GPUs and allocations change only through the services."""
+    from slices import services
+    from slices.models import Node
+
+    load_small_fleet()
+    node = Node.objects.filter(gpu_model__code="RTX4090").order_by("pk").first()
+    page = operator_client.get(f"/admin/slices/node/{node.pk}/change/").content.decode()
+    assert 'name="state"' not in page and 'name="free_mask"' not in page
+    # An allocation commits between the operator opening the form and saving it.
+    allocation = services.allocate(alice, 8, "RTX4090")
+    held = Node.objects.get(pk=allocation.nodes.get().node_id)
+    response = operator_client.post(
+        f"/admin/slices/node/{held.pk}/change/",
+        {"address": held.address, "ssh_port": held.ssh_port, "host_key_fingerprint": "SHA256:x"},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    held.refresh_from_db()
+    assert held.host_key_fingerprint == "SHA256:x"  # the operator's edit was saved
+    assert held.free_mask == 0  # the allocation's GPUs were not handed back by the form
+    for model in ("gpu", "allocation"):
+        assert operator_client.post(f"/admin/slices/{model}/1/change/", {}).status_code == 403
