@@ -225,6 +225,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "Asia/Shanghai"
 # billing: per-second usage settled in bulk; the interval is also the low-balance window.
 BILLING_SETTLEMENT_INTERVAL: int = _get("BILLING_SETTLEMENT_INTERVAL", env.int, 60)
+BILLING_SANDBOX_PAYMENTS: bool = _get("BILLING_SANDBOX_PAYMENTS", _strict_bool, EMBEDDED)
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "billing-settle-usage": {
         "task": "billing.tasks.settle_usage_task",
