@@ -51,8 +51,10 @@ test-integration: $(VENV)/.synced system-deps
 	  SECURE_SSL_REDIRECT=false SESSION_COOKIE_SECURE=false CSRF_COOKIE_SECURE=false \
 	  $(VENV)/bin/pytest -m integration -q
 
-# Type-checked with mypy + django-stubs: the pure modules strictly (pyproject.toml [tool.mypy]).
-TYPED := slices/topology.py slices/perf.py slices/fleetfile.py billing/money.py billing/pricing.py \
+# Type-checked with mypy + django-stubs (pyproject.toml [tool.mypy]): the services, the dashboard
+# and the pure modules, the last ones with what --strict checks.
+TYPED := console/services.py console/dashboard.py slices/services.py marketplace/services.py \
+	slices/topology.py slices/perf.py slices/fleetfile.py billing/money.py billing/pricing.py \
 	billing/lowbalance.py billing/clock.py marketplace/mounts.py marketplace/catalogue.py console/sshkeys.py
 
 lint: $(VENV)/.synced

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 from django.db import models
 from django.db.models import Q
@@ -15,19 +15,19 @@ class OwnedQuerySet(models.QuerySet):
 
     owner_field = "owner"
 
-    def for_owner(self, user: Any) -> OwnedQuerySet:
+    def for_owner(self, user: Any) -> Self:
         if user is None or not getattr(user, "is_authenticated", False):
             return self.none()
         return self.filter(**{self.owner_field: user})
 
 
 class SshKeyQuerySet(OwnedQuerySet):
-    def defaults(self) -> SshKeyQuerySet:
+    def defaults(self) -> Self:
         return self.filter(is_default=True)
 
 
 class ApiTokenQuerySet(OwnedQuerySet):
-    def active(self, now: datetime | None = None) -> ApiTokenQuerySet:
+    def active(self, now: datetime | None = None) -> Self:
         now = now or timezone.now()
         return self.filter(revoked_at__isnull=True).filter(
             Q(expires_at__isnull=True) | Q(expires_at__gt=now)

@@ -12,12 +12,12 @@ import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode
 
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Count, Model, Prefetch, Q
 from django.http import Http404
 from django.utils import timezone
 from django.utils.text import Truncator
@@ -283,7 +283,7 @@ def catalogue_facets(kind: str) -> Facets:
             licenses=sorted(licenses.items(), key=lambda kv: kv[1].lower()),
         )
 
-    return cache.get_or_set(_facets_key(kind), compute, FACETS_CACHE_TIMEOUT)
+    return cast(Facets, cache.get_or_set(_facets_key(kind), compute, FACETS_CACHE_TIMEOUT))
 
 
 def forget_facets() -> None:
@@ -407,11 +407,11 @@ def _sync_assets(
     report.add(what, "updated", len(changed))
 
 
-def _upsert(model: type, lookup: dict[str, Any], values: dict[str, Any]) -> tuple[Any, str]:
+def _upsert(model: type[Model], lookup: dict[str, Any], values: dict[str, Any]) -> tuple[Any, str]:
     """Create or update one row by ``lookup``; says whether it was created, updated or unchanged."""
-    obj = model.objects.filter(**lookup).first()
+    obj = model._default_manager.filter(**lookup).first()
     if obj is None:
-        return model.objects.create(**lookup, **values), "created"
+        return model._default_manager.create(**lookup, **values), "created"
     if all(getattr(obj, k) == v for k, v in values.items()):
         return obj, "unchanged"
     for k, v in values.items():

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import F, Model, Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -119,11 +119,13 @@ def load_fleet(spec: topology.FleetSpec) -> LoadReport:
     """
     report = LoadReport()
 
-    def upsert(model: type, lookup: dict[str, Any], values: dict[str, Any], label: str) -> Any:
-        obj = model.objects.filter(**lookup).first()
+    def upsert(
+        model: type[Model], lookup: dict[str, Any], values: dict[str, Any], label: str
+    ) -> Any:
+        obj = model._default_manager.filter(**lookup).first()
         if obj is None:
             report.created[label] += 1
-            return model.objects.create(**lookup, **values)
+            return model._default_manager.create(**lookup, **values)
         changed = [k for k, v in values.items() if getattr(obj, k) != v]
         if changed:
             for k in changed:
