@@ -9,6 +9,7 @@ from typing import Any
 from billing.services import WalletSummary, get_wallet_summary, price_list
 from marketplace.services import catalogue_counts
 from slices.services import Availability, availability
+from slices.topology import gpu_model_key
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,6 @@ class Dashboard:
     models: int
     datasets: int
     images: int
-
-
-def gpu_model_key(name: str) -> str:
-    """The fleet names GPU models by code ("RTX4090"); the price book and images by their product
-    name ("RTX 4090"). Both reduce to the same key."""
-    return "".join(name.split()).upper()
 
 
 def build_dashboard(user: Any) -> Dashboard:

@@ -665,3 +665,95 @@ def cluster_map(cluster: Cluster) -> list[dict[str, Any]]:
         node.holders = holders.get(node.pk, [])  # type: ignore[attr-defined]
         rows[node.su_id]["nodes"].append(node)
     return list(rows.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Order preview: what an order would get and cost now, before anything is reserved
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OrderPreview:
+    """Everything the order form shows before the customer confirms. Nothing is reserved."""
+
+    gpu_model: str
+    cards: int
+    placement: Preview | None
+    no_capacity: NoCapacity | None
+    quote: Any  # billing.pricing.Quote, or None when no price is set
+    price_error: str
+    insufficient_funds: str
+    image: Any  # marketplace ImageVersion or None
+    image_warning: str
+    mounts: list[Any]  # marketplace MountSpec
+    mount_error: Any  # marketplace MountRefused or None
+
+    @property
+    def orderable(self) -> bool:
+        return (
+            self.placement is not None
+            and self.quote is not None
+            and not self.insufficient_funds
+            and self.mount_error is None
+            and not self.image_warning
+        )
+
+
+def preview_order(
+    user: Any,
+    *,
+    gpu_model: str,
+    cards: int,
+    region: str | None = None,
+    image: Any = None,
+    asset_ids: Iterable[str] = (),
+    disk_gb: int = 0,
+) -> OrderPreview:
+    """Place (without reserving), price and check the mounts of an order, through each app's
+    services: the allocator here, billing's quote and affordability check, marketplace mounts."""
+    from billing import services as billing
+    from marketplace import services as marketplace
+
+    placement: Preview | None = None
+    no_capacity: NoCapacity | None = None
+    try:
+        placement = preview_allocation(cards, gpu_model, region or None)
+    except NoCapacity as exc:
+        no_capacity = exc
+
+    # The price book names models by product name ("RTX 4090"), the fleet by code ("RTX4090").
+    names = {topology.gpu_model_key(p.gpu_model): p.gpu_model for p, _t in billing.price_list()}
+    price_name = names.get(topology.gpu_model_key(gpu_model))
+    quote, price_error, insufficient = None, "", ""
+    if price_name is None:
+        price_error = _("No price is set for %(model)s yet.") % {"model": gpu_model}
+    else:
+        quote = billing.quote_for(user, price_name, cards, disk_gb)
+        try:
+            billing.ensure_affordable(user, price_name, cards, disk_gb)
+        except billing.InsufficientFunds as exc:
+            insufficient = str(exc)
+
+    image_warning = ""
+    if image is not None and not image.supports(gpu_model):
+        image_warning = _("This image is not built for %(model)s.") % {"model": gpu_model}
+
+    mounts: list[Any] = []
+    mount_error = None
+    try:
+        mounts = marketplace.build_mount_specs(user, list(asset_ids))
+    except marketplace.MountRefused as exc:
+        mount_error = exc
+    return OrderPreview(
+        gpu_model,
+        cards,
+        placement,
+        no_capacity,
+        quote,
+        price_error,
+        insufficient,
+        image,
+        image_warning,
+        mounts,
+        mount_error,
+    )

@@ -1068,3 +1068,9 @@ def _leftover_dp(fs: tuple[int, ...], r: int, V: Sequence[float]) -> tuple[float
 
 
 OURS = TopologyAwarePolicy()
+
+
+def gpu_model_key(name: str) -> str:
+    """One key for a GPU model however it is written: the fleet's code ("RTX4090") and the price
+    book's product name ("RTX 4090") both reduce to "RTX4090"."""
+    return "".join(name.split()).upper()

@@ -7,6 +7,7 @@ from slices import views
 app_name = "slices"
 urlpatterns = [
     path("instances/", views.instance_list, name="instance-list"),
+    path("instances/new/", views.instance_new, name="instance-new"),
     path("ops/fleet/", views.ops_fleet, name="ops-fleet"),
     path("ops/clusters/<slug:code>/", views.ops_cluster, name="ops-cluster"),
     path("ops/nodes/<uuid:public_id>/", views.ops_node, name="ops-node"),
