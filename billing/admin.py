@@ -133,10 +133,19 @@ class WalletAdmin(admin.ModelAdmin):
         ]
 
     def grant_voucher_view(self, request: HttpRequest, pk: int) -> HttpResponse:
-        return self._operation(request, pk, VoucherGrantForm, _("Grant a voucher"), self._grant)
+        return self._operation(
+            request,
+            pk,
+            VoucherGrantForm,
+            _("Grant a voucher"),
+            self._grant,
+            "billing.grant_voucher",
+        )
 
     def refund_view(self, request: HttpRequest, pk: int) -> HttpResponse:
-        return self._operation(request, pk, RefundForm, _("Refund cash"), self._refund)
+        return self._operation(
+            request, pk, RefundForm, _("Refund cash"), self._refund, "billing.refund_cash"
+        )
 
     def _grant(self, request: HttpRequest, wallet: Wallet, data: dict) -> str:
         services.grant_voucher(
@@ -153,9 +162,14 @@ class WalletAdmin(admin.ModelAdmin):
         return _("Refund recorded.")
 
     def _operation(
-        self, request: HttpRequest, pk: int, form_class: Any, title: str, apply: Any
+        self, request: HttpRequest, pk: int, form_class: Any, title: str, apply: Any, perm: str
     ) -> HttpResponse:
-        if not self.has_view_permission(request) or not request.user.is_staff:
+        # Money moves only with the explicit permission; viewing wallets is not enough.
+        if not (
+            request.user.is_staff
+            and self.has_view_permission(request)
+            and request.user.has_perm(perm)
+        ):
             return HttpResponse(status=403)
         wallet = get_object_or_404(Wallet.objects.select_related("owner"), pk=pk)
         form = form_class(request.POST or None)
@@ -214,7 +228,7 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
         ]
 
     def reverse_view(self, request: HttpRequest, pk: int) -> HttpResponse:
-        if not request.user.is_staff:
+        if not (request.user.is_staff and request.user.has_perm("billing.reverse_transaction")):
             return HttpResponse(status=403)
         txn = get_object_or_404(LedgerTransaction, pk=pk)
         form = ReversalForm(request.POST or None)

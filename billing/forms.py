@@ -49,4 +49,5 @@ class ReversalForm(forms.Form):
 
 
 class StatementMonthForm(forms.Form):
-    month = forms.RegexField(regex=r"^\d{4}-(0[1-9]|1[0-2])$", required=False)
+    # Years 2000-2099 only: year 0 or 9999-12 (whose end is year 10000) cannot be a datetime.
+    month = forms.RegexField(regex=r"^20\d{2}-(0[1-9]|1[0-2])$", required=False)

@@ -187,6 +187,10 @@ class Wallet(models.Model):
     class Meta:
         verbose_name = _("wallet")
         verbose_name_plural = _("wallets")
+        permissions = (
+            ("grant_voucher", _("Can grant compute vouchers")),
+            ("refund_cash", _("Can refund cash")),
+        )
 
     def __str__(self) -> str:
         return f"wallet of {self.owner}"
@@ -272,6 +276,7 @@ class LedgerTransaction(models.Model):
         verbose_name = _("ledger transaction")
         verbose_name_plural = _("ledger transactions")
         ordering = ("-created_at", "-id")
+        permissions = (("reverse_transaction", _("Can reverse (correct) ledger transactions")),)
         indexes = (models.Index(fields=("wallet", "-created_at", "-id")),)
 
     def __str__(self) -> str:

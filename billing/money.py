@@ -92,12 +92,14 @@ def allocate(amount: Decimal, available: list[Decimal]) -> list[Decimal]:
     ``available`` is what each bucket holds, in the order money is taken (vouchers expiring
     first, then trial credit, then cash). Every bucket but the last is never taken below zero;
     the last may go negative (the bounded overdraft of billing/lowbalance.py). The parts sum to
-    ``amount`` exactly.
+    ``amount`` exactly. A negative ``amount`` is refused (``ValueError``).
     """
     if not available:
         raise ValueError("at least one bucket (cash) is needed")
     parts: list[Decimal] = []
     rest = to_decimal(amount)
+    if rest < 0:  # a negative charge would credit the customer's buckets
+        raise ValueError("cannot allocate a negative amount")
     for held in available[:-1]:
         take = min(rest, max(to_decimal(held), ZERO))
         parts.append(take)

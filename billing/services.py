@@ -381,13 +381,15 @@ def expire_vouchers(now: datetime | None = None) -> int:
     list(Wallet.objects.filter(pk__in=wallet_ids).order_by("pk").select_for_update().values("pk"))
     sink = _system_account(AccountKind.EXPIRED)
     count = 0
+    # Read (and so re-checked) under the wallet locks: a concurrent run already wrote these off.
     for voucher in expired.select_related("wallet").order_by("wallet_id", "pk"):
         _post(
             TransactionKind.VOUCHER_EXPIRY,
             [(voucher, -voucher.balance), (sink, voucher.balance)],
             wallet=voucher.wallet,
             memo=_("Voucher expired: %(reason)s") % {"reason": voucher.reason},
-            key=f"expiry:{voucher.public_id}",
+            # Per run instant: a reversed expiry gives the voucher a balance to expire again.
+            key=f"expiry:{voucher.public_id}:{int(now.timestamp())}",
             at=now,
         )
         count += 1
@@ -508,6 +510,8 @@ def open_usage_session(
     GB beyond the free quota at the GB-day price. The rate and price version are recorded on the
     session and never change while it runs.
     """
+    if int(cards) < 1:
+        raise BillingError(_("A usage session needs at least one card (or GB)."))
     existing = UsageSession.objects.filter(
         resource_kind=resource_kind, resource_id=str(resource_id), state=UsageState.OPEN
     ).first()
@@ -648,11 +652,9 @@ def settle_usage(
     locked = dict(wallets.order_by("pk").select_for_update().values_list("pk", "warned_thresholds"))
     if not locked:
         return result
-    in_scope = (
-        {"wallet_id__in": wallets.values("pk")}
-        if wallet_ids is None
-        else {"wallet_id__in": list(locked)}
-    )
+    # Exactly the wallets locked in step 1: a subquery would also match a wallet whose first
+    # session opened since, and lock its accounts without its wallet lock (out of order).
+    in_scope = {"wallet_id__in": list(locked)}
     # 2. their open sessions, read after the locks so a concurrent run's progress is visible
     sessions = [
         _Open(*row)
@@ -1055,6 +1057,8 @@ def purchase_term(
     Raises ``InsufficientFunds`` when the spendable balance cannot cover it (nothing is charged).
     The ordering app then runs the resource without an on-demand usage session for the term.
     """
+    if int(cards) < 1 or int(days) < 1:
+        raise BillingError(_("A rental needs at least one card and one day."))
     now = clock.now()
     book = current_price_book(now)
     term = book and book.term_prices.filter(gpu_model=gpu_model, days=days).first()
@@ -1169,9 +1173,10 @@ def confirm_payment(
 ) -> bool:
     """Credit a top-up the provider confirmed. Returns whether this call credited it.
 
-    Idempotent: the payment moves PENDING → SUCCEEDED by compare-and-set under the wallet lock, so
-    a replayed or concurrent callback credits nothing more; ``provider_txn_id`` is unique. A top-up
-    at or above the bonus rule's threshold earns a voucher in the same ledger transaction.
+    Idempotent: the payment moves PENDING (or FAILED) → SUCCEEDED by compare-and-set under the
+    wallet lock, so a replayed or concurrent callback credits nothing more; ``provider_txn_id`` is
+    unique. A top-up at or above the bonus rule's threshold earns a voucher in the same ledger
+    transaction.
     """
     payment = Payment.objects.filter(public_id=payment_public_id, provider=provider).first()
     if payment is None:
@@ -1180,10 +1185,12 @@ def confirm_payment(
         raise InvalidWebhook(_("The paid amount does not match the payment."))
     wallet = Wallet.objects.select_for_update().get(pk=payment.wallet_id)
     now = clock.now()
+    # FAILED → SUCCEEDED too: the provider captured the money after a failure was recorded (a
+    # late success callback), so it is credited — once, as SUCCEEDED is final.
     won = (
-        Payment.objects.filter(pk=payment.pk, state=PaymentState.PENDING).update(
-            state=PaymentState.SUCCEEDED, provider_txn_id=provider_txn_id, paid_at=now
-        )
+        Payment.objects.filter(
+            pk=payment.pk, state__in=(PaymentState.PENDING, PaymentState.FAILED)
+        ).update(state=PaymentState.SUCCEEDED, provider_txn_id=provider_txn_id, paid_at=now)
         == 1
     )
     if not won:  # already credited (replay, concurrent callback, or a second "pay" click)

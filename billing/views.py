@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
@@ -17,6 +19,7 @@ from billing.choices import PaymentState
 from billing.forms import QuoteForm, StatementMonthForm, TopUpForm
 from billing.models import Account, BillingNotice, UsageSession, Wallet
 from billing.providers import get_provider
+from billing.providers.sandbox import sandbox_enabled
 from console.htmx import render_page
 
 PAGE_SIZE = 20
@@ -77,6 +80,19 @@ def topup(request: HttpRequest) -> HttpResponse:
     return redirect(get_provider(payment.provider).checkout_url(payment))
 
 
+def _sandbox_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """404 while ``BILLING_SANDBOX_PAYMENTS`` is off (checked per request, not at import)."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not sandbox_enabled():
+            raise Http404("sandbox payments are disabled")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+@_sandbox_only
 @login_required
 @require_http_methods(["GET", "POST"])
 def sandbox_checkout(request: HttpRequest, public_id: str) -> HttpResponse:
@@ -100,6 +116,7 @@ def sandbox_checkout(request: HttpRequest, public_id: str) -> HttpResponse:
 
 
 @csrf_exempt  # called by the provider, authenticated by its HMAC signature instead
+@_sandbox_only
 @require_POST
 def sandbox_webhook(request: HttpRequest) -> HttpResponse:
     try:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.generics import get_object_or_404
@@ -29,7 +30,10 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
     str,
     OpenApiParameter.HEADER,
     required=False,
-    description="Retry-safe: the same key and body return the same top-up; another body → 422.",
+    description=(
+        "Retry-safe: the same key and body return the same top-up; another body → 422. "
+        "At most 100 characters (longer → 400)."
+    ),
 )
 
 
@@ -174,7 +178,13 @@ class TopUpViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     def create(self, request: Request) -> Response:
         payload = TopUpCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        key = (request.headers.get("Idempotency-Key") or "").strip()[:100] or None
+        key = (request.headers.get("Idempotency-Key") or "").strip() or None
+        max_length = Payment._meta.get_field("idempotency_key").max_length
+        if key is not None and len(key) > max_length:  # truncating would make keys collide
+            raise ApiError(
+                ErrorCode.INVALID,
+                _("The Idempotency-Key is longer than %(max)d characters.") % {"max": max_length},
+            )
         try:
             payment, created = services.start_topup(
                 request.user,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from billing.providers.base import PaymentProvider, WebhookEvent
-from billing.providers.sandbox import SandboxProvider
+from billing.providers.sandbox import SandboxProvider, sandbox_enabled
 
 __all__ = ["PaymentProvider", "WebhookEvent", "get_provider"]
 
@@ -11,9 +11,14 @@ _PROVIDERS: dict[str, type[PaymentProvider]] = {"sandbox": SandboxProvider}
 
 
 def get_provider(name: str) -> PaymentProvider:
-    try:
-        return _PROVIDERS[name]()
-    except KeyError:
-        from billing.services import BillingError
+    from billing.services import BillingError
 
-        raise BillingError(f"unknown payment provider {name!r}") from None
+    if name not in _PROVIDERS:
+        raise BillingError(f"unknown payment provider {name!r}")
+    if name == "sandbox" and not sandbox_enabled():
+        from django.utils.translation import gettext as _
+
+        raise BillingError(
+            _("Sandbox payments are disabled on this console (BILLING_SANDBOX_PAYMENTS is off).")
+        )
+    return _PROVIDERS[name]()

@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import time
+import uuid
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
@@ -24,6 +26,16 @@ if TYPE_CHECKING:
 
 SIGNATURE_HEADER = "X-Sandbox-Signature"
 TOLERANCE_SECONDS = 300
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def sandbox_enabled() -> bool:
+    """Whether the sandbox may take payments: ``BILLING_SANDBOX_PAYMENTS``, read on every call.
+
+    On in the embedded default, off in production (anyone could top up for free through it).
+    """
+    return bool(getattr(settings, "BILLING_SANDBOX_PAYMENTS", False))
 
 
 def sandbox_secret() -> bytes:
@@ -69,8 +81,12 @@ class SandboxProvider:
         header = headers.get(SIGNATURE_HEADER) or headers.get(SIGNATURE_HEADER.lower()) or ""
         try:
             parts = dict(p.split("=", 1) for p in header.split(","))
-            ts = int(parts["t"])
             given = parts["v1"]
+            # ASCII only: compare_digest raises TypeError on non-ASCII text, and a huge ``t``
+            # would overflow the float arithmetic of the tolerance check.
+            if not (_TIMESTAMP.fullmatch(parts["t"]) and _HEX_DIGEST.fullmatch(given)):
+                raise ValueError
+            ts = int(parts["t"])
         except (ValueError, KeyError):
             raise InvalidWebhook("missing or malformed signature") from None
         if abs(time.time() - ts) > TOLERANCE_SECONDS:
@@ -81,11 +97,13 @@ class SandboxProvider:
         try:
             data = json.loads(body)
             event = WebhookEvent(
-                payment_id=str(data["payment"]),
+                payment_id=str(uuid.UUID(str(data["payment"]))),
                 provider_txn_id=str(data["txn"])[:100],
                 amount=Decimal(str(data["amount"])),
                 status=str(data["status"]),
             )
+            if not event.amount.is_finite() or abs(event.amount) >= Decimal("1e12"):
+                raise ValueError
         except (ValueError, KeyError, TypeError, InvalidOperation):
             raise InvalidWebhook("malformed body") from None
         if event.status not in ("succeeded", "failed"):

@@ -41,3 +41,15 @@ def assert_ledger_consistent() -> None:
     for account in accounts:
         assert account.balance == by_account[account.pk], account
     assert sum((a.balance for a in accounts), Decimal("0")) == 0
+
+
+@pytest.fixture
+def sandbox_payments(settings) -> None:  # noqa: ANN001
+    """Production mode switches the sandbox provider off; tests that pay through it opt in."""
+    settings.BILLING_SANDBOX_PAYMENTS = True
+
+
+@pytest.fixture
+def no_sandbox_payments(settings) -> None:  # noqa: ANN001
+    """The production default: ``BILLING_SANDBOX_PAYMENTS`` off."""
+    settings.BILLING_SANDBOX_PAYMENTS = False

@@ -4,6 +4,7 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.test import Client
 from django.urls import reverse
 
 from billing import services
@@ -60,3 +61,40 @@ def test_prices_in_effect_are_read_only_copies_are_editable(operator_client, pri
     page = operator_client.get(reverse("admin:billing_pricebook_change", args=[copy.pk]))
     assert 'name="storage_free_gb"' in page.content.decode()
     assert copy.gpu_prices.get(gpu_model="RTX 4090").on_demand_per_card_hour == Decimal("1.90")
+
+
+def test_operations_need_their_explicit_permission_not_just_view(
+    alice,
+    django_user_model,
+    operator_client,
+    prices,  # noqa: ANN001
+) -> None:
+    wallet = services.get_or_create_wallet(alice)
+    services.grant_voucher(alice, Decimal("5.00"), reason="goodwill", valid_days=30)
+    txn = LedgerTransaction.objects.get(kind="voucher_grant")
+    viewer = django_user_model.objects.create_user("viewer", "viewer@example.com", is_staff=True)
+    viewer.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label="billing", codename__startswith="view_")
+    )
+    client = Client()
+    client.force_login(viewer)
+    grant = reverse("admin:billing_wallet_grant_voucher", args=[wallet.pk])
+    refund = reverse("admin:billing_wallet_refund", args=[wallet.pk])
+    reverse_url = reverse("admin:billing_ledgertransaction_reverse", args=[txn.pk])
+    assert client.get(reverse("admin:billing_wallet_change", args=[wallet.pk])).status_code == 200
+    assert client.post(grant, {"amount": "99", "valid_days": 30, "reason": "x"}).status_code == 403
+    assert client.post(refund, {"amount": "1", "reason": "x"}).status_code == 403
+    assert client.post(reverse_url, {"reason": "x"}).status_code == 403
+    assert services.get_wallet_summary(alice).vouchers == Decimal("5.00")
+    assert LedgerTransaction.objects.count() == 1
+    # each permission opens exactly its own operation
+    for codename in ("grant_voucher", "refund_cash", "reverse_transaction"):
+        viewer.user_permissions.add(Permission.objects.get(codename=codename))
+    viewer = django_user_model.objects.get(pk=viewer.pk)  # fresh permission cache
+    client.force_login(viewer)
+    assert client.get(grant).status_code == 200
+    assert client.get(refund).status_code == 200
+    assert client.post(reverse_url, {"reason": "granted by mistake"}).status_code == 302
+    assert services.get_wallet_summary(alice).vouchers == Decimal("0.00")
+    # superusers pass as usual
+    assert operator_client.get(grant).status_code == 200

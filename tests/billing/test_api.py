@@ -139,3 +139,23 @@ def test_malformed_ids_are_404_not_500(alice_api) -> None:  # noqa: ANN001
     for url in ("transactions", "usage-sessions", "top-ups"):
         response = alice_api.get(f"/api/v1/billing/{url}/40bdFE1--58862AeA3a75EF3cDF53FD09-/")
         assert response.status_code == 404, url
+
+
+def test_an_idempotency_key_longer_than_the_column_is_refused(alice_api, prices) -> None:  # noqa: ANN001
+    url = "/api/v1/billing/top-ups/"
+    long_key = "k" * 100
+    too_long = alice_api.post(
+        url, {"amount": "10.00"}, format="json", headers={"Idempotency-Key": long_key + "1"}
+    )
+    assert too_long.status_code == 400 and too_long.json()["error"] == "invalid"
+    assert "100" in too_long.json()["detail"]
+    assert not Payment.objects.exists()
+    # a key that only shares the first 100 characters is another key, not a replay
+    ok = alice_api.post(
+        url, {"amount": "10.00"}, format="json", headers={"Idempotency-Key": long_key}
+    )
+    assert ok.status_code == 201 and Payment.objects.get().idempotency_key == long_key
+    other = alice_api.post(
+        url, {"amount": "20.00"}, format="json", headers={"Idempotency-Key": long_key + "2"}
+    )
+    assert other.status_code == 400 and Payment.objects.count() == 1

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from billing.money import (
     accrued,
+    allocate,
     charge_for,
     percent_of,
     round_cents,
@@ -73,3 +74,9 @@ def test_charge_is_within_half_a_cent_of_rate_times_seconds(
     assert charge_for(rate, n_cards, secs) == charge_for(rate, n_cards, secs).quantize(
         Decimal("0.01")
     )
+
+
+def test_allocating_a_negative_amount_is_refused() -> None:
+    with pytest.raises(ValueError, match="negative"):
+        allocate(Decimal("-1.00"), [Decimal("5.00"), Decimal("10.00")])
+    assert allocate(Decimal("0.00"), [Decimal("5.00"), Decimal("10.00")]) == [0, 0]

@@ -6,6 +6,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.utils import translation
 
 from billing import services
 from billing.choices import CloseReason, UsageState
@@ -213,3 +214,55 @@ def test_refunds_only_from_cash(alice, prices) -> None:  # noqa: ANN001
     summary = services.get_wallet_summary(alice)
     assert summary.cash == 0 and summary.trial == Decimal("10.00")
     assert_ledger_consistent()
+
+
+def test_a_reversed_expiry_expires_again(alice, prices, billing_clock) -> None:  # noqa: ANN001
+    voucher = services.grant_voucher(alice, Decimal("20"), reason="short", valid_days=1)
+    billing_clock.advance(days=1, seconds=1)
+    assert services.expire_vouchers() == 1
+    expiry = LedgerTransaction.objects.get(kind="voucher_expiry")
+    services.reverse_transaction(expiry, reason="expired by mistake")
+    voucher.refresh_from_db()
+    assert voucher.balance == Decimal("20.00")
+    billing_clock.advance(3600)
+    assert services.expire_vouchers() == 1  # the first expiry's key must not block this one
+    voucher.refresh_from_db()
+    assert voucher.balance == 0
+    assert LedgerTransaction.objects.filter(kind="voucher_expiry").count() == 2
+    assert services.expire_vouchers() == 0
+    assert_ledger_consistent()
+
+
+def test_rentals_need_at_least_one_card_and_one_day(alice, prices) -> None:  # noqa: ANN001
+    services.grant_voucher(alice, Decimal("100"), reason="t", valid_days=30)
+    for cards, days in ((-8, 30), (0, 30), (8, 0), (8, -30)):
+        with (
+            translation.override("en"),
+            pytest.raises(services.BillingError, match="at least one card and one day"),
+        ):
+            services.purchase_term(
+                alice,
+                gpu_model="RTX 4090",
+                cards=cards,
+                days=days,
+                resource_kind="instance",
+                resource_id="lt",
+            )
+    assert services.get_wallet_summary(alice).vouchers == Decimal("100.00")
+    assert not LedgerTransaction.objects.filter(kind="term_purchase").exists()
+    assert_ledger_consistent()
+
+
+def test_usage_sessions_need_at_least_one_card(alice, bob, prices, billing_clock) -> None:  # noqa: ANN001
+    for cards in (0, -8):
+        with translation.override("en"), pytest.raises(services.BillingError, match="one card"):
+            services.open_usage_session(
+                alice, resource_kind="instance", resource_id="neg", gpu_model="A800", cards=cards
+            )
+    assert not UsageSession.objects.exists()
+    services.grant_voucher(bob, Decimal("100"), reason="t", valid_days=30)
+    services.open_usage_session(
+        bob, resource_kind="instance", resource_id="ok", gpu_model="A800", cards=1
+    )
+    billing_clock.advance(3600)
+    assert services.settle_usage().charged == Decimal("3.50")

@@ -232,3 +232,71 @@ def test_one_provider_transaction_cannot_pay_two_payments(alice, client, prices)
     second.refresh_from_db()
     assert second.state == "pending"
     assert_ledger_consistent()
+
+
+def test_garbage_signatures_are_400_not_500(alice, client, prices) -> None:  # noqa: ANN001
+    payment, _ = services.start_topup(alice, "80.00")
+    body, _headers = SandboxProvider().build_callback(payment)
+    now = int(time.time())
+    for signature in (
+        f"t={now},v1=\u00e9\u00e9\u00e9",  # non-ASCII (latin-1 in the WSGI environ)
+        f"t={now},v1={'ä' * 64}",
+        f"t={now},v1={'A' * 64}",
+        f"t={now},v1=xyz",
+        f"t={'9' * 400},v1={'a' * 64}",
+        "garbage",
+    ):
+        response = _webhook(client, body, signature)
+        assert response.status_code == 400, signature
+        assert response.json()["error"] == "invalid_signature"
+    assert services.get_wallet_summary(alice).cash == Decimal("0.00")
+
+
+def test_a_signed_body_with_garbage_fields_is_400_not_500(alice, client, prices) -> None:  # noqa: ANN001
+    payment, _ = services.start_topup(alice, "80.00")
+    good = {"payment": str(payment.public_id), "txn": "t", "amount": "80.00", "status": "succeeded"}
+    for changes in (
+        {"payment": "not-a-uuid"},
+        {"payment": 12},
+        {"amount": "Infinity"},
+        {"amount": "1e999999"},
+    ):
+        body = json.dumps({**good, **changes}).encode()
+        response = _webhook(client, body, sign(body))
+        assert response.status_code == 400, changes
+        assert response.json() == {"error": "invalid_signature", "detail": "malformed body"}
+    for body in (b"[]", b'"x"', b"not json"):
+        assert _webhook(client, body, sign(body)).status_code == 400
+    assert services.get_wallet_summary(alice).cash == Decimal("0.00")
+
+
+@pytest.mark.parametrize("month", ["0000-01", "9999-12", "1999-12", "2100-01"])
+def test_statement_months_out_of_range_are_400(alice_client, month: str) -> None:  # noqa: ANN001
+    assert alice_client.get(reverse("billing:statement"), {"month": month}).status_code == 400
+    assert alice_client.get(reverse("billing:statement-csv"), {"month": month}).status_code == 400
+
+
+def test_statement_months_at_the_edges_of_the_range(alice_client) -> None:  # noqa: ANN001
+    for month in ("2000-01", "2099-12"):
+        assert alice_client.get(reverse("billing:statement"), {"month": month}).status_code == 200
+
+
+def test_a_success_after_a_recorded_failure_is_credited_once(alice, client, prices) -> None:  # noqa: ANN001
+    payment, _ = services.start_topup(alice, "80.00")
+    provider = SandboxProvider()
+    failed, failed_headers = provider.build_callback(payment, "failed")
+    assert _webhook(client, failed, failed_headers[SIGNATURE_HEADER]).json()["credited"] is True
+    payment.refresh_from_db()
+    assert payment.state == "failed"
+    body, headers = provider.build_callback(payment)  # the provider captured the money after all
+    assert _webhook(client, body, headers[SIGNATURE_HEADER]).json() == {
+        "ok": True,
+        "credited": True,
+    }
+    assert _webhook(client, body, sign(body)).json() == {"ok": True, "credited": False}
+    assert _webhook(client, failed, sign(failed)).json() == {"ok": True, "credited": False}
+    payment.refresh_from_db()
+    assert payment.state == "succeeded" and payment.transaction is not None
+    assert services.get_wallet_summary(alice).cash == Decimal("80.00")
+    assert services.reconcile() == []
+    assert_ledger_consistent()
