@@ -1,18 +1,19 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Self
 
 from django.db import models
 from django.db.models import Q
 
 
 class PriceBookQuerySet(models.QuerySet):
-    def effective_at(self, at: datetime) -> models.QuerySet:
+    def effective_at(self, at: datetime) -> Self:
         return self.filter(effective_at__lte=at).order_by("-effective_at", "-version")
 
 
 class AccountQuerySet(models.QuerySet):
-    def spendable(self, at: datetime) -> models.QuerySet:
+    def spendable(self, at: datetime) -> Self:
         """Customer buckets money can be taken from at ``at`` (expired vouchers excluded)."""
         return self.filter(
             Q(kind__in=("cash", "trial")) | Q(kind="voucher", expires_at__gt=at, balance__gt=0)
@@ -20,13 +21,13 @@ class AccountQuerySet(models.QuerySet):
 
 
 class LedgerTransactionQuerySet(models.QuerySet):
-    def for_owner(self, user: object) -> models.QuerySet:
+    def for_owner(self, user: object) -> Self:
         return self.filter(wallet__owner=user)
 
 
 class UsageSessionQuerySet(models.QuerySet):
-    def open(self) -> models.QuerySet:
+    def open(self) -> Self:
         return self.filter(state="open")
 
-    def for_owner(self, user: object) -> models.QuerySet:
+    def for_owner(self, user: object) -> Self:
         return self.filter(wallet__owner=user)

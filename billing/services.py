@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import IntegrityError, connection, models, transaction
@@ -240,8 +240,11 @@ def _spendable_buckets(wallet: Wallet, at: datetime) -> list[Account]:
     return sorted(accounts, key=_spend_key)
 
 
-def _spend_key(account: Account) -> tuple:
-    rank = {AccountKind.VOUCHER: 0, AccountKind.TRIAL: 1, AccountKind.CASH: 2}[account.kind]
+_SPEND_RANK: dict[str, int] = {AccountKind.VOUCHER: 0, AccountKind.TRIAL: 1, AccountKind.CASH: 2}
+
+
+def _spend_key(account: Account) -> tuple[Any, ...]:
+    rank = _SPEND_RANK[account.kind]
     expiry = account.expires_at.timestamp() if account.expires_at else float("inf")
     return (account.wallet_id, rank, expiry, account.pk)
 
@@ -429,8 +432,9 @@ def get_wallet_summary(user: Any) -> WalletSummary:
             trial += account.balance
         else:
             vouchers += account.balance
-            if next_expiry is None or account.expires_at < next_expiry:
-                next_expiry = account.expires_at
+            expires = account.expires_at  # always set on vouchers
+            if expires is not None and (next_expiry is None or expires < next_expiry):
+                next_expiry = expires
     burn = ZERO
     sessions = UsageSession.objects.for_owner(user).open().only("rate", "cards", "meter")
     count = 0
@@ -447,7 +451,7 @@ def current_price_book(at: datetime | None = None) -> PriceBook | None:
 
 def current_gpu_price(gpu_model: str, at: datetime | None = None) -> tuple[PriceBook, GpuPrice]:
     book = current_price_book(at)
-    price = book and book.gpu_prices.filter(gpu_model=gpu_model).first()
+    price = book.gpu_prices.filter(gpu_model=gpu_model).first() if book else None
     if book is None or price is None:
         raise PriceNotSet(_("No price is set for %(model)s.") % {"model": gpu_model})
     return book, price
@@ -801,7 +805,9 @@ def settle_usage(
                     created_at=now,
                 )
             )
-        for key in decision.stop:
+        # The session keys handed to the decision are UsageSession primary keys.
+        stopped_ids = [cast(int, key) for key in decision.stop]
+        for key in stopped_ids:
             stop_now[key] = CloseReason.INSUFFICIENT_FUNDS
         if decision.stop:
             notices.append(
@@ -816,7 +822,7 @@ def settle_usage(
                     created_at=now,
                 )
             )
-            result.stopped.extend(decision.stop)
+            result.stopped.extend(stopped_ids)
     # 7. write back: balances, sessions, notices
     moved = {b.pk: b for legs in legs_by_wallet.values() for b, _amount in legs}
     _bulk_set(Account, ["balance"], [(pk, [b.balance]) for pk, b in moved.items()])
@@ -932,10 +938,10 @@ def _insert_rows(
     """
     if not rows:
         return []
-    fields = [model._meta.get_field(n) for n in names]
+    fields = [cast(models.Field, model._meta.get_field(n)) for n in names]
     qn = connection.ops.quote_name
     table = qn(model._meta.db_table)
-    columns = ", ".join(qn(f.column) for f in fields)
+    columns = ", ".join(qn(cast(str, f.column)) for f in fields)
     ids: list[int] = []
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -977,22 +983,26 @@ def _bulk_set(model: type[models.Model], columns: list[str], rows: list[tuple[in
     """
     if not rows:
         return
-    fields = [model._meta.get_field(c) for c in columns]
+    fields = [cast(models.Field, model._meta.get_field(c)) for c in columns]
     qn = connection.ops.quote_name
     table = qn(model._meta.db_table)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             names = ", ".join(["id", *[f"c{i}" for i in range(len(fields))]])
             arrays = ", ".join(["%s::bigint[]", *[f"%s::{_pg_array_type(f)}" for f in fields]])
-            sets = ", ".join(f"{qn(f.column)} = v.c{i}" for i, f in enumerate(fields))
+            sets = ", ".join(f"{qn(cast(str, f.column))} = v.c{i}" for i, f in enumerate(fields))
             sql = f"UPDATE {table} AS t SET {sets} FROM unnest({arrays}) AS v({names}) WHERE t.id = v.id"  # noqa: S608
-            params = [_pg_array([pk for pk, _v in rows])]
-            params += [_pg_array([values[i] for _pk, values in rows]) for i in range(len(fields))]
-            cursor.execute(sql, params)
+            arrays_params = [_pg_array([pk for pk, _v in rows])]
+            arrays_params += [
+                _pg_array([values[i] for _pk, values in rows]) for i in range(len(fields))
+            ]
+            cursor.execute(sql, arrays_params)
             return
         width = len(fields) + 1
         chunk = max(1, _SQLITE_MAX_PARAMS // width)
-        sets = ", ".join(f"{qn(f.column)} = v.column{i + 2}" for i, f in enumerate(fields))
+        sets = ", ".join(
+            f"{qn(cast(str, f.column))} = v.column{i + 2}" for i, f in enumerate(fields)
+        )
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
             params: list[Any] = []
@@ -1061,7 +1071,7 @@ def purchase_term(
         raise BillingError(_("A rental needs at least one card and one day."))
     now = clock.now()
     book = current_price_book(now)
-    term = book and book.term_prices.filter(gpu_model=gpu_model, days=days).first()
+    term = book.term_prices.filter(gpu_model=gpu_model, days=days).first() if book else None
     if book is None or term is None:
         raise PriceNotSet(
             _("No %(days)d-day price is set for %(model)s.") % {"days": days, "model": gpu_model}
