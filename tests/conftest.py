@@ -29,6 +29,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
     settings.WHITENOISE_USE_FINDERS = True
+    settings.STATIC_ROOT = None  # nothing is collected in-process; whitenoise serves the finders
 
 
 @pytest.fixture(autouse=True, scope="session")
