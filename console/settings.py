@@ -226,6 +226,8 @@ CELERY_TIMEZONE = "Asia/Shanghai"
 # billing: per-second usage settled in bulk; the interval is also the low-balance window.
 BILLING_SETTLEMENT_INTERVAL: int = _get("BILLING_SETTLEMENT_INTERVAL", env.int, 60)
 BILLING_SANDBOX_PAYMENTS: bool = _get("BILLING_SANDBOX_PAYMENTS", _strict_bool, EMBEDDED)
+# What billing calls to release a resource it stopped for lack of funds (one small service call).
+BILLING_STOP_HANDLER = "slices.services.stop_for_billing"
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "billing-settle-usage": {
         "task": "billing.tasks.settle_usage_task",

@@ -8,6 +8,7 @@ state, so a lost race re-plans while capacity remains and never double-books a G
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
@@ -43,6 +44,9 @@ from slices.perf import expected_performance
 
 MAX_PLAN_ATTEMPTS = 12
 GPU_UUID_NAMESPACE = uuid.UUID("5b0f7a5e-6c1d-4c59-9a8e-1f0e2b7d3c40")
+
+
+logger = logging.getLogger(__name__)
 
 
 class NoCapacity(Exception):
@@ -532,6 +536,31 @@ def release_allocation(allocation: Allocation) -> bool:
     GPU.objects.filter(allocation=allocation).update(allocation=None)
     allocation.refresh_from_db()
     return True
+
+
+# Usage sessions that bill an allocation carry this kind and the allocation's public id.
+ALLOCATION_RESOURCE = "allocation"
+
+
+def stop_for_billing(resource_kind: str, resource_id: str, reason: str) -> None:
+    """Billing's stop hook (``BILLING_STOP_HANDLER``): release what billing stopped.
+
+    Called once per stopped usage session, after billing committed the stop (its billing already
+    ended at that second). Only the GPUs go back; disks and files are separate resources and are
+    kept, and nothing restarts by itself after a top-up. Kinds this app does not hold are left to
+    their owners; an allocation already released (by its owner, or an earlier call) is a no-op.
+    """
+    if resource_kind != ALLOCATION_RESOURCE:
+        logger.info("billing stop for %s %s is not a slices resource", resource_kind, resource_id)
+        return
+    try:
+        public_id = uuid.UUID(str(resource_id))
+    except ValueError:
+        logger.warning("billing stop with a malformed allocation id %r", resource_id)
+        return
+    allocation = Allocation.objects.filter(public_id=public_id).first()
+    if allocation is not None and release_allocation(allocation):
+        logger.info("released allocation %s: %s", public_id, reason)
 
 
 # ---------------------------------------------------------------------------------------------
