@@ -5,12 +5,17 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 from hypothesis import settings as hypothesis_settings
+from playwright.sync_api import expect
 
 from console.celery import app as celery_app
 
 # Every randomised test prints how to reproduce a failure (hypothesis's blob, or `--hypothesis-seed`).
 hypothesis_settings.register_profile("console", print_blob=True, deadline=None)
 hypothesis_settings.load_profile("console")
+
+# Browser assertions wait for the page instead of sleeping; on a loaded 2-core CI machine the
+# default 5 s is tight for a full page load, so they may wait up to 20 s (they pass as soon as true).
+expect.set_options(timeout=20_000)
 
 PASSWORD = "correct-horse-battery-9"
 
