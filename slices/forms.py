@@ -12,16 +12,6 @@ CARD_CHOICES = [(n, str(n)) for n in topology.HOST_SIZES] + [
     (n, str(n)) for n in range(topology.SLICE_UNIT_GPUS, 2048 + 1, topology.SLICE_UNIT_GPUS)
 ]
 
-# One-click presets (``?template=``): the LLaMA-7B demo runs on one 8-card RTX 4090 host.
-ORDER_TEMPLATES: dict[str, dict[str, Any]] = {
-    "llama-7b-demo": {
-        "gpu_model": "RTX4090",
-        "cards": 8,
-        "image": "pytorch-2.1.2-cuda12.1-py3.10",
-        "asset_hub_ids": (("model", "meta-llama/Llama-2-7b-hf"), ("dataset", "wikitext")),
-    },
-}
-
 
 class OrderPreviewForm(forms.Form):
     """The order form's choices, read from the query string so a configuration is a shareable URL."""

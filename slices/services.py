@@ -18,6 +18,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Model, Q
+from django.http import Http404
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -40,7 +41,7 @@ from slices.models import (
     ScalableUnit,
     SpineGroup,
 )
-from slices.perf import expected_performance
+from slices.perf import Performance, expected_performance
 
 MAX_PLAN_ATTEMPTS = 12
 GPU_UUID_NAMESPACE = uuid.UUID("5b0f7a5e-6c1d-4c59-9a8e-1f0e2b7d3c40")
@@ -409,6 +410,20 @@ class Preview:
     performance: dict[str, Any]
 
 
+def _placement_performance(placement: topology.Placement) -> tuple[Cluster, Performance]:
+    """The placement's cluster and the α–β estimate of its all-reduce (slices/perf.py)."""
+    cluster = Cluster.objects.select_related("gpu_model").get(code=placement.cluster)
+    perf = expected_performance(
+        len(placement.shares),
+        len(placement.shares[0].gpus),
+        placement.su_count,
+        fabric=cluster.fabric,
+        rails=cluster.rails,
+        nvlink_gbps=cluster.gpu_model.nvlink_gbps,
+    )
+    return cluster, perf
+
+
 def preview_allocation(
     gpus: int, gpu_model: str, region: str | None = None, *, ends_at: datetime | None = None
 ) -> Preview:
@@ -426,15 +441,7 @@ def preview_allocation(
     if not planned.at_structural_minimum:
         t = fleet.earliest_start(req, structural=True)
         structural = datetime.fromtimestamp(t, tz=now.tzinfo) if t else None
-    cluster = Cluster.objects.select_related("gpu_model").get(code=planned.cluster)
-    perf = expected_performance(
-        len(planned.shares),
-        len(planned.shares[0].gpus),
-        planned.su_count,
-        fabric=cluster.fabric,
-        rails=cluster.rails,
-        nvlink_gbps=cluster.gpu_model.nvlink_gbps,
-    )
+    _cluster, perf = _placement_performance(planned)
     return Preview(
         gpus,
         gpu_model,
@@ -476,15 +483,7 @@ def _commit(
         )
         if not won:
             raise _LostRace(s.hostname)
-    cluster = Cluster.objects.select_related("gpu_model").get(code=p.cluster)
-    perf = expected_performance(
-        len(p.shares),
-        len(p.shares[0].gpus),
-        p.su_count,
-        fabric=cluster.fabric,
-        rails=cluster.rails,
-        nvlink_gbps=cluster.gpu_model.nvlink_gbps,
-    )
+    cluster, perf = _placement_performance(p)
     allocation = Allocation.objects.create(
         owner=owner,
         kind=AllocationKind.SLICE if p.is_slice else AllocationKind.HOST,
@@ -728,18 +727,71 @@ class OrderPreview:
         )
 
 
+# One-click presets of the order form (``?template=``): the LLaMA-7B demo runs on one 8-card
+# RTX 4090 host with PyTorch 2.1, the model and a dataset mounted.
+ORDER_TEMPLATES: dict[str, dict[str, Any]] = {
+    "llama-7b-demo": {
+        "fields": {"gpu_model": "RTX4090", "cards": "8", "image": "pytorch-2.1.2-cuda12.1-py3.10"},
+        "assets": (("model", "meta-llama/Llama-2-7b-hf"), ("dataset", "wikitext")),
+    },
+}
+
+
+def resolve_order_template(name: str) -> tuple[dict[str, str], list[str]]:
+    """A preset's form defaults and the public ids of its assets (unknown name: nothing)."""
+    from marketplace import services as marketplace
+
+    preset = ORDER_TEMPLATES.get(name)
+    if preset is None:
+        return {}, []
+    asset_ids = []
+    for kind, hub_id in preset["assets"]:
+        try:
+            asset_ids.append(str(marketplace.get_asset_by_hub_id(kind, hub_id).public_id))
+        except Http404:
+            continue  # an operator unlisted it; the demo still runs without it
+    return dict(preset["fields"]), asset_ids
+
+
+@dataclass(frozen=True)
+class OrderChoices:
+    """What the order form offers now: regions and GPU models with capacity, listed images."""
+
+    availability: list[Availability]
+    regions: list[tuple[str, str]]  # (code, display name)
+    gpu_models: list[str]
+    images: list[tuple[str, str]]  # (version slug, label)
+
+
+def order_choices() -> OrderChoices:
+    from marketplace import services as marketplace
+
+    rows = availability()
+    return OrderChoices(
+        availability=rows,
+        regions=list(dict.fromkeys((r.region, r.region_name) for r in rows)),
+        gpu_models=list(dict.fromkeys(r.gpu_model for r in rows)),
+        images=[
+            (v.slug, str(v))
+            for i in marketplace.list_images()
+            for v in i.shown_versions  # type: ignore[attr-defined]  # set by list_images()
+        ],
+    )
+
+
 def preview_order(
     user: Any,
     *,
     gpu_model: str,
     cards: int,
     region: str | None = None,
-    image: Any = None,
+    image: str = "",
     asset_ids: Iterable[str] = (),
     disk_gb: int = 0,
 ) -> OrderPreview:
     """Place (without reserving), price and check the mounts of an order, through each app's
-    services: the allocator here, billing's quote and affordability check, marketplace mounts."""
+    services: the allocator here, billing's quote and affordability check, marketplace mounts.
+    ``image`` is an image version's slug or public id ("" for none)."""
     from billing import services as billing
     from marketplace import services as marketplace
 
@@ -763,8 +815,9 @@ def preview_order(
         except billing.InsufficientFunds as exc:
             insufficient = str(exc)
 
+    version = marketplace.get_image_version(image) if image else None
     image_warning = ""
-    if image is not None and not image.supports(gpu_model):
+    if version is not None and not version.supports(gpu_model):
         image_warning = _("This image is not built for %(model)s.") % {"model": gpu_model}
 
     mounts: list[Any] = []
@@ -781,7 +834,7 @@ def preview_order(
         quote,
         price_error,
         insufficient,
-        image,
+        version,
         image_warning,
         mounts,
         mount_error,

@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods
@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from console.htmx import render_page
 from slices import services
 from slices.choices import NODE_STATE_BADGES, NodeState
-from slices.forms import ORDER_TEMPLATES, OrderPreviewForm
+from slices.forms import OrderPreviewForm
 from slices.models import Cluster, Node
 
 
@@ -30,52 +30,39 @@ def instance_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 def instance_new(request: HttpRequest) -> HttpResponse:
     """The order form: choices in the query string, a live placement, quote and mount check."""
-    from marketplace import services as marketplace
+    from marketplace.services import asset_picker
 
     data = request.GET.copy()
     asset_ids = [a.strip() for v in data.getlist("assets") for a in v.split(",") if a.strip()]
-    preset = ORDER_TEMPLATES.get(data.get("template", ""))
-    if preset:
-        for key in ("gpu_model", "cards", "image"):
-            data.setdefault(key, str(preset[key]))
-        if not asset_ids:
-            for kind, hub_id in preset["asset_hub_ids"]:
-                try:
-                    asset_ids.append(str(marketplace.get_asset_by_hub_id(kind, hub_id).public_id))
-                except Http404:
-                    continue  # an operator unlisted it; the demo still runs without it
-    rows = services.availability()
-    regions = list(dict.fromkeys((r.region, r.region_name) for r in rows))
-    gpu_models = list(dict.fromkeys(r.gpu_model for r in rows))
-    images = [(v.slug, str(v)) for image in marketplace.list_images() for v in image.shown_versions]
-    if gpu_models:
-        data.setdefault("gpu_model", gpu_models[0])
-        data.setdefault("cards", "8")
-    form = OrderPreviewForm(data, regions=regions, gpu_models=gpu_models, images=images)
+    defaults, preset_assets = services.resolve_order_template(data.get("template", ""))
+    asset_ids = asset_ids or preset_assets
+    choices = services.order_choices()
+    if choices.gpu_models:
+        defaults = {"gpu_model": choices.gpu_models[0], "cards": "8", **defaults}
+    for key, value in defaults.items():
+        data.setdefault(key, value)
+    form = OrderPreviewForm(
+        data, regions=choices.regions, gpu_models=choices.gpu_models, images=choices.images
+    )
     preview = None
-    if gpu_models and form.is_valid():
-        image = (
-            marketplace.get_image_version(form.cleaned_data["image"])
-            if form.cleaned_data["image"]
-            else None
-        )
+    if choices.gpu_models and form.is_valid():
         preview = services.preview_order(
             request.user,
             gpu_model=form.cleaned_data["gpu_model"],
             cards=form.cleaned_data["cards"],
             region=form.cleaned_data["region"] or None,
-            image=image,
+            image=form.cleaned_data["image"],
             asset_ids=asset_ids,
             disk_gb=form.cleaned_data["disk_gb"] or 0,
         )
     context = {
         "form": form,
         "preview": preview,
-        "placement_region": dict(regions).get(preview.placement.region, "")
+        "placement_region": dict(choices.regions).get(preview.placement.region, "")
         if preview and preview.placement
         else "",
-        "availability": rows,
-        "picker": marketplace.asset_picker(request.user, asset_ids, data.get("asset_q", "")),
+        "availability": choices.availability,
+        "picker": asset_picker(request.user, asset_ids, data.get("asset_q", "")),
     }
     return render_page(request, "slices/instance_new.html", context, "summary")
 
