@@ -10,6 +10,7 @@ Bad values fail at start with a message naming the variable (see ``ConfigError``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -105,10 +106,9 @@ def _install_secret_key(path: Path) -> str:
         try:
             with os.fdopen(fd, "w") as handle:
                 handle.write(secrets.token_urlsafe(64) + "\n")
-            try:
+            # Another process may get there first: then its key is the install's key.
+            with contextlib.suppress(FileExistsError):
                 os.link(tmp, path)
-            except FileExistsError:
-                pass  # another process got there first: use its key
         finally:
             os.unlink(tmp)
     key = path.read_text().strip()
