@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.allocation.metrics import placeable_gpus, stranded_gpus  # noqa: E402
 from slices.baselines import POLICIES  # noqa: E402
 from slices.fleetfile import SHIPPED_FLEET, load_fleet_file  # noqa: E402
 from slices.topology import (  # noqa: E402
@@ -212,14 +213,14 @@ class Simulation:
                 if cl.slices_ok:
                     free_whole += cl.free_nodes * cl.gpn
             for size, w in sizes.items():
-                placeable += w / total_w * self.fleet.placeable_gpus(model, size)
+                placeable += w / total_w * placeable_gpus(self.fleet, model, size)
         self.frag_samples.append(1 - placeable / free_whole if free_whole else 0.0)
         # Slice-stranded: free GPUs of slice clusters that the smallest demanded slice cannot use
         # at its structural SU minimum (hosts could still use some of them).
         stranded = 0
         for model in self.slice_models:
             smallest = min(self.slice_sizes[model]) // 8
-            stranded += self.fleet.stranded_gpus(model, smallest, ())
+            stranded += stranded_gpus(self.fleet, model, smallest, ())
         self.stranded_samples.append(stranded)
 
     def run(self, trace: list[TraceItem], sample_every: float) -> dict:
