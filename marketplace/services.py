@@ -324,6 +324,10 @@ _ASSET_FIELDS = (
     "size_estimated",
     "license_id",
     "source",
+    "name_zh",
+    "description",
+    "description_zh",
+    "likes",
     "search_document",
 )
 
@@ -388,6 +392,10 @@ def _sync_assets(
             size_estimated=rec.size_estimated,
             license=lic,
             source=rec.source[:400],
+            name_zh=rec.name_zh[:200],
+            description=rec.description,
+            description_zh=rec.description_zh,
+            likes=rec.likes,
         )
         candidate.normalize()
         current = existing.get(rec.hub_id)
@@ -474,7 +482,7 @@ def load_catalogue() -> LoadReport:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOAD_LOCK_KEY])
     asset_records = {
-        kind: list(catalogue.read_assets(kind)) for kind in (AssetKind.MODEL, AssetKind.DATASET)
+        kind: catalogue.read_catalogue(kind) for kind in (AssetKind.MODEL, AssetKind.DATASET)
     }
     keys = {r.license for recs in asset_records.values() for r in recs if r.license}
     licenses = _sync_licenses(keys, report)

@@ -27,7 +27,11 @@ from marketplace.models import Asset, License
 SLUG_PATTERN = r"[a-z0-9][a-z0-9._-]*"
 
 FILTER_PARAMETERS = [
-    OpenApiParameter("q", str, description="Words to search for (every word must match)."),
+    OpenApiParameter(
+        "q",
+        str,
+        description="Words to search for, English or Chinese (every word must match).",
+    ),
     OpenApiParameter("task", str, description="Task, e.g. text-generation, question-answering."),
     OpenApiParameter("modality", str, description="text, image, audio, video, tabular, …"),
     OpenApiParameter("publisher", str, description="Publisher (organisation on the hub)."),
@@ -42,7 +46,12 @@ FILTER_PARAMETERS = [
         enum=[c for c in GatedFilter.values if c],
         description="yes: gated only; no: open only.",
     ),
-    OpenApiParameter("sort", str, enum=AssetSort.values, description="Order; default name."),
+    OpenApiParameter(
+        "sort",
+        str,
+        enum=AssetSort.values,
+        description="Order; default: relevance when searching, else popular (most liked first).",
+    ),
 ]
 
 
