@@ -1,8 +1,9 @@
 """Buddy tables for the GPUs of one node: per free-GPU mask, precomputed answers.
 
 A host of k GPUs takes an aligned block of k GPUs (k = 2 is a GPU pair sharing a PCIe switch and HCA,
-k = 4 a NUMA half). Among the free aligned blocks of the size, the one inside the smallest free
-aligned container is taken, so the node's bigger blocks stay whole (the buddy scheme).
+k = 4 a NUMA half). Among the free aligned blocks of the size, the one whose largest free aligned
+container is the smallest is taken (then the lowest), so the node's biggest free block stays whole
+whenever another block of the size exists outside it (the buddy scheme).
 """
 
 from __future__ import annotations
@@ -40,12 +41,15 @@ def free_blocks(mask: int, g: int, size: int) -> list[int]:
 
 
 def _container(mask: int, start: int, size: int, sizes: Sequence[int]) -> int:
-    """Size of the smallest free aligned block bigger than `size` that holds the block at `start`
-    (`size` itself when none does): the buddy taking this block breaks."""
+    """Size of the largest free aligned block that holds the block at `start` (`size` itself when
+    its buddy is taken): taking this block breaks that one."""
+    container = size
     for big in sizes:
-        if big > size and _is_free(mask, (start // big) * big, big):
-            return big
-    return size
+        if big > size:
+            if not _is_free(mask, (start // big) * big, big):
+                break  # a bigger aligned block around it is not free either
+            container = big
+    return container
 
 
 class BuddyTables:
