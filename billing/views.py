@@ -75,7 +75,7 @@ def topup(request: HttpRequest) -> HttpResponse:
     try:
         payment, _created = services.start_topup(request.user, form.cleaned_data["amount"])
     except services.BillingError as exc:
-        messages.error(request, str(exc))
+        messages.error(request, exc.message())
         return redirect("billing:overview")
     return redirect(get_provider(payment.provider).checkout_url(payment))
 
@@ -122,7 +122,7 @@ def sandbox_webhook(request: HttpRequest) -> HttpResponse:
     try:
         credited = services.handle_webhook("sandbox", request.body, dict(request.headers))
     except services.BillingError as exc:
-        return JsonResponse({"error": exc.code, "detail": str(exc)}, status=400)
+        return JsonResponse(exc.as_body(), status=exc.http_status)
     return JsonResponse({"ok": True, "credited": credited})
 
 
@@ -268,6 +268,6 @@ def quote(request: HttpRequest) -> HttpResponse:
                     form.cleaned_data["disk_gb"],
                 )
             except services.BillingError as exc:
-                error = str(exc)
+                error = exc.message()
     context = {"form": form, "quote": result, "error": error, "sheet": sheet}
     return render_page(request, "billing/quote.html", context, "result")

@@ -187,9 +187,5 @@ class MountPlanView(APIView):
         ids = [a for raw in request.query_params.getlist("assets") for a in raw.split(",") if a]
         if not ids:
             raise ApiError(ErrorCode.INVALID, "Name at least one asset id in ?assets=.")
-        try:
-            specs = services.build_mount_specs(request.user, ids)
-        except services.MountRefused as exc:
-            code = status.HTTP_403_FORBIDDEN if exc.code == services.LICENSE_NOT_ACCEPTED else 400
-            raise ApiError(exc.code, exc.message, code, extra={"assets": exc.assets}) from exc
+        specs = services.build_mount_specs(request.user, ids)  # MountRefused: 400/403 with "assets"
         return Response({"mounts": [s.as_dict() for s in specs]})
