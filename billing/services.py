@@ -105,6 +105,7 @@ from billing.settlement import (
     settle_usage,
     settlement_window,
 )
+from console.errors import ErrorCode
 
 __all__ = [  # what other apps, the views and the tests call
     "MAX_TOPUP",
@@ -564,9 +565,12 @@ def confirm_payment(
     """
     payment = Payment.objects.filter(public_id=payment_public_id, provider=provider).first()
     if payment is None:
-        raise InvalidWebhook(gettext_noop("Unknown payment."))
+        raise InvalidWebhook(gettext_noop("Unknown payment."), code=ErrorCode.UNKNOWN_PAYMENT)
     if round_cents(to_decimal(amount)) != payment.amount:
-        raise InvalidWebhook(gettext_noop("The paid amount does not match the payment."))
+        raise InvalidWebhook(
+            gettext_noop("The paid amount does not match the payment."),
+            code=ErrorCode.AMOUNT_MISMATCH,
+        )
     wallet = Wallet.objects.select_for_update().get(pk=payment.wallet_id)
     now = clock.now()
     # FAILED → SUCCEEDED too: the provider captured the money after a failure was recorded (a
@@ -625,7 +629,8 @@ def handle_webhook(provider_name: str, body: bytes, headers: dict[str, str]) -> 
     """Verify a provider's callback and apply it. Raises ``InvalidWebhook`` on a bad signature."""
     event = get_provider(provider_name).parse_webhook(body, headers)
     if event.status != "succeeded":
-        return fail_payment(event.payment_id, provider=provider_name)
+        fail_payment(event.payment_id, provider=provider_name)
+        return False  # a failure is recorded (once), never credited
     try:
         return confirm_payment(
             event.payment_id,
@@ -634,7 +639,10 @@ def handle_webhook(provider_name: str, body: bytes, headers: dict[str, str]) -> 
             amount=event.amount,
         )
     except IntegrityError:  # the provider's transaction id already paid another payment
-        raise InvalidWebhook(gettext_noop("This provider transaction was already used.")) from None
+        raise InvalidWebhook(
+            gettext_noop("This provider transaction was already used."),
+            code=ErrorCode.TRANSACTION_REUSED,
+        ) from None
 
 
 # --- lookups for views -------------------------------------------------------------------------

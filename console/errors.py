@@ -29,6 +29,16 @@ class ErrorCode(StrEnum):
     IDEMPOTENCY_MISMATCH = "idempotency_key_reused"
     IN_PROGRESS = "request_in_progress"
     INVALID_SIGNATURE = "invalid_signature"
+    # Payment callbacks: why one was refused (the provider's logs and our tests tell them apart).
+    MISSING_SIGNATURE = "missing_signature"
+    BAD_SIGNATURE = "bad_signature"
+    STALE_SIGNATURE = "stale_signature"  # outside the replay window
+    MALFORMED_BODY = "malformed_body"
+    INVALID_AMOUNT = "invalid_amount"
+    UNKNOWN_STATUS = "unknown_status"
+    UNKNOWN_PAYMENT = "unknown_payment"
+    AMOUNT_MISMATCH = "amount_mismatch"
+    TRANSACTION_REUSED = "transaction_reused"
     UNKNOWN_ASSET = "unknown_asset"
     LICENSE_NOT_ACCEPTED = "license_not_accepted"
     INVALID_MOUNT = "invalid_mount"

@@ -21,6 +21,7 @@ from django.urls import reverse
 
 from billing.errors import InvalidWebhook
 from billing.providers.base import WebhookEvent
+from console.errors import ErrorCode
 
 if TYPE_CHECKING:
     from billing.models import Payment
@@ -29,6 +30,7 @@ SIGNATURE_HEADER = "X-Sandbox-Signature"
 TOLERANCE_SECONDS = 300
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+CENT = Decimal("0.01")
 
 
 def sandbox_enabled() -> bool:
@@ -77,22 +79,40 @@ class SandboxProvider:
         return body, {SIGNATURE_HEADER: sign(body)}
 
     def parse_webhook(self, body: bytes, headers: dict[str, str]) -> WebhookEvent:
+        """Verify and parse a callback; each refusal carries its own code (``ErrorCode``).
+
+        Several ``v1=`` signatures may be given (a provider rotating its key signs with both,
+        as Stripe does): the callback is accepted if any of them is valid, whatever the order.
+        """
         header = headers.get(SIGNATURE_HEADER) or headers.get(SIGNATURE_HEADER.lower()) or ""
-        try:
-            parts = dict(p.split("=", 1) for p in header.split(","))
-            given = parts["v1"]
-            # ASCII only: compare_digest raises TypeError on non-ASCII text, and a huge ``t``
-            # would overflow the float arithmetic of the tolerance check.
-            if not (_TIMESTAMP.fullmatch(parts["t"]) and _HEX_DIGEST.fullmatch(given)):
-                raise ValueError
-            ts = int(parts["t"])
-        except (ValueError, KeyError):
-            raise InvalidWebhook("missing or malformed signature") from None
+        if not header.strip():
+            raise InvalidWebhook("missing signature", code=ErrorCode.MISSING_SIGNATURE)
+        timestamps: list[str] = []
+        given: list[str] = []
+        for part in header.split(","):
+            name, _eq, value = part.strip().partition("=")
+            if name == "t":
+                timestamps.append(value)
+            elif name == "v1":
+                given.append(value)
+        # ASCII only: compare_digest raises TypeError on non-ASCII text, and a huge ``t`` would
+        # overflow the float arithmetic of the tolerance check.
+        if (
+            len(timestamps) != 1
+            or not _TIMESTAMP.fullmatch(timestamps[0])
+            or not given
+            or not all(_HEX_DIGEST.fullmatch(v) for v in given)
+        ):
+            raise InvalidWebhook("malformed signature", code=ErrorCode.BAD_SIGNATURE)
+        ts = int(timestamps[0])
         if abs(time.time() - ts) > TOLERANCE_SECONDS:
-            raise InvalidWebhook("signature timestamp outside the tolerance")
+            raise InvalidWebhook(
+                "signature timestamp outside the tolerance", code=ErrorCode.STALE_SIGNATURE
+            )
         expected = sign(body, ts).split("v1=", 1)[1]
-        if not hmac.compare_digest(expected, given):
-            raise InvalidWebhook("bad signature")
+        # Every candidate is compared (no early exit), in constant time each.
+        if not sum(hmac.compare_digest(expected, v) for v in given):
+            raise InvalidWebhook("bad signature", code=ErrorCode.BAD_SIGNATURE)
         try:
             data = json.loads(body)
             event = WebhookEvent(
@@ -103,8 +123,14 @@ class SandboxProvider:
             )
             if not event.amount.is_finite() or abs(event.amount) >= Decimal("1e12"):
                 raise ValueError
-        except (ValueError, KeyError, TypeError, InvalidOperation):
-            raise InvalidWebhook("malformed body") from None
+        # RecursionError: JSON nested deeper than Python's parser follows ('{"a":' * 1000).
+        except (ValueError, KeyError, TypeError, InvalidOperation, RecursionError):
+            raise InvalidWebhook("malformed body", code=ErrorCode.MALFORMED_BODY) from None
+        if event.amount != event.amount.quantize(CENT):
+            # Money is in fen: an amount that would need rounding is not what the payment says.
+            raise InvalidWebhook(
+                "the amount has more than two decimal places", code=ErrorCode.INVALID_AMOUNT
+            )
         if event.status not in ("succeeded", "failed"):
-            raise InvalidWebhook("unknown status")
+            raise InvalidWebhook("unknown status", code=ErrorCode.UNKNOWN_STATUS)
         return event
