@@ -244,3 +244,28 @@ def test_a_confirmation_link_opened_elsewhere_verifies_but_does_not_log_in() -> 
     assert response.status_code == 302
     assert EmailAddress.objects.get(email="kim@startup.example.com").verified
     assert "_auth_user_id" not in other.session
+
+
+# --- one language per page ------------------------------------------------------------------------
+CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+# Three English words in a row: an untranslated sentence (names like "RTX 4090" are one or two).
+ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z]+(?:[ ,;:]+[a-z]{2,}){2,}\b")
+VISITOR_PAGES = ("/", "/prices/", "/billing/quote/?gpu_model=RTX+4090&cards=8&disk_gb=0")
+CUSTOMER_PAGES = ("/", "/prices/", "/billing/", "/billing/quote/?gpu_model=H800&cards=8&disk_gb=0")
+ACCOUNT_PAGES = ("/accounts/login/", "/accounts/signup/", "/accounts/confirm-email/")
+
+
+@pytest.mark.parametrize("who", ["visitor", "customer"])
+def test_pages_speak_one_language(who: str, client: Client, alice_client: Client) -> None:
+    seed_default_prices()
+    load_small_fleet()
+    AssetFactory()
+    ImageFactory()
+    reader = client if who == "visitor" else alice_client
+    paths = VISITOR_PAGES + ACCOUNT_PAGES if who == "visitor" else CUSTOMER_PAGES
+    for path in paths:
+        english = _main_text(_page(reader, path, "en"))
+        assert not CJK.search(english.replace("元", "")), (path, CJK.findall(english))
+        chinese = _main_text(_page(reader, path, "zh-hans"))
+        assert CJK.search(chinese), path
+        assert not ENGLISH_RUN.search(chinese), (path, ENGLISH_RUN.findall(chinese))
