@@ -203,7 +203,7 @@ class EntryInline(admin.TabularInline):
 
 @admin.register(LedgerTransaction)
 class LedgerTransactionAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "kind", "wallet", "memo", "reverse_link")
+    list_display = ("created_at", "kind", "wallet", "description", "reverse_link")
     list_filter = ("kind",)
     search_fields = ("memo", "public_id", "wallet__owner__username")
     inlines = (EntryInline,)

@@ -41,6 +41,25 @@ class TransactionKind(models.TextChoices):
     REVERSAL = "reversal", _("Correction")
 
 
+class MemoCode(models.TextChoices):
+    """What a ledger transaction says, as a code; the label is the template its parameters fill,
+    rendered in the reader's language (``LedgerTransaction.description``). Free text an operator
+    typed (a voucher's or a refund's reason) is stored as ``memo`` instead."""
+
+    TRIAL_CREDIT = "trial_credit", _("Trial credit for a new verified account")
+    VOUCHER_EXPIRED = "voucher_expired", _("Voucher expired: %(reason)s")
+    USAGE = "usage", _("Usage up to %(at)s")
+    TERM_RENTAL = (
+        "term_rental",
+        _("%(days)d-day rental of %(cards)d × %(model)s at %(rate)s 元/card-h"),
+    )
+    TOPUP = "topup", _("Top-up via %(provider)s")
+    TOPUP_BONUS = (
+        "topup_bonus",
+        _("Top-up via %(provider)s; %(percent)s %% voucher for a top-up of %(amount)s 元"),
+    )
+
+
 TRANSACTION_KIND_BADGES = {
     TransactionKind.TOPUP: "success",
     TransactionKind.TRIAL_GRANT: "info",

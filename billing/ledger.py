@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from django.db import IntegrityError, models, transaction
 from django.db.models import Sum
 
 from billing import clock
-from billing.choices import AccountKind, PaymentState, TransactionKind
+from billing.choices import AccountKind, MemoCode, PaymentState, TransactionKind
 from billing.models import (
     Account,
     Entry,
@@ -100,6 +100,8 @@ def post(
     *,
     wallet: Wallet | None,
     memo: str = "",
+    code: MemoCode | None = None,
+    params: dict[str, Any] | None = None,
     key: str | None = None,
     by: User | None = None,
     at: datetime | None = None,
@@ -107,6 +109,8 @@ def post(
 ) -> LedgerTransaction:
     """Post one balanced transaction and move the cached balances with it.
 
+    The description is a ``MemoCode`` with its parameters (rendered in the reader's language),
+    or ``memo``, free text an operator typed (a voucher's or a refund's reason).
     Callers hold the wallet lock. Balances move with ``F()`` increments so system accounts shared
     by every wallet never lose an update.
     """
@@ -117,6 +121,8 @@ def post(
         kind=kind,
         wallet=wallet,
         memo=memo[:300],
+        memo_code=code or "",
+        memo_params=params or {},
         idempotency_key=key,
         created_by=by if getattr(by, "pk", None) else None,
         created_at=at or clock.now(),

@@ -26,6 +26,7 @@ from django.utils.translation import pgettext_lazy
 from billing.choices import (
     AccountKind,
     CloseReason,
+    MemoCode,
     Meter,
     NoticeKind,
     PaymentState,
@@ -259,7 +260,11 @@ class LedgerTransaction(models.Model):
     wallet = models.ForeignKey(
         Wallet, null=True, blank=True, on_delete=models.PROTECT, related_name="transactions"
     )
+    # A code and its parameters, rendered in the reader's language (``description``); free text
+    # an operator typed, and the memos written before codes existed, in ``memo``.
     memo = models.CharField(_("description"), max_length=300, blank=True)
+    memo_code = models.CharField(max_length=30, choices=MemoCode.choices, blank=True)
+    memo_params = models.JSONField(default=dict, blank=True)
     # What makes replays harmless: "trial:<wallet>", "payment:<provider>:<txn>", "usage:<run>:<w>"…
     idempotency_key = models.CharField(max_length=200, unique=True, null=True, blank=True)
     reverses = models.OneToOneField(
@@ -289,6 +294,17 @@ class LedgerTransaction(models.Model):
 
     def delete(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
         raise ImmutableError("ledger transactions are append-only")
+
+    @property
+    def description(self) -> str:
+        """What this transaction was, in the active language (or the free text it was given)."""
+        if not self.memo_code or self.memo_code not in MemoCode.values:
+            return self.memo
+        template = str(MemoCode(self.memo_code).label)
+        try:
+            return template % self.memo_params
+        except (KeyError, TypeError, ValueError):  # parameters of another version of the template
+            return template
 
 
 class Entry(models.Model):

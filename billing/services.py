@@ -55,6 +55,7 @@ from billing import clock
 from billing.choices import (
     AccountKind,
     CloseReason,
+    MemoCode,
     Meter,
     PaymentState,
     TransactionKind,
@@ -179,7 +180,7 @@ def grant_trial_credit(user: Any) -> bool:
                     (system_account(AccountKind.PROMOTIONS), -TRIAL_CREDIT),
                 ],
                 wallet=wallet,
-                memo=_("Trial credit for a new verified account"),
+                code=MemoCode.TRIAL_CREDIT,
                 key=key,
             )
     except IntegrityError:  # granted concurrently without the lock (SQLite) — once is enough
@@ -283,7 +284,8 @@ def expire_vouchers(now: datetime | None = None) -> int:
             TransactionKind.VOUCHER_EXPIRY,
             [(voucher, -voucher.balance), (sink, voucher.balance)],
             wallet=voucher.wallet,
-            memo=_("Voucher expired: %(reason)s") % {"reason": voucher.reason},
+            code=MemoCode.VOUCHER_EXPIRED,
+            params={"reason": voucher.reason},
             # Per run instant: a reversed expiry gives the voucher a balance to expire again.
             key=f"expiry:{voucher.public_id}:{int(now.timestamp())}",
             at=now,
@@ -463,8 +465,13 @@ def purchase_term(
         TransactionKind.TERM_PURCHASE,
         legs,
         wallet=wallet,
-        memo=_("%(days)d-day rental of %(cards)d × %(model)s at %(rate)s 元/card-h")
-        % {"days": days, "cards": cards, "model": gpu_model, "rate": term.rate_per_card_hour},
+        code=MemoCode.TERM_RENTAL,
+        params={
+            "days": days,
+            "cards": cards,
+            "model": gpu_model,
+            "rate": str(term.rate_per_card_hour),
+        },
     )
     return TermRental.objects.create(
         wallet=wallet,
@@ -587,25 +594,28 @@ def confirm_payment(
         (wallet_account(wallet, AccountKind.CASH), payment.amount),
         (system_account(AccountKind.PAYMENTS), -payment.amount),
     ]
-    memo = _("Top-up via %(provider)s") % {"provider": provider}
+    code, params = MemoCode.TOPUP, {"provider": provider}
     rule = current_bonus_rule()
     if rule and payment.amount >= rule.threshold:
         bonus = percent_of(payment.amount, rule.percent)
         if bonus > 0:
+            percent = f"{rule.percent.normalize():f}"  # 10, 2.5 (normalize alone gives 1E+1)
             reason = _("%(percent)s %% voucher for a top-up of %(amount)s 元") % {
-                "percent": rule.percent.normalize(),
+                "percent": percent,
                 "amount": payment.amount,
             }
             voucher = new_voucher(
                 wallet, bonus, now + timedelta(days=rule.voucher_valid_days), reason
             )
             legs += [(voucher, bonus), (system_account(AccountKind.PROMOTIONS), -bonus)]
-            memo = f"{memo}; {reason}"
+            code = MemoCode.TOPUP_BONUS
+            params |= {"percent": percent, "amount": str(payment.amount)}
     txn = post(
         TransactionKind.TOPUP,
         legs,
         wallet=wallet,
-        memo=memo,
+        code=code,
+        params=params,
         key=f"payment:{provider}:{provider_txn_id}",
         at=now,
     )

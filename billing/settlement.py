@@ -28,7 +28,15 @@ from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
 
 from billing import clock, lowbalance
-from billing.choices import AccountKind, CloseReason, Meter, NoticeKind, TransactionKind, UsageState
+from billing.choices import (
+    AccountKind,
+    CloseReason,
+    MemoCode,
+    Meter,
+    NoticeKind,
+    TransactionKind,
+    UsageState,
+)
 from billing.ledger import spend_order, spending_legs, system_account
 from billing.models import (
     Account,
@@ -45,6 +53,8 @@ from billing.sql import bulk_set, insert_rows
 from console.events import notify_user
 
 logger = logging.getLogger(__name__)
+
+USAGE = MemoCode.USAGE.value
 
 
 def setting(name: str, default: Any) -> Any:
@@ -269,13 +279,15 @@ def _post_usage(run: _Run) -> int:
     for charge in run.charges:
         owed[charge.session.wallet_id] += charge.amount
     revenue = cast(_Bucket, run.revenue)
-    memo = _("Usage up to %(at)s") % {"at": run.now.strftime("%Y-%m-%d %H:%M:%S UTC")}
+    params = {"at": run.now.strftime("%Y-%m-%d %H:%M:%S UTC")}
     txn_rows: list[list[Any]] = []
     for wallet_id, amount in owed.items():
         if amount:
             run.legs[wallet_id] = spending_legs(run.buckets.get(wallet_id, []), amount, revenue)
-            txn_rows.append([uuid.uuid4(), TransactionKind.USAGE.value, wallet_id, memo, run.now])
-    names = ["public_id", "kind", "wallet", "memo", "created_at"]
+            txn_rows.append(
+                [uuid.uuid4(), TransactionKind.USAGE.value, wallet_id, "", USAGE, params, run.now]
+            )
+    names = ["public_id", "kind", "wallet", "memo", "memo_code", "memo_params", "created_at"]
     txn_ids = insert_rows(LedgerTransaction, names, txn_rows, True)
     txn_of = dict(zip([r[2] for r in txn_rows], txn_ids, strict=True))
     entry_rows: list[list[Any]] = []

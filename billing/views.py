@@ -174,7 +174,7 @@ def statement_csv(request: HttpRequest) -> HttpResponse:
                 statements.local_iso(line.txn.created_at),
                 line.txn.public_id,
                 line.txn.kind,
-                _csv_text(line.txn.memo),
+                _csv_text(line.txn.description),
                 line.by_kind.get("cash", ""),
                 line.by_kind.get("trial", ""),
                 line.by_kind.get("voucher", ""),

@@ -37,10 +37,18 @@ class TransactionSerializer(serializers.ModelSerializer):
         read_only=True,
         help_text="Effect on your balance (positive = credited).",
     )
+    memo = serializers.CharField(
+        source="description",
+        read_only=True,
+        help_text="What the transaction was, in the request's language.",
+    )
+    memo_params = serializers.JSONField(
+        read_only=True, help_text="The parameters of memo_code's message (empty for free text)."
+    )
 
     class Meta:
         model = LedgerTransaction
-        fields = ("id", "kind", "memo", "created_at", "amount")
+        fields = ("id", "kind", "memo", "memo_code", "memo_params", "created_at", "amount")
 
 
 class UsageSessionSerializer(serializers.ModelSerializer):
