@@ -228,6 +228,7 @@ def test_confirming_the_address_in_the_same_browser_logs_the_new_customer_in(
     client = Client(REMOTE_ADDR="10.0.0.9")
     _signup(client, "judy@startup.example.com")
     link = re.search(r"https?://[^/\s]+(/accounts/confirm-email/[^/\s]+/)", mail.outbox[0].body)
+    assert f"{billing_services.TRIAL_CREDIT} 元" in mail.outbox[0].body  # billing's amount
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(link.group(1))
     assert response.status_code == 302 and response["Location"] == settings.LOGIN_REDIRECT_URL
