@@ -57,9 +57,11 @@ TYPED := console/services.py console/dashboard.py slices/services/ slices/models
 	slices/topology/ slices/perf.py slices/fleetfile.py billing/money.py billing/pricing.py \
 	billing/lowbalance.py billing/clock.py billing/offers.py marketplace/mounts.py marketplace/catalogue.py console/sshkeys.py
 
+# lint-imports checks the boundaries written in pyproject.toml [tool.importlinter].
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy $(TYPED)
 
 format: $(VENV)/.synced

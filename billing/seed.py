@@ -53,6 +53,7 @@ def seed_billing(price_book: Any, gpu_price: Any, term_price: Any, bonus_rule: A
 
 
 def seed_default_prices() -> None:
+    # Inside: migration 0002 imports this module and must not load today's models with it.
     from billing.models import GpuPrice, PriceBook, TermPrice, TopUpBonusRule
 
     seed_billing(PriceBook, GpuPrice, TermPrice, TopUpBonusRule)

@@ -16,6 +16,7 @@ from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from billing.services import get_wallet_summary
 from console import services
 from console.forms import ApiTokenForm, ResendVerificationForm, SshKeyForm
 from console.htmx import render_page
@@ -37,17 +38,9 @@ def overview(request: HttpRequest) -> HttpResponse:
         "emails": EmailAddress.objects.filter(user=request.user).order_by("-primary", "email"),
         "ssh_key_count": SshKey.objects.for_owner(request.user).count(),
         "token_count": ApiToken.objects.for_owner(request.user).active().count(),
-        "wallet": _wallet_summary(request.user),
+        "wallet": get_wallet_summary(request.user),
     }
     return render(request, "console/account.html", context)
-
-
-def _wallet_summary(user: object) -> object | None:
-    try:
-        from billing.services import get_wallet_summary
-    except ImportError:  # billing not wired yet on this checkout
-        return None
-    return get_wallet_summary(user)
 
 
 # --- SSH keys -----------------------------------------------------------------------------------

@@ -45,11 +45,7 @@ def wallet_summary(context: template.Context) -> Any:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return None
-    try:
-        from billing.services import get_wallet_summary
-    except ImportError:  # billing's service layer not present in this checkout yet
-        return None
-    return get_wallet_summary(user)
+    return billing_services.get_wallet_summary(user)
 
 
 @register.simple_tag
