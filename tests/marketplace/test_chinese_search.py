@@ -105,6 +105,9 @@ def test_without_a_query_the_most_liked_come_first(shelf, alice_client: Client) 
     # Likes where the source gives them, most first; the others after, by name.
     assert both(alice_client, "") == [LLAMA, QWEN72, QWEN7, INTERN, BAICHUAN]
     assert both(alice_client, "sort=popular") == both(alice_client, "")
+    # The list says why: the likes beside the size.
+    html = alice_client.get("/marketplace/", headers={"HX-Request": "true"}).content.decode()
+    assert 'data-likes="2000"' in html and "♥ 470" in html
 
 
 def test_the_chinese_name_and_description_show_in_the_chinese_ui_only(
