@@ -334,7 +334,7 @@ WHITENOISE_AUTOREFRESH = EMBEDDED and DEBUG
 # --- Accounts (django-allauth) ------------------------------------------------------------------
 AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",  # the admin's login form
-    "allauth.account.auth_backends.AuthenticationBackend",  # email or username
+    "console.adapters.AccountAuthenticationBackend",  # email or username (allauth's)
 ]
 ACCOUNT_ADAPTER = "console.adapters.AccountAdapter"
 ACCOUNT_LOGIN_METHODS = {"email", "username"}
@@ -407,6 +407,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "console.api.pagination.ConsolePagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "console.api.exceptions.api_exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "console.api.parsers.SafeJSONParser",  # deeply nested JSON is a 400, not a 500
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
