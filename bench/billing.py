@@ -25,12 +25,15 @@ import os
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
     from billing.models import GpuPrice
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -66,11 +69,13 @@ def main() -> int:
 class QueryCounter:
     """Counts every SQL statement sent to the database (no 9,000-query cap like Django's log)."""
 
-    def __init__(self, connection) -> None:  # noqa: ANN001
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
         self.count = 0
 
-    def __call__(self, execute, sql, params, many, context):  # noqa: ANN001, ANN204
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
         self.count += 1
         return execute(sql, params, many, context)
 
@@ -86,7 +91,7 @@ class QueryCounter:
         return self.count
 
 
-def run(args: argparse.Namespace, connection) -> int:  # noqa: ANN001
+def run(args: argparse.Namespace, connection: BaseDatabaseWrapper) -> int:
     from billing import clock, services
     from billing.models import UsageSession
     from billing.money import settlement_delta

@@ -16,6 +16,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from decimal import Decimal
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.db import models
@@ -287,12 +288,12 @@ class LedgerTransaction(models.Model):
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.created_at:%Y-%m-%d %H:%M:%S}"
 
-    def save(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+    def save(self, *args: Any, **kwargs: Any) -> None:
         if self.pk is not None and not kwargs.get("force_insert"):
             raise ImmutableError("ledger transactions are append-only")
         super().save(*args, **kwargs)
 
-    def delete(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ImmutableError("ledger transactions are append-only")
 
     @property
@@ -326,12 +327,12 @@ class Entry(models.Model):
     def __str__(self) -> str:
         return f"{self.amount} → {self.account}"
 
-    def save(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+    def save(self, *args: Any, **kwargs: Any) -> None:
         if self.pk is not None and not kwargs.get("force_insert"):
             raise ImmutableError("ledger entries are append-only")
         super().save(*args, **kwargs)
 
-    def delete(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ImmutableError("ledger entries are append-only")
 
 

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from django.db import models
 from django.db.models import Q
+
+if TYPE_CHECKING:
+    from console.models import User
 
 
 class PriceBookQuerySet(models.QuerySet):
@@ -21,7 +24,7 @@ class AccountQuerySet(models.QuerySet):
 
 
 class LedgerTransactionQuerySet(models.QuerySet):
-    def for_owner(self, user: object) -> Self:
+    def for_owner(self, user: User) -> Self:
         return self.filter(wallet__owner=user)
 
 
@@ -29,5 +32,5 @@ class UsageSessionQuerySet(models.QuerySet):
     def open(self) -> Self:
         return self.filter(state="open")
 
-    def for_owner(self, user: object) -> Self:
+    def for_owner(self, user: User) -> Self:
         return self.filter(wallet__owner=user)

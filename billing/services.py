@@ -44,7 +44,7 @@ import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 from django.shortcuts import get_object_or_404
@@ -108,6 +108,11 @@ from billing.settlement import (
 )
 from console.errors import ErrorCode
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser
+
+    from console.models import User
+
 __all__ = [  # what other apps, the views and the tests call
     "MAX_TOPUP",
     "MIN_TOPUP",
@@ -160,7 +165,7 @@ MAX_TOPUP = Decimal("10000000.00")
 
 # --- grants -----------------------------------------------------------------------------------------
 @transaction.atomic
-def grant_trial_credit(user: Any) -> bool:
+def grant_trial_credit(user: User) -> bool:
     """Grant the one-time 10.00 元 trial credit (体验金). Returns whether this call granted it.
 
     Idempotent: the grant's ledger key is unique per wallet, so repeated or concurrent calls (two
@@ -190,13 +195,13 @@ def grant_trial_credit(user: Any) -> bool:
 
 @transaction.atomic
 def grant_voucher(
-    user: Any,
+    user: User,
     amount: Decimal,
     *,
     reason: str,
     expires_at: datetime | None = None,
     valid_days: int = 90,
-    by: Any = None,
+    by: User | None = None,
     key: str | None = None,
 ) -> Account:
     """Grant a compute voucher (算力券): its own account with an amount, an expiry and a reason."""
@@ -223,7 +228,9 @@ def grant_voucher(
 
 
 @transaction.atomic
-def refund_cash(user: Any, amount: Decimal, *, reason: str, by: Any = None) -> LedgerTransaction:
+def refund_cash(
+    user: User, amount: Decimal, *, reason: str, by: User | None = None
+) -> LedgerTransaction:
     """Pay cash back to the customer (trial credit and vouchers are never refunded)."""
     amount = round_cents(to_decimal(amount))
     if amount <= 0 or not reason.strip():
@@ -243,7 +250,7 @@ def refund_cash(user: Any, amount: Decimal, *, reason: str, by: Any = None) -> L
 
 @transaction.atomic
 def reverse_transaction(
-    txn: LedgerTransaction, *, reason: str, by: Any = None
+    txn: LedgerTransaction, *, reason: str, by: User | None = None
 ) -> LedgerTransaction:
     """Correct a transaction with its mirror image (entries are never edited or deleted)."""
     if not reason.strip():
@@ -317,7 +324,7 @@ def price_list(at: datetime | None = None) -> list[tuple[GpuPrice, list[TermPric
     return [(p, terms[p.gpu_model]) for p in book.gpu_prices.all()]
 
 
-def quote_for(user: Any, gpu_model: str, cards: int, disk_gb: int = 0) -> Quote:
+def quote_for(user: User | AnonymousUser, gpu_model: str, cards: int, disk_gb: int = 0) -> Quote:
     """Quote an order on the current price book, with how long the user's balance lasts."""
     book, price = current_gpu_price(gpu_model)
     terms = list(book.term_prices.filter(gpu_model=gpu_model))
@@ -331,7 +338,9 @@ def quote_for(user: Any, gpu_model: str, cards: int, disk_gb: int = 0) -> Quote:
     )
 
 
-def ensure_affordable(user: Any, gpu_model: str, cards: int, disk_gb: int = 0) -> Quote:
+def ensure_affordable(
+    user: User | AnonymousUser, gpu_model: str, cards: int, disk_gb: int = 0
+) -> Quote:
     """Refuse an on-demand order the balance cannot run for one settlement window.
 
     The ordering app calls it before allocating; returns the quote (with runway) on success.
@@ -351,7 +360,7 @@ def ensure_affordable(user: Any, gpu_model: str, cards: int, disk_gb: int = 0) -
 # --- metering ------------------------------------------------------------------------------------
 @transaction.atomic
 def open_usage_session(
-    user: Any,
+    user: User,
     *,
     resource_kind: str,
     resource_id: str,
@@ -430,7 +439,7 @@ def close_usage_session(
 # --- long-term rental ----------------------------------------------------------------------------
 @transaction.atomic
 def purchase_term(
-    user: Any,
+    user: User,
     *,
     gpu_model: str,
     cards: int,
@@ -516,7 +525,7 @@ def validate_topup_amount(amount: Any) -> Decimal:
 
 @transaction.atomic
 def start_topup(
-    user: Any, amount: Any, *, provider: str = "sandbox", idempotency_key: str | None = None
+    user: User, amount: Any, *, provider: str = "sandbox", idempotency_key: str | None = None
 ) -> tuple[Payment, bool]:
     """Create a pending top-up; returns (payment, created).
 
@@ -656,7 +665,7 @@ def handle_webhook(provider_name: str, body: bytes, headers: dict[str, str]) -> 
 
 
 # --- lookups for views -------------------------------------------------------------------------
-def get_payment_for_user(user: Any, public_id: Any) -> Payment:
+def get_payment_for_user(user: User, public_id: str) -> Payment:
     return get_object_or_404(Payment, public_id=public_id, wallet__owner=user)
 
 

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
@@ -20,6 +20,9 @@ from django.utils import timezone
 
 from billing.models import Entry, LedgerTransaction, UsageCharge, UsageSession, Wallet
 from billing.money import ZERO, round_cents
+
+if TYPE_CHECKING:
+    from console.models import User
 
 
 def month_bounds(month: str | None, now: datetime) -> tuple[date, datetime, datetime]:
@@ -120,16 +123,16 @@ def build_statement(wallet: Wallet | None, month: str | None, now: datetime) -> 
         .order_by("session_id", "from_second")
     )
     for charge in charges:
-        line = usage.get(charge.session_id)
-        if line is None:
-            line = usage[charge.session_id] = UsageLine(charge.session, 0, ZERO)
-        line.seconds += charge.to_second - charge.from_second
-        line.amount += charge.amount
+        session_line = usage.get(charge.session_id)
+        if session_line is None:
+            session_line = usage[charge.session_id] = UsageLine(charge.session, 0, ZERO)
+        session_line.seconds += charge.to_second - charge.from_second
+        session_line.amount += charge.amount
     statement.usage = list(usage.values())
     return statement
 
 
-def transactions_for(user: Any) -> QuerySet:
+def transactions_for(user: User) -> QuerySet[LedgerTransaction]:
     return LedgerTransaction.objects.for_owner(user).order_by("-created_at", "-id")
 
 
@@ -138,10 +141,13 @@ def with_net_amounts(
 ) -> list[LedgerTransaction]:
     """Attach ``net`` (effect on the customer's buckets) to a page of transactions: one query."""
     nets: dict[int, Decimal] = defaultdict(lambda: ZERO)
-    for txn_id, amount in Entry.objects.filter(
-        transaction__in=[t.pk for t in txns], account__wallet_id=wallet_id
-    ).values_list("transaction_id", "amount"):
-        nets[txn_id] += amount
+    entries = Entry.objects.filter(transaction__in=[t.pk for t in txns])
+    # No wallet, no transactions of its own (and no filter on NULL, which means system accounts).
+    if wallet_id is not None:
+        for txn_id, amount in entries.filter(account__wallet_id=wallet_id).values_list(
+            "transaction_id", "amount"
+        ):
+            nets[txn_id] += amount
     for txn in txns:
         txn.net = round_cents(nets[txn.pk])  # type: ignore[attr-defined]
     return txns

@@ -3,7 +3,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -19,17 +19,26 @@ from billing.choices import PaymentState
 from billing.forms import QuoteForm, StatementMonthForm, TopUpForm
 from billing.models import Account, BillingNotice, UsageSession, Wallet
 from billing.providers import get_provider
-from billing.providers.sandbox import sandbox_enabled
+from billing.providers.sandbox import SandboxProvider, sandbox_enabled
 from console.htmx import render_page
+
+if TYPE_CHECKING:
+    from console.models import User
+
+    class AuthenticatedRequest(HttpRequest):
+        """What ``@login_required`` views receive: ``user`` is never anonymous."""
+
+        user: User
+
 
 PAGE_SIZE = 20
 
 
-def _wallet(user: Any) -> Wallet | None:
+def _wallet(user: User) -> Wallet | None:
     return Wallet.objects.filter(owner=user).first()
 
 
-def _transactions_page(request: HttpRequest, wallet: Wallet | None) -> Any:
+def _transactions_page(request: AuthenticatedRequest, wallet: Wallet | None) -> Any:
     page = Paginator(statements.transactions_for(request.user), PAGE_SIZE).get_page(
         request.GET.get("tx_page")
     )
@@ -37,14 +46,14 @@ def _transactions_page(request: HttpRequest, wallet: Wallet | None) -> Any:
     return page
 
 
-def _usage_page(request: HttpRequest) -> Any:
+def _usage_page(request: AuthenticatedRequest) -> Any:
     sessions = UsageSession.objects.for_owner(request.user).order_by("-started_at", "-id")
     return Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("usage_page"))
 
 
 @login_required
 @require_GET
-def overview(request: HttpRequest) -> HttpResponse:
+def overview(request: AuthenticatedRequest) -> HttpResponse:
     wallet = _wallet(request.user)
     now = clock.now()
     context = {
@@ -67,7 +76,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def topup(request: HttpRequest) -> HttpResponse:
+def topup(request: AuthenticatedRequest) -> HttpResponse:
     form = TopUpForm(request.POST)
     if not form.is_valid():
         messages.error(request, _("Enter an amount between 1 and 10,000,000 元."))
@@ -95,11 +104,11 @@ def _sandbox_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespon
 @_sandbox_only
 @login_required
 @require_http_methods(["GET", "POST"])
-def sandbox_checkout(request: HttpRequest, public_id: str) -> HttpResponse:
+def sandbox_checkout(request: AuthenticatedRequest, public_id: str) -> HttpResponse:
     """The sandbox provider's checkout page; "Pay" makes the sandbox send its signed callback."""
     payment = services.get_payment_for_user(request.user, public_id)
     if request.method == "POST" and payment.state == PaymentState.PENDING:
-        provider = get_provider("sandbox")
+        provider = cast(SandboxProvider, get_provider("sandbox"))
         status = "failed" if request.POST.get("outcome") == "fail" else "succeeded"
         body, headers = provider.build_callback(payment, status)
         # The same verification path as an HTTP callback from outside (billing:sandbox-webhook).
@@ -126,7 +135,7 @@ def sandbox_webhook(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True, "credited": credited})
 
 
-def _statement(request: HttpRequest) -> statements.Statement | None:
+def _statement(request: AuthenticatedRequest) -> statements.Statement | None:
     form = StatementMonthForm(request.GET)
     if not form.is_valid():
         return None
@@ -137,7 +146,7 @@ def _statement(request: HttpRequest) -> statements.Statement | None:
 
 @login_required
 @require_GET
-def statement(request: HttpRequest) -> HttpResponse:
+def statement(request: AuthenticatedRequest) -> HttpResponse:
     result = _statement(request)
     if result is None:
         return HttpResponseBadRequest(_("Use ?month=YYYY-MM."))
@@ -146,7 +155,7 @@ def statement(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def statement_csv(request: HttpRequest) -> HttpResponse:
+def statement_csv(request: AuthenticatedRequest) -> HttpResponse:
     result = _statement(request)
     if result is None:
         return HttpResponseBadRequest(_("Use ?month=YYYY-MM."))
@@ -188,7 +197,7 @@ def statement_csv(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def usage_csv(request: HttpRequest) -> HttpResponse:
+def usage_csv(request: AuthenticatedRequest) -> HttpResponse:
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="usage.csv"'
     response.write("\ufeff")

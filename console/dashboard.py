@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING
 
 from billing.offers import PriceSheet, price_sheet
 from billing.services import WalletSummary, get_wallet_summary, price_list
 from marketplace.services import catalogue_counts
 from slices.services import Availability, availability
 from slices.topology import SLICE_UNIT_GPUS, gpu_model_key
+
+if TYPE_CHECKING:
+    from console.models import User
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class Dashboard:
     images: int
 
 
-def build_dashboard(user: Any) -> Dashboard:
+def build_dashboard(user: User) -> Dashboard:
     prices = {gpu_model_key(p.gpu_model): p for p, _terms in price_list()}
     offers = []
     for row in availability():

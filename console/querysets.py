@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Self
+from typing import TYPE_CHECKING, Self
 
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser
+
+    from console.models import User
 
 
 class OwnedQuerySet(models.QuerySet):
@@ -15,7 +20,7 @@ class OwnedQuerySet(models.QuerySet):
 
     owner_field = "owner"
 
-    def for_owner(self, user: Any) -> Self:
+    def for_owner(self, user: User | AnonymousUser | None) -> Self:
         if user is None or not getattr(user, "is_authenticated", False):
             return self.none()
         return self.filter(**{self.owner_field: user})

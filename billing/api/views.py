@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+from django.db.models import QuerySet
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
@@ -21,7 +22,7 @@ from billing.api.serializers import (
     UsageSessionSerializer,
     WalletSerializer,
 )
-from billing.models import Account, Payment, UsageSession, Wallet
+from billing.models import Account, LedgerTransaction, Payment, UsageSession, Wallet
 from console.api.exceptions import ApiError, ErrorCode
 
 UUID_PATTERN = "[0-9a-fA-F-]{32,36}"
@@ -103,7 +104,7 @@ class TransactionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     lookup_field = "public_id"
     lookup_value_regex = UUID_PATTERN
 
-    def get_queryset(self):  # noqa: ANN201
+    def get_queryset(self) -> QuerySet[LedgerTransaction]:
         return statements.transactions_for(self.request.user)
 
     def _wallet_id(self) -> int | None:
@@ -134,7 +135,7 @@ class UsageSessionViewSet(
     lookup_field = "public_id"
     lookup_value_regex = UUID_PATTERN
 
-    def get_queryset(self):  # noqa: ANN201
+    def get_queryset(self) -> QuerySet[UsageSession]:
         return (
             UsageSession.objects.for_owner(self.request.user)
             .select_related("price_book")
@@ -151,7 +152,7 @@ class TopUpViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     lookup_field = "public_id"
     lookup_value_regex = UUID_PATTERN
 
-    def get_queryset(self):  # noqa: ANN201
+    def get_queryset(self) -> QuerySet[Payment]:
         return Payment.objects.filter(wallet__owner=self.request.user).order_by(
             "-created_at", "-id"
         )
@@ -167,7 +168,7 @@ class TopUpViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         payload = TopUpCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         key = (request.headers.get("Idempotency-Key") or "").strip() or None
-        max_length = Payment._meta.get_field("idempotency_key").max_length
+        max_length = cast(int, Payment._meta.get_field("idempotency_key").max_length)
         if key is not None and len(key) > max_length:  # truncating would make keys collide
             raise ApiError(
                 ErrorCode.INVALID,
