@@ -48,43 +48,43 @@ def _celery_runs_tasks_inline() -> None:
     celery_app.conf.task_eager_propagates = True
 
 
-def _make_user(django_user_model, username: str, **extra):  # noqa: ANN001, ANN202
+def _make_user(django_user_model, username: str, **extra):
     return django_user_model.objects.create_user(
         username=username, email=f"{username}@example.com", password=PASSWORD, **extra
     )
 
 
 @pytest.fixture
-def alice(django_user_model):  # noqa: ANN001, ANN201
+def alice(django_user_model):
     return _make_user(django_user_model, "alice", first_name="Alice")
 
 
 @pytest.fixture
-def bob(django_user_model):  # noqa: ANN001, ANN201
+def bob(django_user_model):
     return _make_user(django_user_model, "bob", first_name="Bob")
 
 
 @pytest.fixture
-def operator(django_user_model):  # noqa: ANN001, ANN201
+def operator(django_user_model):
     return _make_user(django_user_model, "ops", first_name="Olga", is_staff=True, is_superuser=True)
 
 
-def _client_for(user) -> Client:  # noqa: ANN001
+def _client_for(user) -> Client:
     client = Client()
     client.force_login(user)
     return client
 
 
 @pytest.fixture
-def alice_client(alice) -> Client:  # noqa: ANN001
+def alice_client(alice) -> Client:
     return _client_for(alice)
 
 
 @pytest.fixture
-def bob_client(bob) -> Client:  # noqa: ANN001
+def bob_client(bob) -> Client:
     return _client_for(bob)
 
 
 @pytest.fixture
-def operator_client(operator) -> Client:  # noqa: ANN001
+def operator_client(operator) -> Client:
     return _client_for(operator)

@@ -20,7 +20,7 @@ def billing_clock() -> Iterator[clock.FrozenClock]:
 
 
 @pytest.fixture
-def prices(db) -> None:  # noqa: ANN001
+def prices(db) -> None:
     """The seed price book (transactional tests flush the migration's copy)."""
     seed_default_prices()
 
@@ -44,12 +44,12 @@ def assert_ledger_consistent() -> None:
 
 
 @pytest.fixture
-def sandbox_payments(settings) -> None:  # noqa: ANN001
+def sandbox_payments(settings) -> None:
     """Production mode switches the sandbox provider off; tests that pay through it opt in."""
     settings.BILLING_SANDBOX_PAYMENTS = True
 
 
 @pytest.fixture
-def no_sandbox_payments(settings) -> None:  # noqa: ANN001
+def no_sandbox_payments(settings) -> None:
     """The production default: ``BILLING_SANDBOX_PAYMENTS`` off."""
     settings.BILLING_SANDBOX_PAYMENTS = False

@@ -14,12 +14,12 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def _operator_may_manage_billing(operator) -> None:  # noqa: ANN001
+def _operator_may_manage_billing(operator) -> None:
     """Operators are staff with the billing permissions (granted by a group in production)."""
     operator.user_permissions.add(*Permission.objects.filter(content_type__app_label="billing"))
 
 
-def test_operator_grants_a_voucher_and_refunds_with_reasons(alice, operator_client, prices) -> None:  # noqa: ANN001
+def test_operator_grants_a_voucher_and_refunds_with_reasons(alice, operator_client, prices) -> None:
     wallet = services.get_or_create_wallet(alice)
     url = reverse("admin:billing_wallet_grant_voucher", args=[wallet.pk])
     assert operator_client.get(url).status_code == 200
@@ -39,7 +39,7 @@ def test_operator_grants_a_voucher_and_refunds_with_reasons(alice, operator_clie
     assert services.get_wallet_summary(alice).vouchers == Decimal("0.00")
 
 
-def test_customers_cannot_reach_operator_actions(alice, alice_client, prices) -> None:  # noqa: ANN001
+def test_customers_cannot_reach_operator_actions(alice, alice_client, prices) -> None:
     wallet = services.get_or_create_wallet(alice)
     response = alice_client.post(
         reverse("admin:billing_wallet_grant_voucher", args=[wallet.pk]),
@@ -49,7 +49,7 @@ def test_customers_cannot_reach_operator_actions(alice, alice_client, prices) ->
     assert services.get_wallet_summary(alice).vouchers == 0
 
 
-def test_prices_in_effect_are_read_only_copies_are_editable(operator_client, prices) -> None:  # noqa: ANN001
+def test_prices_in_effect_are_read_only_copies_are_editable(operator_client, prices) -> None:
     book = PriceBook.objects.get(version=1)
     page = operator_client.get(reverse("admin:billing_pricebook_change", args=[book.pk]))
     assert page.status_code == 200 and 'name="storage_free_gb"' not in page.content.decode()
@@ -67,7 +67,7 @@ def test_operations_need_their_explicit_permission_not_just_view(
     alice,
     django_user_model,
     operator_client,
-    prices,  # noqa: ANN001
+    prices,
 ) -> None:
     wallet = services.get_or_create_wallet(alice)
     services.grant_voucher(alice, Decimal("5.00"), reason="goodwill", valid_days=30)

@@ -14,20 +14,20 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def alice_api(alice) -> APIClient:  # noqa: ANN001
+def alice_api(alice) -> APIClient:
     client = APIClient()
     client.force_authenticate(alice)
     return client
 
 
 @pytest.fixture
-def bob_api(bob) -> APIClient:  # noqa: ANN001
+def bob_api(bob) -> APIClient:
     client = APIClient()
     client.force_authenticate(bob)
     return client
 
 
-def test_wallet_shows_balances_by_kind(alice, alice_api, prices) -> None:  # noqa: ANN001
+def test_wallet_shows_balances_by_kind(alice, alice_api, prices) -> None:
     services.grant_trial_credit(alice)
     services.grant_voucher(alice, Decimal("5"), reason="sorry", valid_days=7)
     body = alice_api.get("/api/v1/billing/wallet/").json()
@@ -37,7 +37,7 @@ def test_wallet_shows_balances_by_kind(alice, alice_api, prices) -> None:  # noq
     assert body["voucher_list"][0]["reason"] == "sorry"
 
 
-def test_top_up_with_idempotency_key(alice, alice_api, prices) -> None:  # noqa: ANN001
+def test_top_up_with_idempotency_key(alice, alice_api, prices) -> None:
     url = "/api/v1/billing/top-ups/"
     first = alice_api.post(
         url, {"amount": "100.00"}, format="json", headers={"Idempotency-Key": "k1"}
@@ -57,7 +57,7 @@ def test_top_up_with_idempotency_key(alice, alice_api, prices) -> None:  # noqa:
     assert bad.status_code == 400 and bad.json()["error"] == "invalid"
 
 
-def test_mass_assignment_cannot_set_state_or_owner(alice, bob, alice_api, prices) -> None:  # noqa: ANN001
+def test_mass_assignment_cannot_set_state_or_owner(alice, bob, alice_api, prices) -> None:
     response = alice_api.post(
         "/api/v1/billing/top-ups/",
         {"amount": "10.00", "state": "succeeded", "wallet": 999, "owner": bob.pk},
@@ -67,7 +67,7 @@ def test_mass_assignment_cannot_set_state_or_owner(alice, bob, alice_api, prices
     assert Payment.objects.get().wallet.owner == alice
 
 
-def test_quote(alice_api, prices) -> None:  # noqa: ANN001
+def test_quote(alice_api, prices) -> None:
     body = alice_api.post(
         "/api/v1/billing/quotes/", {"gpu_model": "RTX 4090", "cards": 8}, format="json"
     ).json()
@@ -81,7 +81,7 @@ def test_quote(alice_api, prices) -> None:  # noqa: ANN001
     assert {p["gpu_model"]: p["is_placeholder"] for p in prices_body}["H800"] is True
 
 
-def _sessions(user, n: int, clock) -> None:  # noqa: ANN001
+def _sessions(user, n: int, clock) -> None:
     services.grant_voucher(user, Decimal("500"), reason="t", valid_days=30)
     for i in range(n):
         services.open_usage_session(
@@ -93,7 +93,7 @@ def _sessions(user, n: int, clock) -> None:  # noqa: ANN001
 
 def test_lists_have_constant_query_counts(
     alice, alice_api, prices, billing_clock, django_assert_num_queries
-) -> None:  # noqa: ANN001
+) -> None:
     _sessions(alice, 2, billing_clock)
     counts = {}
     for url in (
@@ -111,7 +111,7 @@ def test_lists_have_constant_query_counts(
         assert response.status_code == 200
 
 
-def test_another_customer_gets_404_and_empty_lists(alice, bob_api, prices, billing_clock) -> None:  # noqa: ANN001
+def test_another_customer_gets_404_and_empty_lists(alice, bob_api, prices, billing_clock) -> None:
     _sessions(alice, 1, billing_clock)
     payment, _ = services.start_topup(alice, "10")
     session = alice.wallet.usage_sessions.get()
@@ -127,7 +127,7 @@ def test_another_customer_gets_404_and_empty_lists(alice, bob_api, prices, billi
         assert bob_api.get(url).json()["results"] == []
 
 
-def test_transaction_amounts_are_the_customers_side(alice, alice_api, prices) -> None:  # noqa: ANN001
+def test_transaction_amounts_are_the_customers_side(alice, alice_api, prices) -> None:
     services.grant_trial_credit(alice)
     body = alice_api.get("/api/v1/billing/transactions/").json()
     assert body["results"][0]["amount"] == "10.00"
@@ -135,13 +135,13 @@ def test_transaction_amounts_are_the_customers_side(alice, alice_api, prices) ->
     assert one["kind"] == "trial_grant" and one["amount"] == "10.00"
 
 
-def test_malformed_ids_are_404_not_500(alice_api) -> None:  # noqa: ANN001
+def test_malformed_ids_are_404_not_500(alice_api) -> None:
     for url in ("transactions", "usage-sessions", "top-ups"):
         response = alice_api.get(f"/api/v1/billing/{url}/40bdFE1--58862AeA3a75EF3cDF53FD09-/")
         assert response.status_code == 404, url
 
 
-def test_an_idempotency_key_longer_than_the_column_is_refused(alice_api, prices) -> None:  # noqa: ANN001
+def test_an_idempotency_key_longer_than_the_column_is_refused(alice_api, prices) -> None:
     url = "/api/v1/billing/top-ups/"
     long_key = "k" * 100
     too_long = alice_api.post(

@@ -39,7 +39,7 @@ def _open(users: list[Any], per_user: int) -> None:
             )
 
 
-def test_concurrent_settlements_charge_once(prices, billing_clock) -> None:  # noqa: ANN001
+def test_concurrent_settlements_charge_once(prices, billing_clock) -> None:
     users = [UserFactory() for _ in range(4)]
     _open(users, 5)
     billing_clock.advance(600)
@@ -54,7 +54,7 @@ def test_concurrent_settlements_charge_once(prices, billing_clock) -> None:  # n
 
 def test_concurrent_settlements_at_different_seconds_sum_to_the_one_shot(
     prices, billing_clock
-) -> None:  # noqa: ANN001
+) -> None:
     users = [UserFactory() for _ in range(3)]
     _open(users, 3)
     start = billing_clock.now()
@@ -69,7 +69,7 @@ def test_concurrent_settlements_at_different_seconds_sum_to_the_one_shot(
 
 
 @pytest.mark.usefixtures("sandbox_payments")
-def test_concurrent_webhook_replays_credit_once(prices) -> None:  # noqa: ANN001
+def test_concurrent_webhook_replays_credit_once(prices) -> None:
     user = UserFactory()
     payment, _ = services.start_topup(user, "100000.00")
     body, headers = SandboxProvider().build_callback(payment)
@@ -90,7 +90,7 @@ def test_concurrent_trial_grants_grant_once() -> None:
 
 
 @pytest.mark.usefixtures("sandbox_payments")
-def test_concurrent_top_ups_and_settlements_lose_no_update(prices, billing_clock) -> None:  # noqa: ANN001
+def test_concurrent_top_ups_and_settlements_lose_no_update(prices, billing_clock) -> None:
     users = [UserFactory() for _ in range(3)]
     for user in users:
         services.grant_trial_credit(user)
@@ -121,7 +121,7 @@ def test_concurrent_top_ups_and_settlements_lose_no_update(prices, billing_clock
 
 
 @pytest.mark.usefixtures("sandbox_payments")
-def test_mixed_money_movements_across_wallets_never_deadlock(prices, billing_clock) -> None:  # noqa: ANN001
+def test_mixed_money_movements_across_wallets_never_deadlock(prices, billing_clock) -> None:
     users = [UserFactory() for _ in range(5)]
     _open(users, 2)
     payments = [services.start_topup(users[i % 5], "20.00")[0] for i in range(10)]
@@ -161,7 +161,7 @@ def _wait(until: Callable[[], bool], timeout: float = 60) -> None:
 
 def test_settlement_never_locks_accounts_of_a_wallet_it_did_not_lock(
     prices,
-    billing_clock,  # noqa: ANN001
+    billing_clock,
 ) -> None:
     """A wallet whose first session opens while the run waits for its wallet locks is left out.
 

@@ -14,7 +14,7 @@ from tests.e2e.conftest import browser, page  # noqa: F401 - the e2e fixtures, r
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-def test_top_up_in_the_browser(page: Page, live_server, alice, prices) -> None:  # noqa: ANN001, F811
+def test_top_up_in_the_browser(page: Page, live_server, alice, prices) -> None:  # noqa: F811
     services.grant_trial_credit(alice)
     client = Client()
     client.force_login(alice)

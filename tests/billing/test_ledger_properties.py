@@ -57,7 +57,7 @@ op = st.one_of(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(ops=st.lists(op, min_size=1, max_size=30))
-def test_random_sequences_keep_the_ledger_whole(prices, ops) -> None:  # noqa: ANN001
+def test_random_sequences_keep_the_ledger_whole(prices, ops) -> None:
     frozen = clock.FrozenClock()
     with clock.use_clock(frozen), transaction.atomic():
         users = [UserFactory() for _ in range(3)]
@@ -143,7 +143,7 @@ def _assert_no_money_created_or_lost() -> None:
 def test_reconciliation_finds_nothing_after_normal_use_and_flags_tampering(
     alice,
     prices,
-    billing_clock,  # noqa: ANN001
+    billing_clock,
 ) -> None:
     services.grant_trial_credit(alice)
     payment, _ = services.start_topup(alice, "50.00")
@@ -163,7 +163,7 @@ def test_reconciliation_finds_nothing_after_normal_use_and_flags_tampering(
 
 
 @pytest.mark.django_db
-def test_reconcile_command(alice, prices) -> None:  # noqa: ANN001
+def test_reconcile_command(alice, prices) -> None:
     from io import StringIO
 
     from django.core.management import CommandError, call_command

@@ -78,7 +78,7 @@ def test_the_calculator_refuses_a_model_without_a_published_price(
 
 def test_the_calculator_shows_a_customer_how_long_the_balance_lasts(
     alice, alice_client: Client, prices: None
-) -> None:  # noqa: ANN001
+) -> None:
     services.grant_trial_credit(alice)
     url = reverse("billing:quote") + "?gpu_model=RTX+4090&cards=8&disk_gb=0"
     assert "39 min 28 s" in _text(_get(alice_client, url))  # 10 元 at 15.20 元/h

@@ -25,7 +25,7 @@ from tests.billing.conftest import assert_ledger_consistent
 pytestmark = pytest.mark.django_db
 
 
-def test_expired_vouchers_are_never_spent_and_are_written_off(alice, prices, billing_clock) -> None:  # noqa: ANN001
+def test_expired_vouchers_are_never_spent_and_are_written_off(alice, prices, billing_clock) -> None:
     services.grant_voucher(alice, Decimal("50"), reason="short", valid_days=1)
     services.grant_trial_credit(alice)
     billing_clock.advance(days=1, seconds=1)
@@ -45,7 +45,7 @@ def test_expired_vouchers_are_never_spent_and_are_written_off(alice, prices, bil
     assert_ledger_consistent()
 
 
-def test_vouchers_need_a_reason_and_a_future_expiry(alice) -> None:  # noqa: ANN001
+def test_vouchers_need_a_reason_and_a_future_expiry(alice) -> None:
     with pytest.raises(services.BillingError):
         services.grant_voucher(alice, Decimal("5"), reason=" ")
     with pytest.raises(services.BillingError):
@@ -54,7 +54,7 @@ def test_vouchers_need_a_reason_and_a_future_expiry(alice) -> None:  # noqa: ANN
 
 def test_a_new_price_version_does_not_change_a_running_session(
     alice, prices, billing_clock
-) -> None:  # noqa: ANN001
+) -> None:
     services.grant_voucher(alice, Decimal("1000"), reason="t", valid_days=30)
     old = services.open_usage_session(
         alice, resource_kind="instance", resource_id="old", gpu_model="RTX 4090", cards=1
@@ -78,7 +78,7 @@ def test_a_new_price_version_does_not_change_a_running_session(
     assert (new.rate, new.price_book.version, new.charged) == (Decimal("2.50"), 2, Decimal("2.50"))
 
 
-def test_long_term_rental_is_paid_up_front_at_the_locked_price(alice, prices) -> None:  # noqa: ANN001
+def test_long_term_rental_is_paid_up_front_at_the_locked_price(alice, prices) -> None:
     with pytest.raises(services.InsufficientFunds):
         services.purchase_term(
             alice,
@@ -109,7 +109,7 @@ def test_exactly_one_warning_per_threshold_and_rearmed_by_a_top_up(
     alice,
     prices,
     billing_clock,
-    settings,  # noqa: ANN001
+    settings,
 ) -> None:
     settings.BILLING_LOW_BALANCE_THRESHOLDS = (3600, 600)
     services.grant_voucher(alice, Decimal("20"), reason="t", valid_days=30)  # 20 元 at 15.20 元/h
@@ -142,7 +142,7 @@ def test_a_stop_for_lack_of_funds_keeps_disks_and_a_top_up_restarts_nothing(
     alice,
     prices,
     billing_clock,
-    django_capture_on_commit_callbacks,  # noqa: ANN001
+    django_capture_on_commit_callbacks,
 ) -> None:
     calls: list[tuple[str, str, str]] = []
     previous = services.register_stop_handler(lambda *a: calls.append(a))
@@ -186,7 +186,7 @@ def test_a_stop_for_lack_of_funds_keeps_disks_and_a_top_up_restarts_nothing(
     assert_ledger_consistent()
 
 
-def test_ledger_rows_are_append_only_and_corrections_reverse(alice, prices) -> None:  # noqa: ANN001
+def test_ledger_rows_are_append_only_and_corrections_reverse(alice, prices) -> None:
     services.grant_voucher(alice, Decimal("5"), reason="oops", valid_days=3)
     txn = LedgerTransaction.objects.get(kind="voucher_grant")
     entry = Entry.objects.filter(transaction=txn).first()
@@ -202,7 +202,7 @@ def test_ledger_rows_are_append_only_and_corrections_reverse(alice, prices) -> N
     assert_ledger_consistent()
 
 
-def test_refunds_only_from_cash(alice, prices) -> None:  # noqa: ANN001
+def test_refunds_only_from_cash(alice, prices) -> None:
     services.grant_trial_credit(alice)
     with pytest.raises(services.InsufficientFunds):
         services.refund_cash(alice, Decimal("1"), reason="trial is not refundable")
@@ -216,7 +216,7 @@ def test_refunds_only_from_cash(alice, prices) -> None:  # noqa: ANN001
     assert_ledger_consistent()
 
 
-def test_a_reversed_expiry_expires_again(alice, prices, billing_clock) -> None:  # noqa: ANN001
+def test_a_reversed_expiry_expires_again(alice, prices, billing_clock) -> None:
     voucher = services.grant_voucher(alice, Decimal("20"), reason="short", valid_days=1)
     billing_clock.advance(days=1, seconds=1)
     assert services.expire_vouchers() == 1
@@ -233,7 +233,7 @@ def test_a_reversed_expiry_expires_again(alice, prices, billing_clock) -> None: 
     assert_ledger_consistent()
 
 
-def test_rentals_need_at_least_one_card_and_one_day(alice, prices) -> None:  # noqa: ANN001
+def test_rentals_need_at_least_one_card_and_one_day(alice, prices) -> None:
     services.grant_voucher(alice, Decimal("100"), reason="t", valid_days=30)
     for cards, days in ((-8, 30), (0, 30), (8, 0), (8, -30)):
         with (
@@ -253,7 +253,7 @@ def test_rentals_need_at_least_one_card_and_one_day(alice, prices) -> None:  # n
     assert_ledger_consistent()
 
 
-def test_usage_sessions_need_at_least_one_card(alice, bob, prices, billing_clock) -> None:  # noqa: ANN001
+def test_usage_sessions_need_at_least_one_card(alice, bob, prices, billing_clock) -> None:
     for cards in (0, -8):
         with translation.override("en"), pytest.raises(services.BillingError, match="one card"):
             services.open_usage_session(

@@ -61,7 +61,7 @@ def test_on_in_the_embedded_default_off_in_production_strict_bool() -> None:
 
 
 @pytest.mark.usefixtures("no_sandbox_payments")
-def test_switched_off_the_provider_refuses_and_no_top_up_starts(alice, prices) -> None:  # noqa: ANN001
+def test_switched_off_the_provider_refuses_and_no_top_up_starts(alice, prices) -> None:
     with pytest.raises(services.BillingError, match=DISABLED):
         get_provider("sandbox")
     with pytest.raises(services.BillingError, match=DISABLED):
@@ -70,7 +70,7 @@ def test_switched_off_the_provider_refuses_and_no_top_up_starts(alice, prices) -
 
 
 @pytest.mark.usefixtures("no_sandbox_payments")
-def test_switched_off_the_top_up_page_says_so(alice_client, prices) -> None:  # noqa: ANN001
+def test_switched_off_the_top_up_page_says_so(alice_client, prices) -> None:
     response = alice_client.post(reverse("billing:topup"), {"amount": "100.00"})
     assert response.status_code == 302 and response.url == reverse("billing:overview")
     assert any(DISABLED in str(m) for m in get_messages(response.wsgi_request))
@@ -78,7 +78,7 @@ def test_switched_off_the_top_up_page_says_so(alice_client, prices) -> None:  # 
 
 
 @pytest.mark.usefixtures("no_sandbox_payments")
-def test_switched_off_the_api_answers_an_error(alice) -> None:  # noqa: ANN001
+def test_switched_off_the_api_answers_an_error(alice) -> None:
     api = APIClient()
     api.force_authenticate(alice)
     response = api.post("/api/v1/billing/top-ups/", {"amount": "100.00"}, format="json")
@@ -92,7 +92,7 @@ def test_switched_off_checkout_and_webhook_are_404_and_credit_nothing(
     alice_client,
     client,
     prices,
-    settings,  # noqa: ANN001
+    settings,
 ) -> None:
     payment, _ = services.start_topup(alice, "80.00")  # created while it was still on
     body, headers = SandboxProvider().build_callback(payment)

@@ -12,7 +12,7 @@ from tests.billing.conftest import assert_ledger_consistent
 pytestmark = pytest.mark.django_db
 
 
-def test_trial_credit_is_granted_once(alice) -> None:  # noqa: ANN001
+def test_trial_credit_is_granted_once(alice) -> None:
     assert services.grant_trial_credit(alice) is True
     assert services.grant_trial_credit(alice) is False
     summary = services.get_wallet_summary(alice)
@@ -22,14 +22,14 @@ def test_trial_credit_is_granted_once(alice) -> None:  # noqa: ANN001
     assert_ledger_consistent()
 
 
-def test_summary_of_a_user_without_wallet_is_zero(bob) -> None:  # noqa: ANN001
+def test_summary_of_a_user_without_wallet_is_zero(bob) -> None:
     assert services.get_wallet_summary(bob) == services.WalletSummary()
 
 
 def test_per_second_session_spends_vouchers_then_trial_then_cash(
     alice,
     prices,
-    billing_clock,  # noqa: ANN001
+    billing_clock,
 ) -> None:
     services.grant_trial_credit(alice)
     services.grant_voucher(alice, Decimal("5.00"), reason="compensation", valid_days=30)
@@ -63,7 +63,7 @@ def test_per_second_session_spends_vouchers_then_trial_then_cash(
     assert_ledger_consistent()
 
 
-def test_settling_twice_at_the_same_second_charges_once(alice, prices, billing_clock) -> None:  # noqa: ANN001
+def test_settling_twice_at_the_same_second_charges_once(alice, prices, billing_clock) -> None:
     services.grant_trial_credit(alice)
     services.open_usage_session(
         alice, resource_kind="instance", resource_id="i-2", gpu_model="A800", cards=1
@@ -76,7 +76,7 @@ def test_settling_twice_at_the_same_second_charges_once(alice, prices, billing_c
     assert_ledger_consistent()
 
 
-def test_cumulative_settlement_equals_one_shot(alice, prices, billing_clock) -> None:  # noqa: ANN001
+def test_cumulative_settlement_equals_one_shot(alice, prices, billing_clock) -> None:
     services.grant_voucher(alice, Decimal("1000"), reason="test", valid_days=30)
     services.open_usage_session(
         alice, resource_kind="instance", resource_id="i-3", gpu_model="RTX 4090", cards=8
@@ -92,7 +92,7 @@ def test_running_out_stops_the_session_and_calls_the_hook(
     alice,
     prices,
     billing_clock,
-    django_capture_on_commit_callbacks,  # noqa: ANN001
+    django_capture_on_commit_callbacks,
 ) -> None:
     stopped: list[tuple[str, str, str]] = []
     previous = services.register_stop_handler(lambda *args: stopped.append(args))
@@ -119,7 +119,7 @@ def test_running_out_stops_the_session_and_calls_the_hook(
     assert_ledger_consistent()
 
 
-def test_an_order_the_balance_cannot_run_for_a_minute_is_refused(alice, prices) -> None:  # noqa: ANN001
+def test_an_order_the_balance_cannot_run_for_a_minute_is_refused(alice, prices) -> None:
     with pytest.raises(services.InsufficientFunds):
         services.ensure_affordable(alice, "A800", 8)
     services.grant_trial_credit(alice)  # 10 元 runs 8 × A800 (28 元/h) for 21 minutes

@@ -25,7 +25,7 @@ def _rows(client: Client, url: str, **params: str) -> list[list[str]]:
 def test_statement_csv_times_are_local_with_their_offset(
     alice,
     alice_client: Client,
-    prices: None,  # noqa: ANN001
+    prices: None,
 ) -> None:
     services.grant_trial_credit(alice)
     txn = LedgerTransaction.objects.get(wallet__owner=alice)
@@ -41,7 +41,7 @@ def test_statement_csv_times_are_local_with_their_offset(
 def test_usage_csv_times_are_local_with_their_offset(
     alice,
     alice_client: Client,
-    prices: None,  # noqa: ANN001
+    prices: None,
 ) -> None:
     services.grant_trial_credit(alice)
     started = datetime(2026, 3, 1, 17, 30, tzinfo=UTC)  # 01:30 the next day in Shanghai

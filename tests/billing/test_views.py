@@ -15,7 +15,7 @@ from tests.billing.conftest import assert_ledger_consistent
 pytestmark = pytest.mark.django_db
 
 
-def _pay(client, amount: str) -> Payment:  # noqa: ANN001
+def _pay(client, amount: str) -> Payment:
     response = client.post(reverse("billing:topup"), {"amount": amount})
     assert response.status_code == 302
     payment = Payment.objects.get()
@@ -26,7 +26,7 @@ def _pay(client, amount: str) -> Payment:  # noqa: ANN001
     return payment
 
 
-def test_top_up_through_the_sandbox_checkout(alice, alice_client, prices) -> None:  # noqa: ANN001
+def test_top_up_through_the_sandbox_checkout(alice, alice_client, prices) -> None:
     payment = _pay(alice_client, "250.00")
     assert payment.state == "succeeded"
     assert services.get_wallet_summary(alice).cash == Decimal("250.00")
@@ -43,7 +43,7 @@ def test_top_up_through_the_sandbox_checkout(alice, alice_client, prices) -> Non
 def test_a_large_top_up_earns_the_five_percent_voucher_in_the_same_transaction(
     alice,
     alice_client,
-    prices,  # noqa: ANN001
+    prices,
 ) -> None:
     payment = _pay(alice_client, "100000.00")
     summary = services.get_wallet_summary(alice)
@@ -54,12 +54,12 @@ def test_a_large_top_up_earns_the_five_percent_voucher_in_the_same_transaction(
     assert_ledger_consistent()
 
 
-def test_below_the_threshold_no_voucher(alice, alice_client, prices) -> None:  # noqa: ANN001
+def test_below_the_threshold_no_voucher(alice, alice_client, prices) -> None:
     _pay(alice_client, "99999.99")
     assert services.get_wallet_summary(alice).vouchers == Decimal("0.00")
 
 
-def _webhook(client, body: bytes, signature: str):  # noqa: ANN001, ANN202
+def _webhook(client, body: bytes, signature: str):
     return client.post(
         reverse("billing:sandbox-webhook"),
         data=body,
@@ -68,7 +68,7 @@ def _webhook(client, body: bytes, signature: str):  # noqa: ANN001, ANN202
     )
 
 
-def test_webhook_rejects_bad_signatures_and_credits_replays_once(alice, client, prices) -> None:  # noqa: ANN001
+def test_webhook_rejects_bad_signatures_and_credits_replays_once(alice, client, prices) -> None:
     payment, _ = services.start_topup(alice, "80.00")
     body, headers = SandboxProvider().build_callback(payment)
     forged = json.dumps({**json.loads(body), "amount": "80.00", "txn": "x"}).encode()
@@ -86,7 +86,7 @@ def test_webhook_rejects_bad_signatures_and_credits_replays_once(alice, client, 
     assert Payment.objects.get().provider_txn_id == f"sbx_{payment.public_id.hex}"
 
 
-def test_webhook_with_a_wrong_amount_is_refused(alice, client, prices) -> None:  # noqa: ANN001
+def test_webhook_with_a_wrong_amount_is_refused(alice, client, prices) -> None:
     payment, _ = services.start_topup(alice, "80.00")
     body = json.dumps(
         {"payment": str(payment.public_id), "txn": "t", "amount": "8000.00", "status": "succeeded"}
@@ -95,7 +95,7 @@ def test_webhook_with_a_wrong_amount_is_refused(alice, client, prices) -> None: 
     assert services.get_wallet_summary(alice).cash == Decimal("0.00")
 
 
-def test_another_customers_checkout_is_404(alice, bob_client, prices) -> None:  # noqa: ANN001
+def test_another_customers_checkout_is_404(alice, bob_client, prices) -> None:
     payment, _ = services.start_topup(alice, "10.00")
     url = reverse("billing:sandbox-checkout", args=[payment.public_id])
     assert bob_client.get(url).status_code == 404
@@ -104,7 +104,7 @@ def test_another_customers_checkout_is_404(alice, bob_client, prices) -> None:  
     assert payment.state == "pending"
 
 
-def _usage(user, n: int, clock) -> None:  # noqa: ANN001
+def _usage(user, n: int, clock) -> None:
     services.grant_voucher(user, Decimal("1000"), reason="test", valid_days=30)
     for i in range(n):
         services.open_usage_session(
@@ -124,7 +124,7 @@ def test_overview_query_count_does_not_grow_with_rows(
     alice_client,
     prices,
     billing_clock,
-    django_assert_max_num_queries,  # noqa: ANN001
+    django_assert_max_num_queries,
 ) -> None:
     _usage(alice, 3, billing_clock)
     with django_assert_max_num_queries(20) as few:
@@ -137,7 +137,7 @@ def test_overview_query_count_does_not_grow_with_rows(
 
 def test_htmx_pagination_returns_only_the_partial(
     alice, alice_client, prices, billing_clock
-) -> None:  # noqa: ANN001
+) -> None:
     _usage(alice, 25, billing_clock)
     response = alice_client.get(
         reverse("billing:overview") + "?tx_page=2", headers={"HX-Request": "true"}
@@ -150,7 +150,7 @@ def test_htmx_pagination_returns_only_the_partial(
     assert 'id="billing-usage"' in usage.content.decode()
 
 
-def test_other_customers_never_see_my_rows(alice, bob_client, prices, billing_clock) -> None:  # noqa: ANN001
+def test_other_customers_never_see_my_rows(alice, bob_client, prices, billing_clock) -> None:
     _usage(alice, 2, billing_clock)
     for name in (
         "billing:overview",
@@ -162,7 +162,7 @@ def test_other_customers_never_see_my_rows(alice, bob_client, prices, billing_cl
         assert "alice-0" not in text and "job 0" not in text
 
 
-def test_statement_reconciles_and_exports_csv(alice, alice_client, prices, billing_clock) -> None:  # noqa: ANN001
+def test_statement_reconciles_and_exports_csv(alice, alice_client, prices, billing_clock) -> None:
     _usage(alice, 2, billing_clock)
     month = billing_clock.now().strftime("%Y-%m")
     page = alice_client.get(reverse("billing:statement"), {"month": month})
@@ -178,7 +178,7 @@ def test_statement_reconciles_and_exports_csv(alice, alice_client, prices, billi
     assert alice_client.get(reverse("billing:statement"), {"month": "2026-13"}).status_code == 400
 
 
-def test_quote_page(alice_client, prices) -> None:  # noqa: ANN001
+def test_quote_page(alice_client, prices) -> None:
     response = alice_client.get(
         reverse("billing:quote"), {"gpu_model": "RTX 4090", "cards": 8, "disk_gb": 0}
     )
@@ -186,13 +186,13 @@ def test_quote_page(alice_client, prices) -> None:  # noqa: ANN001
     assert "6,912.00 元" in response.content.decode()
 
 
-def test_no_wallet_yet_renders_empty_page(bob_client, prices) -> None:  # noqa: ANN001
+def test_no_wallet_yet_renders_empty_page(bob_client, prices) -> None:
     response = bob_client.get(reverse("billing:overview"))
     assert response.status_code == 200
     assert not Wallet.objects.exists()
 
 
-def test_cancelled_checkout_credits_nothing(alice, alice_client, prices) -> None:  # noqa: ANN001
+def test_cancelled_checkout_credits_nothing(alice, alice_client, prices) -> None:
     alice_client.post(reverse("billing:topup"), {"amount": "42.00"})
     payment = Payment.objects.get()
     alice_client.post(
@@ -208,14 +208,14 @@ def test_cancelled_checkout_credits_nothing(alice, alice_client, prices) -> None
     assert services.get_wallet_summary(alice).cash == Decimal("0.00")
 
 
-def test_bad_top_up_amounts_change_nothing(alice_client, prices) -> None:  # noqa: ANN001
+def test_bad_top_up_amounts_change_nothing(alice_client, prices) -> None:
     for amount in ("0", "-5", "abc", "1.001", "99999999999"):
         response = alice_client.post(reverse("billing:topup"), {"amount": amount})
         assert response.status_code == 302 and response.url == reverse("billing:overview")
     assert not Payment.objects.exists()
 
 
-def test_one_provider_transaction_cannot_pay_two_payments(alice, client, prices) -> None:  # noqa: ANN001
+def test_one_provider_transaction_cannot_pay_two_payments(alice, client, prices) -> None:
     first, _ = services.start_topup(alice, "10.00")
     second, _ = services.start_topup(alice, "10.00")
     for payment, expected in ((first, 200), (second, 400)):
@@ -234,7 +234,7 @@ def test_one_provider_transaction_cannot_pay_two_payments(alice, client, prices)
     assert_ledger_consistent()
 
 
-def test_garbage_signatures_are_400_not_500(alice, client, prices) -> None:  # noqa: ANN001
+def test_garbage_signatures_are_400_not_500(alice, client, prices) -> None:
     payment, _ = services.start_topup(alice, "80.00")
     body, _headers = SandboxProvider().build_callback(payment)
     now = int(time.time())
@@ -252,7 +252,7 @@ def test_garbage_signatures_are_400_not_500(alice, client, prices) -> None:  # n
     assert services.get_wallet_summary(alice).cash == Decimal("0.00")
 
 
-def test_a_signed_body_with_garbage_fields_is_400_not_500(alice, client, prices) -> None:  # noqa: ANN001
+def test_a_signed_body_with_garbage_fields_is_400_not_500(alice, client, prices) -> None:
     payment, _ = services.start_topup(alice, "80.00")
     good = {"payment": str(payment.public_id), "txn": "t", "amount": "80.00", "status": "succeeded"}
     for changes in (
@@ -271,17 +271,17 @@ def test_a_signed_body_with_garbage_fields_is_400_not_500(alice, client, prices)
 
 
 @pytest.mark.parametrize("month", ["0000-01", "9999-12", "1999-12", "2100-01"])
-def test_statement_months_out_of_range_are_400(alice_client, month: str) -> None:  # noqa: ANN001
+def test_statement_months_out_of_range_are_400(alice_client, month: str) -> None:
     assert alice_client.get(reverse("billing:statement"), {"month": month}).status_code == 400
     assert alice_client.get(reverse("billing:statement-csv"), {"month": month}).status_code == 400
 
 
-def test_statement_months_at_the_edges_of_the_range(alice_client) -> None:  # noqa: ANN001
+def test_statement_months_at_the_edges_of_the_range(alice_client) -> None:
     for month in ("2000-01", "2099-12"):
         assert alice_client.get(reverse("billing:statement"), {"month": month}).status_code == 200
 
 
-def test_a_success_after_a_recorded_failure_is_credited_once(alice, client, prices) -> None:  # noqa: ANN001
+def test_a_success_after_a_recorded_failure_is_credited_once(alice, client, prices) -> None:
     payment, _ = services.start_topup(alice, "80.00")
     provider = SandboxProvider()
     failed, failed_headers = provider.build_callback(payment, "failed")

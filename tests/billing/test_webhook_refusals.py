@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db
 DEEP_JSON = ('{"a":' * 1000 + "1" + "}" * 1000).encode()
 
 
-def _post(client, body: bytes, signature: str | None):  # noqa: ANN001, ANN202
+def _post(client, body: bytes, signature: str | None):
     headers = {SIGNATURE_HEADER: signature} if signature is not None else {}
     return client.post(
         reverse("billing:sandbox-webhook"),
@@ -42,7 +42,7 @@ def _body(payment: Payment, /, **changes: object) -> bytes:
     return json.dumps(data).encode()
 
 
-def test_a_failed_callback_credits_nothing_and_says_so(alice, client, prices) -> None:  # noqa: ANN001
+def test_a_failed_callback_credits_nothing_and_says_so(alice, client, prices) -> None:
     payment, _ = services.start_topup(alice, "80.00")
     body, headers = SandboxProvider().build_callback(payment, "failed")
     response = _post(client, body, headers[SIGNATURE_HEADER])
@@ -53,7 +53,7 @@ def test_a_failed_callback_credits_nothing_and_says_so(alice, client, prices) ->
     assert services.get_wallet_summary(alice).cash == Decimal("0.00")
 
 
-def test_each_refusal_has_its_own_code(alice, client, prices) -> None:  # noqa: ANN001
+def test_each_refusal_has_its_own_code(alice, client, prices) -> None:
     payment, _ = services.start_topup(alice, "80.00")
     other, _ = services.start_topup(alice, "10.00")
     good = _body(payment)
@@ -87,7 +87,7 @@ def test_each_refusal_has_its_own_code(alice, client, prices) -> None:  # noqa: 
     assert services.get_wallet_summary(alice).cash == Decimal("80.00")
 
 
-def test_any_valid_v1_signature_is_accepted_in_either_order(alice, client, prices) -> None:  # noqa: ANN001
+def test_any_valid_v1_signature_is_accepted_in_either_order(alice, client, prices) -> None:
     """Like Stripe's scheme: during a key rotation the provider signs with both keys."""
     first, _ = services.start_topup(alice, "10.00")
     second, _ = services.start_topup(alice, "20.00")
@@ -107,7 +107,7 @@ def test_any_valid_v1_signature_is_accepted_in_either_order(alice, client, price
     assert services.get_wallet_summary(alice).cash == Decimal("30.00")
 
 
-def test_amounts_are_never_rounded(alice, client, prices) -> None:  # noqa: ANN001
+def test_amounts_are_never_rounded(alice, client, prices) -> None:
     payment, _ = services.start_topup(alice, "80.00")
     for amount in ("80.001", "79.999", "80.0049"):
         body = _body(payment, amount=amount)

@@ -34,7 +34,7 @@ def _client(ip: str = "10.0.0.1") -> Client:
 
 def _signup(
     client: Client, email: str, password: str = GOOD_PASSWORD, password2: str | None = None
-):  # noqa: ANN202
+):
     return client.post(
         reverse("account_signup"),
         {"email": email, "password1": password, "password2": password2 or password},
@@ -45,11 +45,11 @@ def _confirmation_link(message: mail.EmailMessage) -> str:
     return re.search(r"https?://[^/\s]+(/accounts/confirm-email/[^/\s]+/)", message.body).group(1)
 
 
-def _verified(user) -> None:  # noqa: ANN001
+def _verified(user) -> None:
     EmailAddress.objects.create(user=user, email=user.email, verified=True, primary=True)
 
 
-def _login(client: Client, login: str, password: str):  # noqa: ANN202
+def _login(client: Client, login: str, password: str):
     return client.post(reverse("account_login"), {"login": login, "password": password})
 
 
@@ -71,7 +71,7 @@ def test_signup_sends_a_verification_mail_and_grants_nothing_before_it() -> None
     assert "_auth_user_id" not in client.session
 
 
-def test_verification_grants_the_trial_credit_once(django_capture_on_commit_callbacks) -> None:  # noqa: ANN001
+def test_verification_grants_the_trial_credit_once(django_capture_on_commit_callbacks) -> None:
     client = _client()
     _signup(client, "dave@startup.example.com")
     link = _confirmation_link(mail.outbox[0])
@@ -129,7 +129,7 @@ def test_bad_signup_input_is_refused_with_a_clear_message(
     assert mail.outbox == []
 
 
-def test_duplicate_signup_looks_like_a_new_one_and_mails_the_owner(alice) -> None:  # noqa: ANN001
+def test_duplicate_signup_looks_like_a_new_one_and_mails_the_owner(alice) -> None:
     fresh = _signup(_client("10.0.0.2"), "frank@example.com")
     mail.outbox.clear()
     duplicate = _signup(_client("10.0.0.3"), alice.email)
@@ -139,13 +139,13 @@ def test_duplicate_signup_looks_like_a_new_one_and_mails_the_owner(alice) -> Non
     assert "already" in mail.outbox[0].body  # tells the owner, not the visitor
 
 
-def test_signup_email_is_case_insensitive_duplicate(alice) -> None:  # noqa: ANN001
+def test_signup_email_is_case_insensitive_duplicate(alice) -> None:
     _signup(_client(), alice.email.upper())
     assert User.objects.filter(email__iexact=alice.email).count() == 1
 
 
 # --- login --------------------------------------------------------------------------------------
-def test_login_by_email_or_username(alice) -> None:  # noqa: ANN001
+def test_login_by_email_or_username(alice) -> None:
     _verified(alice)
     for login in (alice.email, alice.username):
         client = _client()
@@ -153,7 +153,7 @@ def test_login_by_email_or_username(alice) -> None:  # noqa: ANN001
         assert client.get(reverse("account:overview")).status_code == 200
 
 
-def test_login_answers_the_same_for_unknown_accounts_and_wrong_passwords(alice) -> None:  # noqa: ANN001
+def test_login_answers_the_same_for_unknown_accounts_and_wrong_passwords(alice) -> None:
     _verified(alice)
     unknown = _login(_client(), "nobody@example.com", "whatever-Pass-1")
     wrong = _login(_client(), alice.email, "whatever-Pass-1")
@@ -162,7 +162,7 @@ def test_login_answers_the_same_for_unknown_accounts_and_wrong_passwords(alice) 
     assert text in unknown.content.decode() and text in wrong.content.decode()
 
 
-def test_repeated_failures_lock_the_account_but_not_others_behind_the_same_ip(alice, bob) -> None:  # noqa: ANN001
+def test_repeated_failures_lock_the_account_but_not_others_behind_the_same_ip(alice, bob) -> None:
     _verified(alice)
     _verified(bob)
     attacker = _client("192.0.2.7")
@@ -181,7 +181,7 @@ def test_repeated_failures_lock_the_account_but_not_others_behind_the_same_ip(al
 
 
 # --- password reset -----------------------------------------------------------------------------
-def test_password_reset_answers_the_same_for_unknown_and_known_addresses(alice) -> None:  # noqa: ANN001
+def test_password_reset_answers_the_same_for_unknown_and_known_addresses(alice) -> None:
     _verified(alice)
     known = _client("10.0.1.1").post(reverse("account_reset_password"), {"email": alice.email})
     unknown = _client("10.0.1.2").post(
@@ -191,7 +191,7 @@ def test_password_reset_answers_the_same_for_unknown_and_known_addresses(alice) 
     assert {tuple(m.to) for m in mail.outbox} == {(alice.email,), ("nobody@example.com",)}
 
 
-def test_password_reset_link_sets_a_new_password(alice) -> None:  # noqa: ANN001
+def test_password_reset_link_sets_a_new_password(alice) -> None:
     _verified(alice)
     client = _client()
     client.post(reverse("account_reset_password"), {"email": alice.email})
@@ -231,7 +231,7 @@ def test_password_resets_are_rate_limited_per_ip() -> None:
     assert len(mail.outbox) == limit
 
 
-def test_password_resets_are_rate_limited_per_address(alice) -> None:  # noqa: ANN001
+def test_password_resets_are_rate_limited_per_address(alice) -> None:
     _verified(alice)
     for i in range(3):
         _client(f"10.9.0.{i}").post(reverse("account_reset_password"), {"email": alice.email})
@@ -243,7 +243,7 @@ def test_password_resets_are_rate_limited_per_address(alice) -> None:  # noqa: A
 # --- pages and language -------------------------------------------------------------------------
 def test_account_pages_speak_chinese_by_default_and_english_on_request(
     alice, alice_client: Client
-) -> None:  # noqa: ANN001
+) -> None:
     zh = Client().get(reverse("account_signup")).content.decode()
     assert '<html lang="zh-hans"' in zh and "注册" in zh and "体验金" in zh
     en = _client().get(reverse("account_signup")).content.decode()
@@ -255,7 +255,7 @@ def test_landing_page_offers_sign_up(client: Client) -> None:
     assert reverse("account_signup") in client.get("/").content.decode()
 
 
-def test_accounts_created_by_operators_can_be_marked_verified_and_log_in(alice) -> None:  # noqa: ANN001
+def test_accounts_created_by_operators_can_be_marked_verified_and_log_in(alice) -> None:
     services.mark_email_verified(alice)
     services.mark_email_verified(alice)  # idempotent
     assert EmailAddress.objects.get(user=alice).verified
@@ -263,7 +263,7 @@ def test_accounts_created_by_operators_can_be_marked_verified_and_log_in(alice) 
     assert get_wallet_summary(alice).trial == Decimal("0")
 
 
-def test_admin_login_shares_the_lockout(operator, alice) -> None:  # noqa: ANN001
+def test_admin_login_shares_the_lockout(operator, alice) -> None:
     _verified(operator)
     attacker = _client("192.0.2.50")
     for _ in range(5):
@@ -284,7 +284,7 @@ def test_admin_login_shares_the_lockout(operator, alice) -> None:  # noqa: ANN00
     assert "Too many" not in ok.content.decode()
 
 
-def test_a_successful_admin_login_does_not_count_as_a_failure(operator) -> None:  # noqa: ANN001
+def test_a_successful_admin_login_does_not_count_as_a_failure(operator) -> None:
     for _ in range(6):
         client = _client("192.0.2.60")
         response = client.post(
@@ -309,7 +309,7 @@ def test_signup_ignores_privilege_fields() -> None:
     assert not user.is_staff and not user.is_superuser
 
 
-def test_a_malformed_rate_limit_setting_fails_at_start(tmp_path) -> None:  # noqa: ANN001
+def test_a_malformed_rate_limit_setting_fails_at_start(tmp_path) -> None:
     import subprocess
     import sys
 
@@ -342,7 +342,7 @@ def test_canonical_mailbox(email: str, mailbox: str) -> None:
     assert services.canonical_mailbox(email) == mailbox
 
 
-def _sign_up_and_verify(email: str, ip: str, capture) -> object:  # noqa: ANN001
+def _sign_up_and_verify(email: str, ip: str, capture) -> object:
     client = _client(ip)
     mail.outbox.clear()
     _signup(client, email)
@@ -351,7 +351,7 @@ def _sign_up_and_verify(email: str, ip: str, capture) -> object:  # noqa: ANN001
     return User.objects.get(email__iexact=email)
 
 
-def test_one_trial_credit_per_mailbox_across_accounts(django_capture_on_commit_callbacks) -> None:  # noqa: ANN001
+def test_one_trial_credit_per_mailbox_across_accounts(django_capture_on_commit_callbacks) -> None:
     first = _sign_up_and_verify("ivan@example.com", "10.2.0.1", django_capture_on_commit_callbacks)
     alias = _sign_up_and_verify(
         "Ivan+second@example.com", "10.2.0.2", django_capture_on_commit_callbacks
@@ -361,7 +361,7 @@ def test_one_trial_credit_per_mailbox_across_accounts(django_capture_on_commit_c
     assert get_wallet_summary(alias).trial == Decimal("0")
 
 
-def test_password_change_and_logout(alice) -> None:  # noqa: ANN001
+def test_password_change_and_logout(alice) -> None:
     _verified(alice)
     client = _client()
     _login(client, alice.email, PASSWORD)

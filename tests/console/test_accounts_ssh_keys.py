@@ -120,7 +120,7 @@ def test_authorized_keys_options_are_not_accepted() -> None:
 
 # --- services -----------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_first_key_becomes_default_and_a_later_one_can_take_over(alice) -> None:  # noqa: ANN001
+def test_first_key_becomes_default_and_a_later_one_can_take_over(alice) -> None:
     first = make_ssh_key(alice, name="laptop")
     second = make_ssh_key(alice, name="desktop")
     assert first.is_default and not second.is_default
@@ -130,7 +130,7 @@ def test_first_key_becomes_default_and_a_later_one_can_take_over(alice) -> None:
 
 
 @pytest.mark.django_db
-def test_deleting_the_default_key_promotes_the_newest_remaining(alice) -> None:  # noqa: ANN001
+def test_deleting_the_default_key_promotes_the_newest_remaining(alice) -> None:
     default = make_ssh_key(alice, name="a")
     make_ssh_key(alice, name="b")
     newest = make_ssh_key(alice, name="c")
@@ -140,7 +140,7 @@ def test_deleting_the_default_key_promotes_the_newest_remaining(alice) -> None: 
 
 
 @pytest.mark.django_db
-def test_the_same_key_twice_is_refused_but_another_customer_may_add_it(alice, bob) -> None:  # noqa: ANN001
+def test_the_same_key_twice_is_refused_but_another_customer_may_add_it(alice, bob) -> None:
     text = ed25519_public_key("shared@lab")
     services.add_ssh_key(alice, name="lab", public_key=text)
     with pytest.raises(ValidationError) as excinfo:
@@ -151,7 +151,7 @@ def test_the_same_key_twice_is_refused_but_another_customer_may_add_it(alice, bo
 
 
 @pytest.mark.django_db
-def test_stored_key_is_canonical_and_its_comment_cannot_inject_a_line(alice) -> None:  # noqa: ANN001
+def test_stored_key_is_canonical_and_its_comment_cannot_inject_a_line(alice) -> None:
     text = ed25519_public_key("alice@laptop")
     key = services.add_ssh_key(alice, name="", public_key="  " + text + "  \n")
     assert key.name == "alice@laptop"
@@ -161,7 +161,7 @@ def test_stored_key_is_canonical_and_its_comment_cannot_inject_a_line(alice) -> 
 
 # --- pages --------------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_key_page_adds_lists_with_fingerprint_and_deletes(alice, alice_client: Client) -> None:  # noqa: ANN001
+def test_key_page_adds_lists_with_fingerprint_and_deletes(alice, alice_client: Client) -> None:
     text = ed25519_public_key("alice@laptop")
     response = alice_client.post(
         reverse("account:ssh-key-list"), {"name": "Laptop", "public_key": text}, follow=True
@@ -211,7 +211,7 @@ def test_refused_key_shows_its_reason_and_stores_nothing(
 
 
 @pytest.mark.django_db
-def test_duplicate_key_page_message(alice, alice_client: Client) -> None:  # noqa: ANN001
+def test_duplicate_key_page_message(alice, alice_client: Client) -> None:
     alice_client.post(reverse("set_language"), {"language": "en", "next": "/"})
     text = ed25519_public_key()
     services.add_ssh_key(alice, name="laptop", public_key=text)
@@ -224,7 +224,7 @@ def test_duplicate_key_page_message(alice, alice_client: Client) -> None:  # noq
 def test_key_list_page_query_count_does_not_grow_with_keys(
     alice,
     alice_client: Client,
-    django_assert_max_num_queries,  # noqa: ANN001
+    django_assert_max_num_queries,
 ) -> None:
     for _ in range(8):
         make_ssh_key(alice)
@@ -234,7 +234,7 @@ def test_key_list_page_query_count_does_not_grow_with_keys(
 
 
 @pytest.mark.django_db
-def test_default_can_be_changed_on_the_page(alice, alice_client: Client) -> None:  # noqa: ANN001
+def test_default_can_be_changed_on_the_page(alice, alice_client: Client) -> None:
     make_ssh_key(alice, name="one")
     two = make_ssh_key(alice, name="two")
     alice_client.post(reverse("account:ssh-key-set-default", args=[two.public_id]))
@@ -243,7 +243,7 @@ def test_default_can_be_changed_on_the_page(alice, alice_client: Client) -> None
 
 # --- API ----------------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_api_adds_lists_sets_default_and_deletes(alice, alice_client: Client, bob) -> None:  # noqa: ANN001
+def test_api_adds_lists_sets_default_and_deletes(alice, alice_client: Client, bob) -> None:
     make_ssh_key(bob)
     response = alice_client.post(
         "/api/v1/ssh-keys/",
@@ -275,7 +275,7 @@ def test_api_refuses_a_malformed_key_with_the_error_body(alice_client: Client) -
 @pytest.mark.django_db
 def test_api_ignores_owner_fingerprint_and_other_read_only_fields(
     alice, bob, alice_client: Client
-) -> None:  # noqa: ANN001
+) -> None:
     response = alice_client.post(
         "/api/v1/ssh-keys/",
         {
@@ -298,7 +298,7 @@ def test_api_ignores_owner_fingerprint_and_other_read_only_fields(
 def test_api_list_query_count_does_not_grow_with_keys(
     alice,
     alice_client: Client,
-    django_assert_max_num_queries,  # noqa: ANN001
+    django_assert_max_num_queries,
 ) -> None:
     for _ in range(8):
         make_ssh_key(alice)

@@ -20,7 +20,7 @@ def _api(raw: str, keyword: str = "Bearer") -> Client:
     return Client(headers={"Authorization": f"{keyword} {raw}"})
 
 
-def test_token_is_stored_only_as_a_hash_with_a_lookup_prefix(alice) -> None:  # noqa: ANN001
+def test_token_is_stored_only_as_a_hash_with_a_lookup_prefix(alice) -> None:
     token, raw = make_api_token(alice)
     assert re.fullmatch(r"gct_[0-9a-f]{12}_[A-Za-z0-9_-]{43}", raw)
     assert token.prefix == raw.split("_")[1]
@@ -30,7 +30,7 @@ def test_token_is_stored_only_as_a_hash_with_a_lookup_prefix(alice) -> None:  # 
 
 
 @pytest.mark.parametrize("keyword", ["Token", "Bearer", "bearer"])
-def test_api_accepts_token_and_bearer_and_records_last_use(alice, keyword: str) -> None:  # noqa: ANN001
+def test_api_accepts_token_and_bearer_and_records_last_use(alice, keyword: str) -> None:
     make_ssh_key(alice, name="laptop")
     token, raw = make_api_token(alice)
     response = _api(raw, keyword).get("/api/v1/ssh-keys/")
@@ -40,7 +40,7 @@ def test_api_accepts_token_and_bearer_and_records_last_use(alice, keyword: str) 
     assert token.last_used_at is not None
 
 
-def test_token_authenticated_writes_need_no_csrf_token(alice) -> None:  # noqa: ANN001
+def test_token_authenticated_writes_need_no_csrf_token(alice) -> None:
     _token, raw = make_api_token(alice)
     client = Client(enforce_csrf_checks=True, headers={"Authorization": f"Token {raw}"})
     response = client.post(
@@ -67,13 +67,13 @@ def test_unknown_or_malformed_tokens_get_401_with_the_error_body(header: str, de
     assert response["WWW-Authenticate"] == "Token"
 
 
-def test_a_wrong_secret_with_a_real_prefix_is_refused(alice) -> None:  # noqa: ANN001
+def test_a_wrong_secret_with_a_real_prefix_is_refused(alice) -> None:
     _token, raw = make_api_token(alice)
     forged = raw[:-4] + ("AAAA" if not raw.endswith("AAAA") else "BBBB")
     assert _api(forged).get("/api/v1/ssh-keys/").status_code == 401
 
 
-def test_expired_token_is_refused(alice) -> None:  # noqa: ANN001
+def test_expired_token_is_refused(alice) -> None:
     token, raw = make_api_token(alice, expires_at=timezone.now() + timedelta(days=1))
     ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     response = Client(headers={"Authorization": f"Token {raw}", "Accept-Language": "en"}).get(
@@ -83,7 +83,7 @@ def test_expired_token_is_refused(alice) -> None:  # noqa: ANN001
     assert "expired" in response.json()["detail"]
 
 
-def test_revoked_token_is_refused_at_once(alice, alice_client: Client) -> None:  # noqa: ANN001
+def test_revoked_token_is_refused_at_once(alice, alice_client: Client) -> None:
     token, raw = make_api_token(alice)
     assert _api(raw).get("/api/v1/ssh-keys/").status_code == 200
     alice_client.post(reverse("account:token-revoke", args=[token.public_id]))
@@ -95,14 +95,14 @@ def test_revoked_token_is_refused_at_once(alice, alice_client: Client) -> None: 
     assert not services.revoke_api_token(alice, token)  # a second revoke changes nothing
 
 
-def test_token_of_a_disabled_account_is_refused(alice) -> None:  # noqa: ANN001
+def test_token_of_a_disabled_account_is_refused(alice) -> None:
     _token, raw = make_api_token(alice)
     alice.is_active = False
     alice.save()
     assert _api(raw).get("/api/v1/ssh-keys/").status_code == 401
 
 
-def test_expiry_in_the_past_is_refused(alice, alice_client: Client) -> None:  # noqa: ANN001
+def test_expiry_in_the_past_is_refused(alice, alice_client: Client) -> None:
     response = alice_client.post(
         "/api/v1/api-tokens/",
         {"name": "old", "expires_at": "2001-01-01T00:00:00Z"},
@@ -113,7 +113,7 @@ def test_expiry_in_the_past_is_refused(alice, alice_client: Client) -> None:  # 
     assert not ApiToken.objects.exists()
 
 
-def test_page_shows_the_secret_once_then_only_its_prefix(alice, alice_client: Client) -> None:  # noqa: ANN001
+def test_page_shows_the_secret_once_then_only_its_prefix(alice, alice_client: Client) -> None:
     response = alice_client.post(reverse("account:token-list"), {"name": "CI", "lifetime": "30"})
     html = response.content.decode()
     raw = re.search(r'value="(gct_[^"]+)"', html).group(1)
@@ -134,7 +134,7 @@ def test_page_token_without_name_is_refused_with_a_message(alice_client: Client)
 
 def test_api_creates_a_token_once_and_never_lists_the_secret(
     alice, bob, alice_client: Client
-) -> None:  # noqa: ANN001
+) -> None:
     make_api_token(bob)
     response = alice_client.post(
         "/api/v1/api-tokens/",
@@ -159,7 +159,7 @@ def test_api_creates_a_token_once_and_never_lists_the_secret(
     assert alice_client.get(f"/api/v1/api-tokens/{created['id']}/").json()["state"] == "active"
 
 
-def test_api_revokes_with_delete(alice, alice_client: Client) -> None:  # noqa: ANN001
+def test_api_revokes_with_delete(alice, alice_client: Client) -> None:
     token, raw = make_api_token(alice)
     assert alice_client.delete(f"/api/v1/api-tokens/{token.public_id}/").status_code == 204
     token.refresh_from_db()
@@ -170,7 +170,7 @@ def test_api_revokes_with_delete(alice, alice_client: Client) -> None:  # noqa: 
 def test_token_list_query_counts_do_not_grow(
     alice,
     alice_client: Client,
-    django_assert_max_num_queries,  # noqa: ANN001
+    django_assert_max_num_queries,
 ) -> None:
     for i in range(6):
         make_api_token(alice, name=f"t{i}")

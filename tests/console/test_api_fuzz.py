@@ -29,7 +29,7 @@ def _operations() -> list[Any]:
     return [result.ok() for result in schema.get_all_operations()]
 
 
-def test_api_never_answers_a_server_error(alice) -> None:  # noqa: ANN001
+def test_api_never_answers_a_server_error(alice) -> None:
     _, raw = create_api_token(alice, name="fuzz")
     headers = {"Authorization": f"Token {raw}"}
     operations = _operations()

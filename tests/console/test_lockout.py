@@ -21,7 +21,7 @@ def _fresh_rate_limits() -> None:
 
 
 @pytest.fixture
-def frank(django_user_model):  # noqa: ANN001, ANN201
+def frank(django_user_model):
     user = django_user_model.objects.create_user(
         username="frank", email="frank@example.com", password=PASSWORD
     )
@@ -35,7 +35,7 @@ def _client(ip: str = "198.51.100.7") -> Client:
     return Client(REMOTE_ADDR=ip, headers={"Accept-Language": "en"})
 
 
-def _login(client: Client, login: str, password: str):  # noqa: ANN202
+def _login(client: Client, login: str, password: str):
     return client.post(reverse("account_login"), {"login": login, "password": password})
 
 
@@ -52,7 +52,7 @@ IDENTIFIERS = [
 ]
 
 
-def test_five_failures_under_any_mix_of_identifiers_lock_the_account_for_all_of_them(frank) -> None:  # noqa: ANN001
+def test_five_failures_under_any_mix_of_identifiers_lock_the_account_for_all_of_them(frank) -> None:
     # Five wrong passwords spread over the username and every address, from five addresses.
     for i, login in enumerate(IDENTIFIERS):
         assert not _logged_in_after(_login(_client(f"10.7.0.{i}"), login, WRONG))
@@ -63,11 +63,11 @@ def test_five_failures_under_any_mix_of_identifiers_lock_the_account_for_all_of_
         assert "Too many failed login attempts" in response.content.decode(), login
 
 
-def _logged_in_after(response) -> bool:  # noqa: ANN001
+def _logged_in_after(response) -> bool:
     return response.status_code == 302 and response["Location"] == settings.LOGIN_REDIRECT_URL
 
 
-def test_each_extra_address_gets_no_extra_guesses(frank) -> None:  # noqa: ANN001
+def test_each_extra_address_gets_no_extra_guesses(frank) -> None:
     for _ in range(5):
         _login(_client(), "frank@example.com", WRONG)
     client = _client("10.7.2.2")
@@ -75,7 +75,7 @@ def test_each_extra_address_gets_no_extra_guesses(frank) -> None:  # noqa: ANN00
     assert not _logged_in(client)
 
 
-def test_the_lock_does_not_spill_over_to_other_accounts(frank, alice) -> None:  # noqa: ANN001
+def test_the_lock_does_not_spill_over_to_other_accounts(frank, alice) -> None:
     EmailAddress.objects.create(user=alice, email=alice.email, verified=True, primary=True)
     for _ in range(5):
         _login(_client(), "frank", WRONG)
@@ -86,7 +86,7 @@ def test_the_lock_does_not_spill_over_to_other_accounts(frank, alice) -> None:  
 
 def test_an_unverified_secondary_address_does_not_reveal_whether_the_password_is_right(
     frank,
-) -> None:  # noqa: ANN001
+) -> None:
     right = _client("10.7.3.1")
     wrong = _client("10.7.3.2")
     with_right = _login(right, "frank.old@example.com", PASSWORD)
@@ -106,7 +106,7 @@ def test_an_unverified_secondary_address_does_not_reveal_whether_the_password_is
 
 def test_a_new_account_with_its_only_address_unverified_is_sent_to_verify(
     django_user_model,
-) -> None:  # noqa: ANN001
+) -> None:
     user = django_user_model.objects.create_user(
         username="newbie", email="newbie@example.com", password=PASSWORD
     )
@@ -117,11 +117,11 @@ def test_a_new_account_with_its_only_address_unverified_is_sent_to_verify(
 
 
 # --- the admin's login form ---------------------------------------------------------------------
-def _admin_login(client: Client, username: str, password: str):  # noqa: ANN202
+def _admin_login(client: Client, username: str, password: str):
     return client.post(reverse("admin:login"), {"username": username, "password": password})
 
 
-def test_admin_login_is_rate_limited_per_ip_like_the_console_login(operator, settings) -> None:  # noqa: ANN001
+def test_admin_login_is_rate_limited_per_ip_like_the_console_login(operator, settings) -> None:
     # The shipped budget is 60/m per IP; a smaller one keeps the test quick (same mechanism).
     settings.ACCOUNT_RATE_LIMITS = {**settings.ACCOUNT_RATE_LIMITS, "login": "8/m/ip"}
     limit = 8
@@ -133,7 +133,7 @@ def test_admin_login_is_rate_limited_per_ip_like_the_console_login(operator, set
     assert _login(client, "someone-else", WRONG).status_code == 429
 
 
-def test_admin_and_console_share_one_counter_per_account(operator) -> None:  # noqa: ANN001
+def test_admin_and_console_share_one_counter_per_account(operator) -> None:
     EmailAddress.objects.create(user=operator, email=operator.email, verified=True, primary=True)
     for i in range(3):
         _admin_login(_client(f"10.8.0.{i}"), operator.username, WRONG)

@@ -17,7 +17,7 @@ CSRF_EXEMPT = {
 }
 
 
-def test_every_unsafe_request_without_csrf_token_is_refused(alice) -> None:  # noqa: ANN001
+def test_every_unsafe_request_without_csrf_token_is_refused(alice) -> None:
     client = Client(enforce_csrf_checks=True)
     client.force_login(alice)
     checked = 0

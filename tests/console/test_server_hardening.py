@@ -57,7 +57,7 @@ def _cookie(stack: servers.Stack) -> str:
     return "; ".join(f"{k}={v}" for k, v in client.cookies.items())
 
 
-def test_static_files_are_served_under_asgi_without_the_sync_iterator_warning(stack) -> None:  # noqa: ANN001
+def test_static_files_are_served_under_asgi_without_the_sync_iterator_warning(stack) -> None:
     source = servers.ROOT / "static" / "console" / "console.js"
     response = httpx.get(f"{stack.url}/static/console/console.js", timeout=10)
     assert response.status_code == 200
@@ -117,7 +117,7 @@ async def _close_code(
     return "open" if kept_open else rcvd.code
 
 
-def test_unknown_websocket_path_and_bad_frames_close_with_a_code(stack) -> None:  # noqa: ANN001
+def test_unknown_websocket_path_and_bad_frames_close_with_a_code(stack) -> None:
     cookie = _cookie(stack)
     cases: list[tuple[str, list[str | bytes], int]] = [
         ("/ws/nope/", [], 4404),
@@ -163,7 +163,7 @@ def _fuzz_case(rng: random.Random) -> tuple[str, list[str | bytes]]:
     return path, frames
 
 
-def test_websocket_fuzz_sees_no_server_error_and_always_a_close_frame(stack) -> None:  # noqa: ANN001
+def test_websocket_fuzz_sees_no_server_error_and_always_a_close_frame(stack) -> None:
     cookie = _cookie(stack)
     rng = random.Random(WS_FUZZ_SEED)
     cases = [_fuzz_case(rng) for _ in range(WS_FUZZ_CASES)]

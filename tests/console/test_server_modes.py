@@ -122,7 +122,7 @@ def _check_pages_and_health(stack: servers.Stack) -> None:
     assert health.json()["database"] == "ok"
 
 
-async def _broadcast_and_task(stack: servers.Stack, public_id: str, outside_send) -> None:  # noqa: ANN001
+async def _broadcast_and_task(stack: servers.Stack, public_id: str, outside_send) -> None:
     client = _session(stack)
     headers = {"Cookie": _cookie_header(client), "Origin": stack.url}
     async with websockets.connect(_ws_url(stack), additional_headers=headers) as ws:
@@ -173,23 +173,23 @@ async def _send_via_view(client: httpx.Client, public_id: str, token: str) -> No
     assert response.status_code == 200
 
 
-def test_embedded_server_serves_pages_and_health(embedded_stack) -> None:  # noqa: ANN001
+def test_embedded_server_serves_pages_and_health(embedded_stack) -> None:
     stack, _ = embedded_stack
     _check_pages_and_health(stack)
 
 
-def test_embedded_websocket_gets_channel_layer_message_and_task_result(embedded_stack) -> None:  # noqa: ANN001
+def test_embedded_websocket_gets_channel_layer_message_and_task_result(embedded_stack) -> None:
     stack, public_id = embedded_stack
     servers.run_async(_broadcast_and_task(stack, public_id, _send_via_view))
 
 
-def test_embedded_websocket_refuses_foreign_origin_and_anonymous(embedded_stack) -> None:  # noqa: ANN001
+def test_embedded_websocket_refuses_foreign_origin_and_anonymous(embedded_stack) -> None:
     stack, _ = embedded_stack
     servers.run_async(_refusals(stack))
 
 
 @pytest.mark.integration
-def test_production_server_serves_pages_and_health(production_stack) -> None:  # noqa: ANN001
+def test_production_server_serves_pages_and_health(production_stack) -> None:
     stack, _ = production_stack
     _check_pages_and_health(stack)
 
@@ -197,7 +197,7 @@ def test_production_server_serves_pages_and_health(production_stack) -> None:  #
 @pytest.mark.integration
 def test_production_websocket_gets_redis_message_and_worker_process_result(
     production_stack,
-) -> None:  # noqa: ANN001
+) -> None:
     from channels_redis.core import RedisChannelLayer
 
     stack, public_id = production_stack
@@ -221,13 +221,13 @@ def test_production_websocket_gets_redis_message_and_worker_process_result(
 
 
 @pytest.mark.integration
-def test_production_websocket_refuses_foreign_origin_and_anonymous(production_stack) -> None:  # noqa: ANN001
+def test_production_websocket_refuses_foreign_origin_and_anonymous(production_stack) -> None:
     stack, _ = production_stack
     servers.run_async(_refusals(stack))
 
 
 @pytest.mark.integration
-def test_production_worker_runs_tasks_from_rabbitmq(rabbitmq_stack) -> None:  # noqa: ANN001
+def test_production_worker_runs_tasks_from_rabbitmq(rabbitmq_stack) -> None:
     stack, public_id = rabbitmq_stack
     servers.run_async(_broadcast_and_task(stack, public_id, _send_via_view))
     worker_log = stack.procs[0].output()

@@ -97,7 +97,7 @@ def test_diagnostics_is_operator_only(operator_client: Client, alice_client: Cli
     assert alice_client.get(reverse("diagnostics")).status_code == 302
 
 
-def test_post_without_csrf_token_is_refused(alice) -> None:  # noqa: ANN001
+def test_post_without_csrf_token_is_refused(alice) -> None:
     client = Client(enforce_csrf_checks=True)
     client.force_login(alice)
     response = client.post(reverse("set_language"), {"language": "en"})
@@ -130,7 +130,7 @@ def test_dashboard_without_fleet_explains_how_to_load_it(alice_client: Client) -
 
 def test_dashboard_query_count_does_not_grow_with_the_fleet(
     alice_client: Client, django_assert_max_num_queries
-) -> None:  # noqa: ANN001
+) -> None:
     from tests.slices.factories import load_small_fleet
 
     load_small_fleet()

@@ -144,7 +144,7 @@ def test_another_customer_gets_404_on_every_object_route(
     alice,
     bob,
     alice_client: Client,
-    bob_client: Client,  # noqa: ANN001
+    bob_client: Client,
 ) -> None:
     factory = OBJECT_ROUTES[url_name]
     url = reverse(url_name, kwargs=factory(alice))
@@ -163,7 +163,7 @@ def test_another_customer_gets_404_on_every_object_route(
 @pytest.mark.parametrize("url_name", sorted(OBJECT_ROUTES))
 def test_anonymous_visitors_never_reach_an_object_route(
     url_name: str, alice, client: Client
-) -> None:  # noqa: ANN001
+) -> None:
     url = reverse(url_name, kwargs=OBJECT_ROUTES[url_name](alice))
     for method, code in _statuses(client, url).items():
         assert code in (302, 401, 403, 404, 405), (method, url, code)
@@ -172,7 +172,7 @@ def test_anonymous_visitors_never_reach_an_object_route(
 def test_customers_never_reach_staff_object_routes(
     operator,
     alice_client: Client,
-    operator_client: Client,  # noqa: ANN001
+    operator_client: Client,
 ) -> None:
     # One test looping over the table (it may be empty; an empty parametrize would be a skip).
     for url_name, factory in sorted(STAFF_ROUTES.items()):
@@ -275,7 +275,7 @@ def test_websockets_refuse_anonymous_users_and_other_customers_objects(
     route: str,
     alice,
     alice_client: Client,
-    bob_client: Client,  # noqa: ANN001
+    bob_client: Client,
 ) -> None:
     path = (
         "/" + WEBSOCKET_ROUTES[route](alice).lstrip("/")

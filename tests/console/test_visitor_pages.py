@@ -174,7 +174,7 @@ User = get_user_model()
 PASSWORD = "violet-Falcon-42-river"
 
 
-def _signup(client: Client, email: str):  # noqa: ANN202
+def _signup(client: Client, email: str):
     return client.post(
         reverse("account_signup"), {"email": email, "password1": PASSWORD, "password2": PASSWORD}
     )
@@ -182,7 +182,7 @@ def _signup(client: Client, email: str):  # noqa: ANN202
 
 def test_check_your_inbox_links_a_real_contact_and_offers_a_resend(
     client: Client, settings
-) -> None:  # noqa: ANN001
+) -> None:
     settings.SUPPORT_EMAIL = "help@gpu.example.cn"
     html = _page(client, reverse("account_email_verification_sent"), "zh-hans")
     assert 'href="mailto:help@gpu.example.cn"' in html
@@ -223,7 +223,7 @@ def test_the_resend_is_limited_per_client_address() -> None:
 
 
 def test_confirming_the_address_in_the_same_browser_logs_the_new_customer_in(
-    django_capture_on_commit_callbacks,  # noqa: ANN001
+    django_capture_on_commit_callbacks,
 ) -> None:
     client = Client(REMOTE_ADDR="10.0.0.9")
     _signup(client, "judy@startup.example.com")

@@ -59,7 +59,7 @@ async def _closed_with(path: str, user: object, frame: dict | None) -> int:
 @pytest.mark.parametrize(
     "path", ["/ws/nope/", "/ws/", "/ws/notifications/x/", "/anything", "/ws/%00"]
 )
-def test_unknown_path_closes_with_4404(path: str, alice) -> None:  # noqa: ANN001
+def test_unknown_path_closes_with_4404(path: str, alice) -> None:
     assert run_async(_closed_with(path, alice, None)) == CLOSE_NOT_FOUND
 
 
@@ -78,11 +78,11 @@ def test_unknown_path_closes_with_4404(path: str, alice) -> None:  # noqa: ANN00
 )
 def test_bad_frame_closes_the_notifications_socket_with_a_code(
     frame: dict, code: int, alice
-) -> None:  # noqa: ANN001
+) -> None:
     assert run_async(_closed_with("/ws/notifications/", alice, frame)) == code
 
 
-def test_a_well_formed_object_keeps_the_socket_open(alice) -> None:  # noqa: ANN001
+def test_a_well_formed_object_keeps_the_socket_open(alice) -> None:
     async def run() -> None:
         communicator = await _connect("/ws/notifications/", alice)
         await communicator.receive_output(timeout=5)  # hello

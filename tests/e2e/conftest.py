@@ -38,7 +38,7 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Browser]:
 
 
 @pytest.fixture
-def page(browser: Browser, live_server) -> Iterator[Page]:  # noqa: ANN001
+def page(browser: Browser, live_server) -> Iterator[Page]:
     """A fresh browser profile in Chinese (the default language) against the live server."""
     cache.clear()  # rate-limit counters from other tests
     context = browser.new_context(base_url=live_server.url, locale="zh-CN")

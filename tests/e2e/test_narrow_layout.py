@@ -24,7 +24,7 @@ WRAPPED_BUTTONS = """() => [...document.querySelectorAll('main .btn')]
 def test_no_button_label_wraps_on_a_narrow_screen(
     browser: Browser,
     live_server,
-    alice,  # noqa: ANN001
+    alice,
 ) -> None:
     client = Client()
     client.force_login(alice)

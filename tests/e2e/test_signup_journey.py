@@ -18,7 +18,7 @@ EMAIL = "grace@lab.example.edu"
 PASSWORD = "orbit-Maple-73-lantern"
 
 
-def test_new_customer_signs_up_verifies_and_uses_the_api(page: Page, live_server) -> None:  # noqa: ANN001
+def test_new_customer_signs_up_verifies_and_uses_the_api(page: Page, live_server) -> None:
     # Sign up from the landing page.
     page.goto("/")
     page.click("#cta-signup")

@@ -16,7 +16,7 @@ def _fresh_facets() -> None:
 
 
 @pytest.fixture(scope="module")
-def _catalogue_loaded(django_db_setup, django_db_blocker) -> Iterator[None]:  # noqa: ANN001
+def _catalogue_loaded(django_db_setup, django_db_blocker) -> Iterator[None]:
     """The whole shipped catalogue, loaded once per module and removed after it, so no other
     module (of any app) sees it."""
     with django_db_blocker.unblock():
@@ -30,6 +30,6 @@ def _catalogue_loaded(django_db_setup, django_db_blocker) -> Iterator[None]:  # 
 
 
 @pytest.fixture
-def full_catalogue(_catalogue_loaded, db) -> None:  # noqa: ANN001
+def full_catalogue(_catalogue_loaded, db) -> None:
     """Use in tests that read the real catalogue (3,242 assets, 4 images)."""
     return None

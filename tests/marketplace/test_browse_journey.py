@@ -16,7 +16,7 @@ from tests.e2e.conftest import browser, page  # noqa: F401 - the shared Chromium
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-def _log_in(page: Page, user, live_server) -> None:  # noqa: ANN001, F811
+def _log_in(page: Page, user, live_server) -> None:  # noqa: F811
     client = Client()
     client.force_login(user)
     page.context.add_cookies(
@@ -26,8 +26,8 @@ def _log_in(page: Page, user, live_server) -> None:  # noqa: ANN001, F811
 
 def test_filtering_keeps_the_url_in_sync_and_back_restores_results(
     page: Page,  # noqa: F811
-    live_server,  # noqa: ANN001
-    alice,  # noqa: ANN001
+    live_server,
+    alice,
 ) -> None:
     services.load_catalogue()
     _log_in(page, alice, live_server)
@@ -64,8 +64,8 @@ def test_filtering_keeps_the_url_in_sync_and_back_restores_results(
 
 def test_a_gated_model_is_accepted_once_then_sent_to_the_order_form(
     page: Page,  # noqa: F811
-    live_server,  # noqa: ANN001
-    alice,  # noqa: ANN001
+    live_server,
+    alice,
 ) -> None:
     services.load_catalogue()
     _log_in(page, alice, live_server)

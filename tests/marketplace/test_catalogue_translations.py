@@ -67,7 +67,7 @@ def test_image_pages_describe_images_in_the_readers_language(client: Client) -> 
 @pytest.mark.django_db
 def test_a_gated_licence_explains_itself_in_chinese_and_the_badge_follows_acceptance(
     alice, alice_client: Client
-) -> None:  # noqa: ANN001
+) -> None:
     terms = catalogue.read_licenses()["llama2"].terms
     licence = LicenseFactory(key="llama2", name="Llama 2", requires_acceptance=True, terms=terms)
     asset = AssetFactory(hub_id="meta-llama/Llama-2-7b-hf", license=licence)

@@ -91,7 +91,7 @@ def check_no_query_lists_the_most_liked_first(client: Client) -> None:
     assert all(n is not None for n in likes) and likes == sorted(likes, reverse=True)
 
 
-def test_the_extra_rows_and_likes_are_loaded(full_catalogue) -> None:  # noqa: ANN001
+def test_the_extra_rows_and_likes_are_loaded(full_catalogue) -> None:
     shipped = len(catalogue.read_catalogue(catalogue.MODEL))
     assert Asset.objects.filter(kind="model").count() == shipped > 1698
     glm = Asset.objects.get(kind="model", hub_id="THUDM/glm-4-9b-chat")
@@ -106,23 +106,23 @@ def test_the_extra_rows_and_likes_are_loaded(full_catalogue) -> None:  # noqa: A
     assert ceval.name_zh.startswith("C-Eval") and "13948" in ceval.description_zh
 
 
-def test_chinese_names_find_their_family_only(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+def test_chinese_names_find_their_family_only(full_catalogue, alice_client: Client) -> None:
     check_chinese_names_find_their_family_only(alice_client)
 
 
-def test_mixed_queries_need_every_term(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+def test_mixed_queries_need_every_term(full_catalogue, alice_client: Client) -> None:
     check_mixed_queries_need_every_term(alice_client)
 
 
-def test_chinese_datasets_are_searchable(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+def test_chinese_datasets_are_searchable(full_catalogue, alice_client: Client) -> None:
     check_chinese_datasets_are_searchable(alice_client)
 
 
-def test_no_query_lists_the_most_liked_first(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+def test_no_query_lists_the_most_liked_first(full_catalogue, alice_client: Client) -> None:
     check_no_query_lists_the_most_liked_first(alice_client)
 
 
-def test_the_browse_page_shows_the_chinese_name(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+def test_the_browse_page_shows_the_chinese_name(full_catalogue, alice_client: Client) -> None:
     html = alice_client.get("/marketplace/?q=百川").content.decode()
     assert 'data-hub-id="baichuan-inc/Baichuan2-7B-Chat"' in html
     assert "百川 Baichuan2-7B-Chat" in html

@@ -70,38 +70,38 @@ def test_the_search_terms_keep_chinese_and_split_it_from_english() -> None:
     assert catalogue.query_terms("，。！ ") == []
 
 
-def test_a_chinese_name_finds_its_models_only(shelf, alice_client: Client) -> None:  # noqa: ANN001
+def test_a_chinese_name_finds_its_models_only(shelf, alice_client: Client) -> None:
     assert set(both(alice_client, "q=通义千问")) == {QWEN7, QWEN72}
     # Part of a name is enough: Chinese has no spaces to cut words at.
     assert set(both(alice_client, "q=千问")) == {QWEN7, QWEN72}
     assert both(alice_client, "q=书生浦语") == both(alice_client, "q=书生·浦语") == [INTERN]
 
 
-def test_two_character_chinese_terms_match(shelf, alice_client: Client) -> None:  # noqa: ANN001
+def test_two_character_chinese_terms_match(shelf, alice_client: Client) -> None:
     # Under three characters there is no trigram; the term still has to match.
     assert both(alice_client, "q=百川") == [BAICHUAN]
     assert set(both(alice_client, "q=中文")) == {QWEN7, QWEN72, BAICHUAN}
     assert api_ids(alice_client, AssetKind.DATASET, "q=中文") == [ALPACA_ZH]
 
 
-def test_mixed_queries_need_every_term(shelf, alice_client: Client) -> None:  # noqa: ANN001
+def test_mixed_queries_need_every_term(shelf, alice_client: Client) -> None:
     assert both(alice_client, "q=qwen 中文") == [QWEN7, QWEN72]
     assert both(alice_client, "q=通义千问 72b") == [QWEN72]
     assert both(alice_client, "q=百川 qwen") == []
     assert both(alice_client, "q=Qwen2.5 7B") == [QWEN7]
 
 
-def test_the_descriptions_in_both_languages_are_searched(shelf, alice_client: Client) -> None:  # noqa: ANN001
+def test_the_descriptions_in_both_languages_are_searched(shelf, alice_client: Client) -> None:
     assert both(alice_client, "q=阿里云") == [QWEN7, QWEN72]
     assert both(alice_client, "q=alibaba") == [QWEN7]
 
 
-def test_a_chinese_query_ranks_names_that_start_with_it_first(shelf, alice_client: Client) -> None:  # noqa: ANN001
+def test_a_chinese_query_ranks_names_that_start_with_it_first(shelf, alice_client: Client) -> None:
     # Both names start with the term: the shorter first, as for English queries.
     assert both(alice_client, "q=通义千问") == [QWEN7, QWEN72]
 
 
-def test_without_a_query_the_most_liked_come_first(shelf, alice_client: Client) -> None:  # noqa: ANN001
+def test_without_a_query_the_most_liked_come_first(shelf, alice_client: Client) -> None:
     # Likes where the source gives them, most first; the others after, by name.
     assert both(alice_client, "") == [LLAMA, QWEN72, QWEN7, INTERN, BAICHUAN]
     assert both(alice_client, "sort=popular") == both(alice_client, "")
@@ -112,7 +112,7 @@ def test_without_a_query_the_most_liked_come_first(shelf, alice_client: Client) 
 
 def test_the_chinese_name_and_description_show_in_the_chinese_ui_only(
     shelf, alice_client: Client
-) -> None:  # noqa: ANN001
+) -> None:
     asset = Asset.objects.get(hub_id=QWEN7)
     zh = alice_client.get(asset.get_absolute_url(), headers={"Accept-Language": "zh-hans"})
     assert "通义千问 Qwen2.5-7B-Instruct" in zh.content.decode()

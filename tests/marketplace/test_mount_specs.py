@@ -18,21 +18,21 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def llama2():  # noqa: ANN201
+def llama2():
     return LicenseFactory(key="llama2", name="Llama 2 Community License", requires_acceptance=True)
 
 
 @pytest.fixture
-def llama(llama2):  # noqa: ANN001, ANN201
+def llama(llama2):
     return AssetFactory(hub_id="meta-llama/Llama-2-7b-hf", publisher="meta-llama", license=llama2)
 
 
 @pytest.fixture
-def alpaca():  # noqa: ANN201
+def alpaca():
     return AssetFactory(kind=AssetKind.DATASET, hub_id="tatsu-lab/alpaca", publisher="tatsu-lab")
 
 
-def test_an_order_mounts_each_asset_read_only_from_the_pfs_cache(alice, alpaca) -> None:  # noqa: ANN001
+def test_an_order_mounts_each_asset_read_only_from_the_pfs_cache(alice, alpaca) -> None:
     model = AssetFactory(hub_id="Qwen/Qwen2-7B", publisher="Qwen")
     specs = services.build_mount_specs(alice, [str(alpaca.public_id), model.public_id])
     assert [s.as_dict() for s in specs] == [
@@ -57,7 +57,7 @@ def test_an_order_mounts_each_asset_read_only_from_the_pfs_cache(alice, alpaca) 
 
 def test_a_gated_asset_is_refused_until_its_license_is_accepted(
     alice, llama, llama2, alpaca
-) -> None:  # noqa: ANN001
+) -> None:
     with pytest.raises(MountRefused) as refused:
         services.build_mount_specs(alice, [llama.public_id, alpaca.public_id])
     assert refused.value.code == services.LICENSE_NOT_ACCEPTED
@@ -73,19 +73,19 @@ def test_a_gated_asset_is_refused_until_its_license_is_accepted(
     ]
 
 
-def test_one_acceptance_unlocks_every_asset_under_that_license(alice, llama, llama2) -> None:  # noqa: ANN001
+def test_one_acceptance_unlocks_every_asset_under_that_license(alice, llama, llama2) -> None:
     chat = AssetFactory(hub_id="meta-llama/Llama-2-7b-chat-hf", license=llama2)
     services.accept_license(alice, llama2)
     assert len(services.build_mount_specs(alice, [llama.public_id, chat.public_id])) == 2
 
 
-def test_acceptance_is_per_user(alice, bob, llama, llama2) -> None:  # noqa: ANN001
+def test_acceptance_is_per_user(alice, bob, llama, llama2) -> None:
     services.accept_license(alice, llama2)
     with pytest.raises(MountRefused):
         services.build_mount_specs(bob, [llama.public_id])
 
 
-def test_accepting_twice_records_one_acceptance(alice, llama2) -> None:  # noqa: ANN001
+def test_accepting_twice_records_one_acceptance(alice, llama2) -> None:
     first, created = services.accept_license(alice, llama2)
     again, created_again = services.accept_license(alice, llama2)
     assert (created, created_again) == (True, False)
@@ -94,7 +94,7 @@ def test_accepting_twice_records_one_acceptance(alice, llama2) -> None:  # noqa:
     assert first.license_name == "Llama 2 Community License"
 
 
-def test_unknown_unlisted_and_malformed_ids_are_refused(alice, alpaca) -> None:  # noqa: ANN001
+def test_unknown_unlisted_and_malformed_ids_are_refused(alice, alpaca) -> None:
     with pytest.raises(MountRefused) as refused:
         services.build_mount_specs(alice, [uuid.uuid4()])
     assert refused.value.code == services.UNKNOWN_ASSET
@@ -106,18 +106,18 @@ def test_unknown_unlisted_and_malformed_ids_are_refused(alice, alpaca) -> None: 
         services.build_mount_specs(alice, [alpaca.public_id])
 
 
-def test_asking_for_the_same_asset_twice_mounts_it_once(alice, alpaca) -> None:  # noqa: ANN001
+def test_asking_for_the_same_asset_twice_mounts_it_once(alice, alpaca) -> None:
     assert len(services.build_mount_specs(alice, [alpaca.public_id, str(alpaca.public_id)])) == 1
 
 
-def test_order_form_url_presets_image_and_assets(alpaca) -> None:  # noqa: ANN001
+def test_order_form_url_presets_image_and_assets(alpaca) -> None:
     assert services.order_form_url(assets=[alpaca]) == f"/instances/new/?assets={alpaca.public_id}"
 
 
 # --- the same through the API -------------------------------------------------------------------
 def test_mount_plan_api_answers_403_until_the_license_is_accepted(
     alice_client: Client, llama, llama2
-) -> None:  # noqa: ANN001
+) -> None:
     url = f"/api/v1/mount-plan/?assets={llama.public_id}"
     refused = alice_client.get(url)
     assert refused.status_code == 403
@@ -135,7 +135,7 @@ def test_mount_plan_api_answers_403_until_the_license_is_accepted(
 
 def test_license_api_says_whether_you_accepted(
     alice_client: Client, bob_client: Client, llama2
-) -> None:  # noqa: ANN001
+) -> None:
     alice_client.post(f"/api/v1/licenses/{llama2.public_id}/accept/")
     mine = alice_client.get(f"/api/v1/licenses/{llama2.public_id}/").json()
     theirs = bob_client.get(f"/api/v1/licenses/{llama2.public_id}/").json()
@@ -149,14 +149,14 @@ def test_the_catalogue_api_needs_a_login(client: Client) -> None:
 
 def test_more_ids_than_mounts_are_refused_before_any_lookup(
     alice,
-    django_assert_num_queries,  # noqa: ANN001
+    django_assert_num_queries,
 ) -> None:
     with django_assert_num_queries(0), pytest.raises(MountRefused) as refused:
         services.build_mount_specs(alice, [uuid.uuid4() for _ in range(1000)])
     assert refused.value.code == services.INVALID_MOUNT
 
 
-def test_a_recipe_can_name_assets_by_hub_id(alice, llama, llama2) -> None:  # noqa: ANN001
+def test_a_recipe_can_name_assets_by_hub_id(alice, llama, llama2) -> None:
     from django.http import Http404
 
     found = services.get_asset_by_hub_id("model", "meta-llama/Llama-2-7b-hf")

@@ -158,7 +158,7 @@ def _shelf(n: int) -> None:
 @pytest.mark.parametrize("url", ["/marketplace/", "/marketplace/datasets/"])
 def test_list_page_queries_do_not_grow_with_rows(
     rows: int, url: str, alice_client: Client, django_assert_num_queries
-) -> None:  # noqa: ANN001
+) -> None:
     _shelf(rows)
     # session + user, facets (cache miss), count, one page of rows with their licenses joined
     with django_assert_num_queries(5):
@@ -172,7 +172,7 @@ def test_list_page_queries_do_not_grow_with_rows(
 @pytest.mark.parametrize("rows", [3, PAGE_SIZE + 5])
 def test_list_api_queries_do_not_grow_with_rows(
     rows: int, alice_client: Client, django_assert_num_queries
-) -> None:  # noqa: ANN001
+) -> None:
     _shelf(rows)
     # session + user, count, one page of rows with their licenses joined
     with django_assert_num_queries(4):
@@ -183,7 +183,7 @@ def test_list_api_queries_do_not_grow_with_rows(
 
 def test_image_list_queries_do_not_grow_with_versions(
     alice_client: Client, django_assert_num_queries
-) -> None:  # noqa: ANN001
+) -> None:
     for i in range(3):
         image = ImageFactory()
         for _ in range(i + 2):
@@ -263,7 +263,7 @@ def test_the_picker_searches_and_keeps_what_was_picked(alice_client: Client) -> 
 
 def test_the_picker_disables_gated_assets_until_the_license_is_accepted(
     alice, alice_client: Client
-) -> None:  # noqa: ANN001
+) -> None:
     from marketplace import services
 
     llama2 = LicenseFactory(key="llama2", requires_acceptance=True)
@@ -284,7 +284,7 @@ def test_the_picker_needs_a_login_and_ignores_bad_ids(client: Client, alice_clie
 
 def test_picker_queries_do_not_grow_with_rows(
     alice_client: Client, django_assert_num_queries
-) -> None:  # noqa: ANN001
+) -> None:
     gated = LicenseFactory(key="gemma", requires_acceptance=True)
     picked = [AssetFactory(hub_id=f"acme/picked-{i}", license=gated) for i in range(5)]
     for i in range(15):
@@ -295,7 +295,7 @@ def test_picker_queries_do_not_grow_with_rows(
         alice_client.get(f"/marketplace/picker/?asset_q=acme&{query}")
 
 
-def test_the_order_form_includes_the_whole_picker(alice) -> None:  # noqa: ANN001
+def test_the_order_form_includes_the_whole_picker(alice) -> None:
     from django.template.loader import render_to_string
 
     from marketplace import services
@@ -312,7 +312,7 @@ def test_the_order_form_includes_the_whole_picker(alice) -> None:  # noqa: ANN00
 
 def test_license_list_api_queries_do_not_grow_with_rows(
     alice, alice_client: Client, django_assert_num_queries
-) -> None:  # noqa: ANN001
+) -> None:
     from marketplace import services
 
     for i in range(12):

@@ -18,7 +18,7 @@ from tests.marketplace.test_chinese_catalogue import (
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 
-def _plan(qs) -> str:  # noqa: ANN001
+def _plan(qs) -> str:
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
         sql, params = qs.query.sql_with_params()
@@ -26,7 +26,7 @@ def _plan(qs) -> str:  # noqa: ANN001
         return "\n".join(row[0] for row in cursor.fetchall())
 
 
-def test_the_trigram_index_exists_and_the_planner_can_use_it(full_catalogue) -> None:  # noqa: ANN001
+def test_the_trigram_index_exists_and_the_planner_can_use_it(full_catalogue) -> None:
     assert connection.vendor == "postgresql"
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm'")
@@ -36,23 +36,23 @@ def test_the_trigram_index_exists_and_the_planner_can_use_it(full_catalogue) -> 
         assert "marketplace_asset_search_trgm" in plan, (query, plan)
 
 
-def test_chinese_names_find_their_family_only(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+def test_chinese_names_find_their_family_only(full_catalogue, alice_client: Client) -> None:
     check_chinese_names_find_their_family_only(alice_client)
 
 
-def test_mixed_queries_need_every_term(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+def test_mixed_queries_need_every_term(full_catalogue, alice_client: Client) -> None:
     check_mixed_queries_need_every_term(alice_client)
 
 
-def test_chinese_datasets_are_searchable(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+def test_chinese_datasets_are_searchable(full_catalogue, alice_client: Client) -> None:
     check_chinese_datasets_are_searchable(alice_client)
 
 
-def test_no_query_lists_the_most_liked_first(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+def test_no_query_lists_the_most_liked_first(full_catalogue, alice_client: Client) -> None:
     check_no_query_lists_the_most_liked_first(alice_client)
 
 
-def test_prefix_search_every_word_must_match(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+def test_prefix_search_every_word_must_match(full_catalogue, alice_client: Client) -> None:
     hits = alice_client.get("/api/v1/models/?q=llama 2 7b hf&publisher=meta-llama").json()
     assert [h["hub_id"] for h in hits["results"]] == [
         "meta-llama/Llama-2-7b-hf",
@@ -63,7 +63,7 @@ def test_prefix_search_every_word_must_match(full_catalogue, alice_client: Clien
     assert "openai/whisper-large-v3" in [h["hub_id"] for h in whisper["results"]]
 
 
-def test_filters_and_sorts_behave_as_on_sqlite(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+def test_filters_and_sorts_behave_as_on_sqlite(full_catalogue, alice_client: Client) -> None:
     body = alice_client.get("/api/v1/models/?gated=yes&size_max=20&sort=-size&limit=200").json()
     sizes = [r["size_gb"] for r in body["results"]]
     assert sizes == sorted(sizes, reverse=True) and max(sizes) <= 20

@@ -49,7 +49,7 @@ def _assert_no_double_booking() -> None:
     )
 
 
-def test_parallel_slices_for_the_last_capacity_exactly_as_many_win_as_fit(alice, bob) -> None:  # noqa: ANN001
+def test_parallel_slices_for_the_last_capacity_exactly_as_many_win_as_fit(alice, bob) -> None:
     load_small_fleet()  # H800: 3 SUs of 8 nodes = room for exactly three 64-GPU slices
     won, lost = _race([alice, bob], [(64, "H800")] * 12)
     assert len(won) == 3 and len(lost) == 9
@@ -60,7 +60,7 @@ def test_parallel_slices_for_the_last_capacity_exactly_as_many_win_as_fit(alice,
         assert any(alt["gpu_model"] == "A800" for alt in exc.alternatives), exc.as_dict()
 
 
-def test_parallel_hosts_share_nodes_without_double_booking(alice, bob) -> None:  # noqa: ANN001
+def test_parallel_hosts_share_nodes_without_double_booking(alice, bob) -> None:
     load_small_fleet()  # RTX 4090: 2 nodes × 8 GPUs = 16 GPUs
     won, lost = _race([alice, bob], [(2, "RTX4090")] * 6 + [(4, "RTX4090")] * 6)
     assert sum(a.gpu_count for a in won) == 16  # capacity is used to the last GPU

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 def test_running_out_of_money_releases_the_allocation_once(
     alice, django_capture_on_commit_callbacks
-) -> None:  # noqa: ANN001
+) -> None:
     seed_default_prices()
     load_small_fleet()
     grant_trial_credit(alice)  # 10.00 元: 8 × RTX 4090 at 1.90 元/card-h runs about 39 minutes
@@ -51,7 +51,7 @@ def test_running_out_of_money_releases_the_allocation_once(
     assert sum(r.free_gpus for r in services.availability()) == free_before
 
 
-def test_the_hook_ignores_other_kinds_and_malformed_ids(alice) -> None:  # noqa: ANN001
+def test_the_hook_ignores_other_kinds_and_malformed_ids(alice) -> None:
     load_small_fleet()
     allocation = services.allocate(alice, 2, "RTX4090")
     services.stop_for_billing("disk", str(allocation.public_id), "insufficient_funds")
@@ -60,7 +60,7 @@ def test_the_hook_ignores_other_kinds_and_malformed_ids(alice) -> None:  # noqa:
     assert allocation.state == AllocationState.ACTIVE
 
 
-def test_the_spendable_balance_never_goes_below_one_window_of_burn(alice) -> None:  # noqa: ANN001
+def test_the_spendable_balance_never_goes_below_one_window_of_burn(alice) -> None:
     from billing.services import get_wallet_summary
 
     seed_default_prices()

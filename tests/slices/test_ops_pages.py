@@ -23,7 +23,7 @@ def _node_url(node: Node) -> str:
     return reverse("slices:ops-node", args=[node.public_id])
 
 
-def test_customers_are_refused_every_operator_page(fleet, alice_client: Client) -> None:  # noqa: ANN001
+def test_customers_are_refused_every_operator_page(fleet, alice_client: Client) -> None:
     node = Node.objects.first()
     for url in (
         reverse("slices:ops-fleet"),
@@ -36,7 +36,7 @@ def test_customers_are_refused_every_operator_page(fleet, alice_client: Client) 
     assert node.state == NodeState.READY
 
 
-def test_anonymous_visitors_are_sent_to_log_in(fleet) -> None:  # noqa: ANN001
+def test_anonymous_visitors_are_sent_to_log_in(fleet) -> None:
     response = Client().get(reverse("slices:ops-fleet"))
     assert response.status_code == 302 and "login" in response["Location"]
 
@@ -45,7 +45,7 @@ def test_fleet_page_shows_utilisation_per_region_and_model(
     fleet,
     alice,
     operator_client: Client,
-    django_assert_max_num_queries,  # noqa: ANN001
+    django_assert_max_num_queries,
 ) -> None:
     services.allocate(alice, 64, "H800")
     services.change_node_state(Node.objects.get(hostname="xm-h8-su03-n08"), "drain")
@@ -66,7 +66,7 @@ def test_fabric_map_draws_sus_as_rows_and_holders_with_hover_details(
     fleet,
     alice,
     operator_client: Client,
-    django_assert_max_num_queries,  # noqa: ANN001
+    django_assert_max_num_queries,
 ) -> None:
     a = services.allocate(alice, 64, "H800")
     url = reverse("slices:ops-cluster", args=["xm-h800"])
@@ -81,7 +81,7 @@ def test_fabric_map_draws_sus_as_rows_and_holders_with_hover_details(
     assert partial.content.decode().lstrip().startswith('<div id="fabric"')
 
 
-def test_operator_drains_and_returns_a_node(fleet, operator_client: Client) -> None:  # noqa: ANN001
+def test_operator_drains_and_returns_a_node(fleet, operator_client: Client) -> None:
     node = Node.objects.get(hostname="xm-h8-su01-n01")
     response = operator_client.post(_node_url(node), {"action": "drain", "note": "IB link flaps"})
     assert response.status_code == 302
@@ -94,14 +94,14 @@ def test_operator_drains_and_returns_a_node(fleet, operator_client: Client) -> N
     assert node.state == NodeState.READY
 
 
-def test_unknown_node_is_404_for_operators(fleet, operator_client: Client) -> None:  # noqa: ANN001
+def test_unknown_node_is_404_for_operators(fleet, operator_client: Client) -> None:
     url = reverse("slices:ops-node", args=["00000000-0000-0000-0000-000000000000"])
     assert operator_client.get(url).status_code == 404
 
 
 def test_availability_api_lists_regions_models_and_slice_performance(
     fleet,
-    alice_client: Client,  # noqa: ANN001
+    alice_client: Client,
 ) -> None:
     response = alice_client.get("/api/v1/availability/")
     assert response.status_code == 200
@@ -113,7 +113,7 @@ def test_availability_api_lists_regions_models_and_slice_performance(
     assert Client().get("/api/v1/availability/").status_code in (401, 403)
 
 
-def test_admin_cannot_overwrite_allocator_state(operator_client, alice) -> None:  # noqa: ANN001
+def test_admin_cannot_overwrite_allocator_state(operator_client, alice) -> None:
     """Node state/health and free masks, GPUs and allocations change only through the services."""
     from slices import services
     from slices.models import Node

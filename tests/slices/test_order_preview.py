@@ -26,7 +26,7 @@ def test_order_form_needs_login(client: Client) -> None:
     assert client.get(URL).status_code == 302
 
 
-def test_quote_placement_and_performance_for_a_host(alice_client: Client, world) -> None:  # noqa: ANN001
+def test_quote_placement_and_performance_for_a_host(alice_client: Client, world) -> None:
     html = alice_client.get(URL, {"gpu_model": "RTX4090", "cards": 8}).content.decode()
     assert "15.20 元" in html  # 8 cards × 1.90 元 per card-hour
     assert "364.80 元" in html  # per day
@@ -36,20 +36,20 @@ def test_quote_placement_and_performance_for_a_host(alice_client: Client, world)
 
 def test_a_slice_shows_its_topology_and_expected_nccl_performance(
     alice_client: Client, world
-) -> None:  # noqa: ANN001
+) -> None:
     html = alice_client.get(URL, {"gpu_model": "H800", "cards": 64}).content.decode()
     assert "GB/s" in html and "µs" in html
     preview = services.preview_allocation(64, "H800")
     assert preview.su_count == 1  # 8 nodes fit one 8-node SU of the small fleet
 
 
-def test_no_capacity_names_the_reason_and_alternatives(alice_client: Client, world) -> None:  # noqa: ANN001
+def test_no_capacity_names_the_reason_and_alternatives(alice_client: Client, world) -> None:
     html = alice_client.get(URL, {"gpu_model": "H800", "cards": 2048}).content.decode()
     assert "alert-warning" in html
     assert "gpu_model=" in html  # links to alternatives
 
 
-def test_invalid_choices_are_form_errors_not_server_errors(alice_client: Client, world) -> None:  # noqa: ANN001
+def test_invalid_choices_are_form_errors_not_server_errors(alice_client: Client, world) -> None:
     for params in ({"cards": "7"}, {"gpu_model": "TPU"}, {"disk_gb": "-5"}, {"cards": "x"}):
         response = alice_client.get(URL, params)
         assert response.status_code == 200
@@ -58,7 +58,7 @@ def test_invalid_choices_are_form_errors_not_server_errors(alice_client: Client,
 
 def test_the_llama_demo_template_presets_host_image_and_gated_model(
     alice, alice_client: Client, world
-) -> None:  # noqa: ANN001
+) -> None:
     load_catalogue()
     html = alice_client.get(URL, {"template": "llama-7b-demo"}).content.decode()
     assert "pytorch/pytorch:2.1.2-cuda12.1-cudnn8-devel" in html
@@ -70,7 +70,7 @@ def test_the_llama_demo_template_presets_host_image_and_gated_model(
     assert "/models/" in html and "/datasets/" in html
 
 
-def test_affordability_is_checked_against_the_balance(alice, alice_client: Client, world) -> None:  # noqa: ANN001
+def test_affordability_is_checked_against_the_balance(alice, alice_client: Client, world) -> None:
     html = alice_client.get(URL, {"gpu_model": "RTX4090", "cards": 8}).content.decode()
     assert "billing/" in html and "alert-warning" in html  # nothing to spend yet: top up
     grant_voucher(alice, Decimal("100.00"), reason="test", valid_days=3)
@@ -79,14 +79,14 @@ def test_affordability_is_checked_against_the_balance(alice, alice_client: Clien
     assert preview.orderable
 
 
-def test_htmx_request_gets_only_the_summary(alice_client: Client, world) -> None:  # noqa: ANN001
+def test_htmx_request_gets_only_the_summary(alice_client: Client, world) -> None:
     response = alice_client.get(URL, {"gpu_model": "RTX4090", "cards": 1}, HTTP_HX_REQUEST="true")
     html = response.content.decode()
     assert html.lstrip().startswith('<div id="order-summary"')
     assert "<html" not in html
 
 
-def test_preview_reserves_nothing(alice, world) -> None:  # noqa: ANN001
+def test_preview_reserves_nothing(alice, world) -> None:
     before = [r.free_gpus for r in services.availability()]
     services.preview_order(alice, gpu_model="RTX4090", cards=8)
     assert [r.free_gpus for r in services.availability()] == before

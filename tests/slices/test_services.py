@@ -21,7 +21,7 @@ def fleet() -> None:
     load_small_fleet()
 
 
-def test_slice_is_placed_on_one_su_with_hostfile_and_expected_performance(fleet, alice) -> None:  # noqa: ANN001
+def test_slice_is_placed_on_one_su_with_hostfile_and_expected_performance(fleet, alice) -> None:
     a = services.allocate(alice, 64, "H800", "xiamen", label="llama")
     assert a.kind == "slice" and a.su_count == 1 and a.node_count == 8
     hosts = a.hostfile.split()
@@ -31,14 +31,14 @@ def test_slice_is_placed_on_one_su_with_hostfile_and_expected_performance(fleet,
     assert Node.objects.filter(state=NodeState.ALLOCATED).count() == 8
 
 
-def test_hosts_share_a_node_before_opening_another(fleet, alice, bob) -> None:  # noqa: ANN001
+def test_hosts_share_a_node_before_opening_another(fleet, alice, bob) -> None:
     a = services.allocate(alice, 4, "RTX4090")
     b = services.allocate(bob, 2, "RTX4090")
     assert a.nodes.get().node_id == b.nodes.get().node_id
     assert a.nodes.get().gpu_mask & b.nodes.get().gpu_mask == 0
 
 
-def test_release_returns_exactly_what_was_taken_and_is_idempotent(fleet, alice) -> None:  # noqa: ANN001
+def test_release_returns_exactly_what_was_taken_and_is_idempotent(fleet, alice) -> None:
     before = dict(Node.objects.values_list("hostname", "free_mask"))
     a = services.allocate(alice, 128, "H800")
     h = services.allocate(alice, 1, "H800")
@@ -52,7 +52,7 @@ def test_release_returns_exactly_what_was_taken_and_is_idempotent(fleet, alice) 
     assert a.state == AllocationState.RELEASED and a.released_at is not None
 
 
-def test_no_capacity_answers_reason_earliest_time_and_alternatives(fleet, alice) -> None:  # noqa: ANN001
+def test_no_capacity_answers_reason_earliest_time_and_alternatives(fleet, alice) -> None:
     ends = timezone.now() + timedelta(hours=3)
     services.allocate(alice, 128, "H800", ends_at=ends)
     services.allocate(alice, 64, "H800", ends_at=ends + timedelta(hours=1))
@@ -66,7 +66,7 @@ def test_no_capacity_answers_reason_earliest_time_and_alternatives(fleet, alice)
     assert Allocation.objects.count() == 2
 
 
-def test_drained_and_failed_nodes_get_no_new_gpus(fleet, alice, bob) -> None:  # noqa: ANN001
+def test_drained_and_failed_nodes_get_no_new_gpus(fleet, alice, bob) -> None:
     held = services.allocate(alice, 8, "RTX4090")
     node = held.nodes.get().node
     assert services.change_node_state(node, "drain") is True
@@ -86,7 +86,7 @@ def test_drained_and_failed_nodes_get_no_new_gpus(fleet, alice, bob) -> None:  #
 
 def test_a_commit_planned_on_stale_state_loses_and_the_next_plan_succeeds(
     fleet, alice, bob
-) -> None:  # noqa: ANN001
+) -> None:
     fleet_view, nodes = services.build_fleet("A800")
     from slices.topology import Request
 
@@ -101,7 +101,7 @@ def test_a_commit_planned_on_stale_state_loses_and_the_next_plan_succeeds(
     assert again.nodes.get().node.hostname != planned.shares[0].hostname
 
 
-def test_availability_reports_free_gpus_hosts_and_largest_slice(fleet, alice) -> None:  # noqa: ANN001
+def test_availability_reports_free_gpus_hosts_and_largest_slice(fleet, alice) -> None:
     services.allocate(alice, 64, "H800")
     rows = {(a.region, a.gpu_model): a for a in services.availability()}
     h800 = rows[("xiamen", "H800")]
@@ -110,7 +110,7 @@ def test_availability_reports_free_gpus_hosts_and_largest_slice(fleet, alice) ->
     assert rows[("xiamen", "RTX4090")].host_sizes == (1, 2, 4, 8)
 
 
-def test_preview_shows_placement_and_performance_without_reserving(fleet, alice) -> None:  # noqa: ANN001
+def test_preview_shows_placement_and_performance_without_reserving(fleet, alice) -> None:
     p = services.preview_allocation(128, "H800")
     assert (p.su_count, p.su_min_structural, p.at_structural_minimum) == (2, 2, True)
     assert p.performance["gpus"] == 128 and p.performance["busbw_gbps"] > 0
