@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from rest_framework import serializers
@@ -63,7 +65,7 @@ class ApiTokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
-    def validate_expires_at(self, value):  # noqa: ANN001, ANN201
+    def validate_expires_at(self, value: datetime | None) -> datetime | None:
         if value is not None and value <= timezone.now():
             raise serializers.ValidationError(_("The expiry must be in the future."))
         return value

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -34,7 +35,7 @@ class SshKeyViewSet(
     lookup_field = "public_id"
     lookup_value_regex = UUID_PATTERN
 
-    def get_queryset(self):  # noqa: ANN201
+    def get_queryset(self) -> QuerySet[SshKey]:
         return SshKey.objects.for_owner(self.request.user)
 
     def get_object(self) -> SshKey:
@@ -82,7 +83,7 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     lookup_field = "public_id"
     lookup_value_regex = UUID_PATTERN
 
-    def get_queryset(self):  # noqa: ANN201
+    def get_queryset(self) -> QuerySet[ApiToken]:
         return ApiToken.objects.for_owner(self.request.user)
 
     def get_object(self) -> ApiToken:
