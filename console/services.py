@@ -24,7 +24,7 @@ from django.utils.translation import gettext as _
 
 from console.choices import ApiTokenState
 from console.models import ApiToken, SshKey, TrialCreditClaim, User
-from console.validators import parse_ssh_public_key
+from console.validators import parse_ssh_public_key, validate_display_name
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,14 @@ def get_default_ssh_key(user: User) -> SshKey | None:
     return SshKey.objects.for_owner(user).defaults().first()
 
 
+def _check_name(name: str | None) -> None:
+    """A chosen name with control or invisible characters is refused (keyed by the field)."""
+    try:
+        validate_display_name(name or "")
+    except ValidationError as exc:
+        raise ValidationError({"name": exc}) from None
+
+
 # --- SSH keys -----------------------------------------------------------------------------------
 @transaction.atomic
 def add_ssh_key(user: User, *, name: str, public_key: str, make_default: bool = False) -> SshKey:
@@ -73,6 +81,7 @@ def add_ssh_key(user: User, *, name: str, public_key: str, make_default: bool = 
         parsed = parse_ssh_public_key(public_key)
     except ValidationError as exc:
         raise ValidationError({"public_key": exc}) from None
+    _check_name(name)
     name = (name or "").strip() or parsed.comment[:100] or parsed.fingerprint[7:19]
     # Lock the owner's row: concurrent adds of the same key or of a first key queue up here,
     # so the duplicate check and "first key is default" see each other's result.
@@ -161,6 +170,7 @@ def create_api_token(
     user: User, *, name: str, expires_at: datetime | None = None
 ) -> tuple[ApiToken, str]:
     """Create a token and return it with its secret, which is never retrievable again."""
+    _check_name(name)
     name = (name or "").strip()
     if not name:
         raise ValidationError({"name": ValidationError(_("Give the token a name."), "required")})

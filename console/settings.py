@@ -443,6 +443,7 @@ if _get("BEHIND_TLS_PROXY", _strict_bool, PRODUCTION):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 SESSION_COOKIE_HTTPONLY = True
+CSRF_FAILURE_VIEW = "console.views.csrf_failure"  # the styled, translated 403 page
 X_FRAME_OPTIONS = "DENY"
 
 CONTENT_SECURITY_POLICY = {

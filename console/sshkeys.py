@@ -28,6 +28,8 @@ MAX_RSA_BITS = 16384
 MAX_TEXT_LENGTH = 8192
 MAX_COMMENT_LENGTH = 255
 _COMMENT_OK = re.compile(r"^[\x20-\x7e]*$")  # printable ASCII: no control characters, no newlines
+# A key's base64 blob (every OpenSSH key blob starts with a length prefix: "AAAA…").
+_KEY_BLOB = re.compile(r"^AAAA[A-Za-z0-9+/]{40,}={0,2}$")
 
 
 class SshKeyError(ValueError):
@@ -119,6 +121,10 @@ def parse_public_key(text: str) -> PublicKey:
     except (binascii.Error, UnicodeEncodeError, ValueError):
         raise SshKeyError("malformed") from None
     comment = parts[2].strip() if len(parts) > 2 else ""
+    if any(word in ALLOWED_TYPES or _KEY_BLOB.match(word) for word in comment.split()):
+        # "ssh-ed25519 AAAA… ssh-ed25519 AAAA…": the second key would become the first one's
+        # comment, and the user would believe both were installed.
+        raise SshKeyError("multiple_keys")
     if len(comment) > MAX_COMMENT_LENGTH:
         raise SshKeyError("comment_too_long", limit=MAX_COMMENT_LENGTH)
     if not _COMMENT_OK.match(comment):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils.translation import gettext_lazy as _
@@ -20,6 +22,9 @@ SSH_KEY_MESSAGES = {
         "and paste the one-line OpenSSH form."
     ),
     "multiple_lines": _("Paste exactly one key, on one line."),
+    "multiple_keys": _(
+        "This line holds more than one key. Paste exactly one key; add the others one by one."
+    ),
     "unsupported_type": _(
         "Key type %(key_type)s is not supported. Use ssh-ed25519, ecdsa-sha2-nistp256/384/521 "
         "or ssh-rsa (at least 2048 bits)."
@@ -46,6 +51,30 @@ def parse_ssh_public_key(text: str) -> PublicKey:
         raise ValidationError(
             SSH_KEY_MESSAGES[exc.code], code=f"ssh_key_{exc.code}", params=exc.params
         ) from None
+
+
+# Unicode categories that are invisible or act on the text around them: control characters
+# (ESC, NUL, newlines), format characters (zero-width spaces and joiners, right-to-left overrides,
+# the BOM), line/paragraph separators, surrogates, private-use and unassigned code points.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def validate_display_name(value: str) -> None:
+    """Names people choose (SSH keys, API tokens) show in lists, logs and terminals.
+
+    A name with ``\x1b[31m`` recolours a terminal, U+202E reverses what follows ("gpj.exe"), and a
+    name of zero-width spaces looks empty; all are refused with a message naming the character.
+    """
+    for char in value:
+        if unicodedata.category(char) in _HIDDEN_CATEGORIES:
+            raise ValidationError(
+                _(
+                    "Names may not contain control or invisible characters (found %(char)s). "
+                    "Use letters, digits, spaces and punctuation."
+                ),
+                code="hidden_characters",
+                params={"char": f"U+{ord(char):04X}"},
+            )
 
 
 def _blocked_domains() -> frozenset[str]:
@@ -87,4 +116,10 @@ _DJANGO_CATALOGUE_GAPS = (
     ),
 )
 
-__all__ = ["MIN_RSA_BITS", "is_disposable_email", "parse_ssh_public_key", "validate_not_disposable"]
+__all__ = [
+    "MIN_RSA_BITS",
+    "is_disposable_email",
+    "parse_ssh_public_key",
+    "validate_display_name",
+    "validate_not_disposable",
+]

@@ -7,14 +7,15 @@ import time
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.contrib.admin.views.decorators import staff_member_required
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.template import loader
+from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from console.auth import staff_required
 from console.dashboard import build_dashboard, build_landing
 from console.events import notify_user
 from console.tasks import ping_worker_task
@@ -72,13 +73,13 @@ async def _channel_layer_roundtrip() -> str:
     return "ok" if message.get("token") == token else "error: mismatch"
 
 
-@staff_member_required
+@staff_required
 @require_GET
 def diagnostics(request: HttpRequest) -> HttpResponse:
     return render(request, "console/diagnostics.html")
 
 
-@staff_member_required
+@staff_required
 @require_POST
 def diagnostics_ping(request: HttpRequest) -> HttpResponse:
     """Enqueue a worker round-trip; the result arrives over the notifications websocket."""
@@ -98,7 +99,7 @@ def diagnostics_ping(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"queued": True, "token": token, "queued_at": time.time()}, status=202)
 
 
-@staff_member_required
+@staff_required
 @require_POST
 def diagnostics_broadcast(request: HttpRequest) -> JsonResponse:
     """Send a message through the channel layer from outside any consumer."""
@@ -112,6 +113,38 @@ def page_not_found(request: HttpRequest, exception: Exception | None = None) -> 
     if request.path.startswith("/api/"):
         return JsonResponse({"error": "not_found", "detail": "Not found."}, status=404)
     return render(request, "404.html", status=404)
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {"error": "permission_denied", "detail": _("You do not have permission to do this.")},
+            status=403,
+        )
+    return render(request, "403.html", status=403)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """A form posted without a valid CSRF token (usually: the page was open for too long)."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {
+                "error": "permission_denied",
+                "detail": _("CSRF check failed: send the X-CSRFToken header, or use an API token."),
+            },
+            status=403,
+        )
+    return render(request, "403.html", {"csrf_failed": True}, status=403)
+
+
+def too_many_requests(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Every rate limit outside the API (logins, sign-up, resets): allauth calls this too."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {"error": "throttled", "detail": _("Too many requests. Please wait and try again.")},
+            status=429,
+        )
+    return render(request, "429.html", status=429)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
