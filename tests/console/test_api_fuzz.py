@@ -64,4 +64,7 @@ def test_api_never_answers_a_server_error(alice) -> None:
     # The run really exercised the API as an authenticated user, not only its error paths.
     assert statuses[200] + statuses[201] + statuses[202] > len(operations), statuses
     assert statuses[401] == 0, statuses
-    print(f"api fuzz: {len(operations)} operations, responses by status {dict(statuses)}")
+    print(
+        f"api fuzz: {len(operations)} operations, {sum(statuses.values())} cases, "
+        f"responses by status {dict(statuses)}"
+    )
