@@ -29,6 +29,7 @@ demo: $(VENV)/.synced
 	@echo
 	@echo "  GPU Console (embedded demo, simulated fleet) on http://$(HOST):$(PORT)/"
 	@echo "  Log in as  demo / demo-password-2026  (operator: ops / ops-password-2026)"
+	@echo "  Data, mail (var/mail/) and this install's secret key live in var/"
 	@echo
 	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off
 
