@@ -8,6 +8,8 @@ from hypothesis import settings as hypothesis_settings
 from playwright.sync_api import expect
 
 from console.celery import app as celery_app
+from console.models import User
+from tests.console.factories import PASSWORD, UserFactory
 
 # Every randomised test prints how to reproduce a failure (hypothesis's blob, or `--hypothesis-seed`).
 hypothesis_settings.register_profile("console", print_blob=True, deadline=None)
@@ -17,7 +19,7 @@ hypothesis_settings.load_profile("console")
 # default 5 s is tight for a full page load, so they may wait up to 20 s (they pass as soon as true).
 expect.set_options(timeout=20_000)
 
-PASSWORD = "correct-horse-battery-9"
+__all__ = ["PASSWORD"]  # tests log in with it (tests/console/factories.py)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -48,25 +50,19 @@ def _celery_runs_tasks_inline() -> None:
     celery_app.conf.task_eager_propagates = True
 
 
-def _make_user(django_user_model, username: str, **extra):
-    return django_user_model.objects.create_user(
-        username=username, email=f"{username}@example.com", password=PASSWORD, **extra
-    )
+@pytest.fixture
+def alice(db) -> User:
+    return UserFactory(username="alice", first_name="Alice")
 
 
 @pytest.fixture
-def alice(django_user_model):
-    return _make_user(django_user_model, "alice", first_name="Alice")
+def bob(db) -> User:
+    return UserFactory(username="bob", first_name="Bob")
 
 
 @pytest.fixture
-def bob(django_user_model):
-    return _make_user(django_user_model, "bob", first_name="Bob")
-
-
-@pytest.fixture
-def operator(django_user_model):
-    return _make_user(django_user_model, "ops", first_name="Olga", is_staff=True, is_superuser=True)
+def operator(db) -> User:
+    return UserFactory(username="ops", first_name="Olga", is_staff=True, is_superuser=True)
 
 
 def _client_for(user) -> Client:

@@ -4,32 +4,31 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
 from billing import services
 from billing.seed import seed_default_prices
+from console.models import User
+from tests.billing.factories import fund, open_session
 
 
-def _payment(owner: Any) -> dict[str, Any]:
+def _payment(owner: User) -> dict[str, Any]:
     payment, _ = services.start_topup(owner, "10.00")
     return {"public_id": payment.public_id}
 
 
-def _transaction(owner: Any) -> dict[str, Any]:
-    services.grant_voucher(owner, Decimal("1.00"), reason="isolation", valid_days=1)
+def _transaction(owner: User) -> dict[str, Any]:
+    fund(owner, "1.00", valid_days=1)
     return {"public_id": services.get_or_create_wallet(owner).transactions.first().public_id}
 
 
-def _usage_session(owner: Any) -> dict[str, Any]:
+def _usage_session(owner: User) -> dict[str, Any]:
     seed_default_prices()
-    session = services.open_usage_session(
-        owner, resource_kind="instance", resource_id=str(uuid.uuid4()), gpu_model="A800", cards=1
-    )
+    session = open_session(owner, resource_id=str(uuid.uuid4()), gpu_model="A800")
     return {"public_id": session.public_id}
 
 
-OBJECT_ROUTES: dict[str, Callable[[Any], dict[str, Any]]] = {
+OBJECT_ROUTES: dict[str, Callable[[User], dict[str, Any]]] = {
     "billing:sandbox-checkout": _payment,
     "billing-top-up-detail": _payment,
     "billing-transaction-detail": _transaction,

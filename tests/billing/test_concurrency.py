@@ -19,24 +19,20 @@ from billing import services
 from billing.models import Account, LedgerTransaction, Payment, UsageCharge, UsageSession, Wallet
 from billing.money import charge_for
 from billing.providers.sandbox import SandboxProvider
+from console.models import User
 from tests.billing.conftest import assert_ledger_consistent
-from tests.billing.factories import UserFactory
+from tests.billing.factories import fund, open_session
+from tests.console.factories import UserFactory
 from tests.support.concurrency import race
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-def _open(users: list[Any], per_user: int) -> None:
+def _open(users: list[User], per_user: int) -> None:
     for user in users:
-        services.grant_voucher(user, Decimal("10000"), reason="race", valid_days=30)
+        fund(user, "10000")
         for i in range(per_user):
-            services.open_usage_session(
-                user,
-                resource_kind="instance",
-                resource_id=f"{user.pk}-{i}",
-                gpu_model="RTX 4090",
-                cards=8,
-            )
+            open_session(user, resource_id=f"{user.pk}-{i}", cards=8)
 
 
 def test_concurrent_settlements_charge_once(prices, billing_clock) -> None:

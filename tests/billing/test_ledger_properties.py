@@ -20,7 +20,7 @@ from billing.choices import AccountKind, TransactionKind
 from billing.models import Account, LedgerTransaction, UsageSession
 from billing.money import accrued, charge_for
 from tests.billing.conftest import assert_ledger_consistent
-from tests.billing.factories import UserFactory
+from tests.console.factories import UserFactory
 
 amounts = st.decimals(min_value="0.01", max_value="500", places=2)
 op = st.one_of(

@@ -15,15 +15,14 @@ from billing import clock, services
 from billing.choices import MemoCode, TransactionKind
 from billing.models import LedgerTransaction, TopUpBonusRule
 from console.models import User
+from tests.billing.factories import open_session
 
 pytestmark = pytest.mark.django_db
 
 
 def _open_and_settle(user: User, billing_clock: clock.FrozenClock) -> None:
     services.grant_trial_credit(user)
-    services.open_usage_session(
-        user, resource_kind="instance", resource_id="memo-1", gpu_model="RTX 4090", cards=1
-    )
+    open_session(user)
     billing_clock.advance(120)
     services.settle_usage()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tests.console.account_factories import make_api_token, make_ssh_key
+from tests.console.factories import make_api_token, make_ssh_key
 
 
 def _ssh_key(owner: Any) -> dict[str, Any]:

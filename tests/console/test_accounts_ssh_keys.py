@@ -15,7 +15,7 @@ from django.urls import reverse
 from console import services
 from console.models import SshKey
 from console.sshkeys import SshKeyError, parse_public_key
-from tests.console.account_factories import (
+from tests.console.factories import (
     ecdsa_public_key,
     ed25519_public_key,
     make_ssh_key,

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from console import services
 from console.models import ApiToken
-from tests.console.account_factories import make_api_token, make_ssh_key
+from tests.console.factories import make_api_token, make_ssh_key
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ import pytest
 from django.core import mail
 from playwright.sync_api import Page, expect
 
-from tests.console.account_factories import ed25519_public_key
+from tests.console.factories import ed25519_public_key
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -1,17 +1,33 @@
-"""Factories for the accounts glue: real key material, real tokens through the services."""
+"""Factories for the console: users (the personas in tests/conftest.py are built on them) and the
+accounts glue, with real key material and real tokens through the services."""
 
 from __future__ import annotations
 
 import uuid
 from datetime import datetime
 
+import factory
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from console import services
 from console.models import ApiToken, SshKey, User
 
+PASSWORD = "correct-horse-battery-9"
+
 _OPENSSH = (serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    """A customer who can log in with ``PASSWORD``; ``UserFactory(username="alice")``."""
+
+    class Meta:
+        model = User
+        skip_postgeneration_save = True
+
+    username = factory.Sequence(lambda n: f"customer{n}")
+    email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
+    password = factory.django.Password(PASSWORD)
 
 
 def ed25519_public_key(comment: str = "me@laptop") -> str:
