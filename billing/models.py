@@ -52,6 +52,21 @@ class ImmutableError(Exception):
     """Ledger rows are append-only; post a reversing transaction instead."""
 
 
+class AppendOnly(models.Model):
+    """A ledger row: inserted once, never updated or deleted (corrections are new rows)."""
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None and not kwargs.get("force_insert"):
+            raise ImmutableError(f"{self._meta.verbose_name_plural} are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ImmutableError(f"{self._meta.verbose_name_plural} are append-only")
+
+
 # --- price book --------------------------------------------------------------------------------
 class PriceBook(models.Model):
     """A version of every price, effective from ``effective_at``.
@@ -253,7 +268,7 @@ class Account(models.Model):
         return self.kind in (AccountKind.CASH, AccountKind.TRIAL)
 
 
-class LedgerTransaction(models.Model):
+class LedgerTransaction(AppendOnly):
     """A balanced set of entries: one money movement, explained by ``kind`` and ``memo``."""
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
@@ -288,14 +303,6 @@ class LedgerTransaction(models.Model):
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.created_at:%Y-%m-%d %H:%M:%S}"
 
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.pk is not None and not kwargs.get("force_insert"):
-            raise ImmutableError("ledger transactions are append-only")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise ImmutableError("ledger transactions are append-only")
-
     @property
     def description(self) -> str:
         """What this transaction was, in the active language (or the free text it was given)."""
@@ -308,7 +315,7 @@ class LedgerTransaction(models.Model):
             return template
 
 
-class Entry(models.Model):
+class Entry(AppendOnly):
     """One leg of a transaction: ``amount`` added to ``account`` (negative = taken out)."""
 
     transaction = models.ForeignKey(
@@ -326,14 +333,6 @@ class Entry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.amount} → {self.account}"
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.pk is not None and not kwargs.get("force_insert"):
-            raise ImmutableError("ledger entries are append-only")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise ImmutableError("ledger entries are append-only")
 
 
 # --- metering ------------------------------------------------------------------------------------
