@@ -10,6 +10,7 @@ from django.utils import timezone
 from slices import services
 from slices.choices import AllocationState, NodeState
 from slices.models import GPU, Allocation, Node
+from slices.services import allocation as allocation_services
 from tests.slices.factories import load_small_fleet
 
 pytestmark = pytest.mark.django_db
@@ -93,8 +94,8 @@ def test_a_commit_planned_on_stale_state_loses_and_the_next_plan_succeeds(
     # Another order takes GPUs on the same node first.
     winner = services.allocate(bob, 4, "A800")
     assert winner.nodes.get().node.hostname == planned.shares[0].hostname
-    with pytest.raises(services._LostRace):
-        services._commit(alice, planned, nodes, None, "")
+    with pytest.raises(allocation_services._LostRace):
+        allocation_services._commit(alice, planned, nodes, None, "")
     assert Allocation.objects.count() == 1
     again = services.allocate(alice, 8, "A800")  # re-plans on the new state
     assert again.nodes.get().node.hostname != planned.shares[0].hostname

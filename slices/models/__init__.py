@@ -1,0 +1,18 @@
+"""The slices app's models, one module per noun (re-exported here for `from slices.models import X`)."""
+
+from __future__ import annotations
+
+from slices.models.allocations import Allocation, AllocationNode
+from slices.models.fleet import GPU, Cluster, GpuModel, Node, Region, ScalableUnit, SpineGroup
+
+__all__ = [
+    "GPU",
+    "Allocation",
+    "AllocationNode",
+    "Cluster",
+    "GpuModel",
+    "Node",
+    "Region",
+    "ScalableUnit",
+    "SpineGroup",
+]

@@ -1,0 +1,288 @@
+"""Allocating and releasing GPUs: the only code that writes allocations.
+
+Allocation = plan with the pure allocator (`slices.topology`) on a snapshot of the database, then
+commit with compare-and-set on every node's free-GPU mask. Two orders can plan the same GPUs; only one
+of the conditional UPDATEs matches, the other sees zero rows, rolls back and plans again on the new
+state, so a lost race re-plans while capacity remains and never double-books a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from slices import topology
+from slices.choices import (
+    SCHEDULABLE_STATES,
+    AllocationKind,
+    AllocationState,
+    NodeHealth,
+    NodeState,
+)
+from slices.models import (
+    GPU,
+    Allocation,
+    AllocationNode,
+    Cluster,
+    Node,
+)
+from slices.perf import Performance, expected_performance
+from slices.services.fleet import _ts, build_fleet
+
+MAX_PLAN_ATTEMPTS = 12
+
+logger = logging.getLogger(__name__)
+
+
+class NoCapacity(Exception):
+    """The request cannot be placed now; carries the allocator's reason, earliest time, alternatives."""
+
+    def __init__(self, unplaceable: topology.Unplaceable, earliest: datetime | None) -> None:
+        super().__init__(unplaceable.reason)
+        self.unplaceable = unplaceable
+        self.code = unplaceable.code
+        self.reason = unplaceable.reason
+        self.earliest = earliest
+        self.alternatives = [
+            {
+                "kind": a.kind,
+                "region": a.region,
+                "gpu_model": a.gpu_model,
+                "gpus": a.gpus,
+                "cluster": a.cluster,
+            }
+            for a in unplaceable.alternatives
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "reason": self.reason,
+            "earliest": self.earliest.isoformat() if self.earliest else None,
+            "alternatives": self.alternatives,
+        }
+
+
+class _LostRace(Exception):
+    """Another transaction took one of the planned GPUs first."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Allocating and releasing
+# ---------------------------------------------------------------------------------------------
+
+
+def allocate(
+    owner: Any,
+    gpus: int,
+    gpu_model: str,
+    region: str | None = None,
+    *,
+    ends_at: datetime | None = None,
+    label: str = "",
+) -> Allocation:
+    """Reserve `gpus` GPUs of `gpu_model` (a host of 1/2/4/8 or a slice of 64·k) for `owner`.
+
+    Raises NoCapacity (reason, earliest time, alternatives) when it cannot be placed now.
+    Safe under concurrency: see the module docstring.
+    """
+    now = timezone.now()
+    for _attempt in range(MAX_PLAN_ATTEMPTS):
+        fleet, nodes = build_fleet(gpu_model)
+        req = topology.Request(
+            str(uuid.uuid4()), gpus, gpu_model, region, now.timestamp(), _ts(ends_at)
+        )
+        planned = fleet.plan(req)
+        if isinstance(planned, topology.Unplaceable):
+            # Alternatives may be other GPU models: ask a snapshot of the whole fleet.
+            whole, _nodes = build_fleet(None)
+            why = whole.explain(req) or planned
+            earliest = datetime.fromtimestamp(why.earliest, tz=now.tzinfo) if why.earliest else None
+            raise NoCapacity(why, earliest)
+        try:
+            return _commit(owner, planned, nodes, ends_at, label)
+        except _LostRace:
+            continue  # another order took some of these GPUs: plan again on the new state
+    raise NoCapacity(
+        topology.Unplaceable(
+            "", "no_capacity", _("The fleet is too busy right now; please try again.")
+        ),
+        None,
+    )
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What an order would get now (nothing is reserved): for the order form and the API."""
+
+    gpus: int
+    gpu_model: str
+    region: str
+    cluster: str
+    node_count: int
+    su_count: int
+    su_min_structural: int
+    at_structural_minimum: bool
+    # when the slice could start on ceil(n / SU size) SUs, if it cannot now (from lease ends)
+    structural_earliest: datetime | None
+    performance: dict[str, Any]
+
+
+def _placement_performance(placement: topology.Placement) -> tuple[Cluster, Performance]:
+    """The placement's cluster and the α–β estimate of its all-reduce (slices/perf.py)."""
+    cluster = Cluster.objects.select_related("gpu_model").get(code=placement.cluster)
+    perf = expected_performance(
+        len(placement.shares),
+        len(placement.shares[0].gpus),
+        placement.su_count,
+        fabric=cluster.fabric,
+        rails=cluster.rails,
+        nvlink_gbps=cluster.gpu_model.nvlink_gbps,
+    )
+    return cluster, perf
+
+
+def preview_allocation(
+    gpus: int, gpu_model: str, region: str | None = None, *, ends_at: datetime | None = None
+) -> Preview:
+    """Plan without reserving; raises NoCapacity like `allocate` when nothing fits now."""
+    now = timezone.now()
+    fleet, _nodes = build_fleet(gpu_model)
+    req = topology.Request("preview", gpus, gpu_model, region, now.timestamp(), _ts(ends_at))
+    planned = fleet.plan(req)
+    if isinstance(planned, topology.Unplaceable):
+        whole, _nodes = build_fleet(None)
+        why = whole.explain(req) or planned
+        earliest = datetime.fromtimestamp(why.earliest, tz=now.tzinfo) if why.earliest else None
+        raise NoCapacity(why, earliest)
+    structural = None
+    if not planned.at_structural_minimum:
+        t = fleet.earliest_start(req, structural=True)
+        structural = datetime.fromtimestamp(t, tz=now.tzinfo) if t else None
+    _cluster, perf = _placement_performance(planned)
+    return Preview(
+        gpus,
+        gpu_model,
+        planned.region,
+        planned.cluster,
+        len(planned.shares),
+        planned.su_count,
+        planned.su_min_structural,
+        planned.at_structural_minimum,
+        structural,
+        perf.as_dict(),
+    )
+
+
+@transaction.atomic
+def _commit(
+    owner: Any,
+    p: topology.Placement,
+    nodes: dict[str, Node],
+    ends_at: datetime | None,
+    label: str,
+) -> Allocation:
+    # Lock order = node primary key order, so two committers never wait on each other in a cycle.
+    shares = sorted(p.shares, key=lambda s: nodes[s.hostname].pk)
+    for s in shares:
+        node = nodes[s.hostname]
+        mask = 0
+        for g in s.gpus:
+            mask |= 1 << g
+        # Compare-and-set: only if the node still has exactly the free GPUs we planned with.
+        won = (
+            Node.objects.filter(
+                pk=node.pk,
+                free_mask=node.free_mask,
+                state__in=SCHEDULABLE_STATES,
+                health=NodeHealth.OK,
+            ).update(free_mask=node.free_mask & ~mask, state=NodeState.ALLOCATED)
+            == 1
+        )
+        if not won:
+            raise _LostRace(s.hostname)
+    cluster, perf = _placement_performance(p)
+    allocation = Allocation.objects.create(
+        owner=owner,
+        kind=AllocationKind.SLICE if p.is_slice else AllocationKind.HOST,
+        cluster=cluster,
+        gpu_model=cluster.gpu_model,
+        gpu_count=p.gpus,
+        node_count=len(p.shares),
+        su_count=p.su_count,
+        su_min_structural=p.su_min_structural,
+        su_min_state=p.su_min_state,
+        hostfile="\n".join(p.hostfile()) + "\n",
+        performance=perf.as_dict(),
+        label=label,
+        ends_at=ends_at,
+    )
+    parts = []
+    gpu_filter = Q()
+    for rank, s in enumerate(p.shares):
+        node = nodes[s.hostname]
+        mask = sum(1 << g for g in s.gpus)
+        parts.append(AllocationNode(allocation=allocation, node=node, rank=rank, gpu_mask=mask))
+        gpu_filter |= Q(node_id=node.pk, index__in=s.gpus)
+    AllocationNode.objects.bulk_create(parts)
+    taken = GPU.objects.filter(gpu_filter, allocation__isnull=True).update(allocation=allocation)
+    if taken != p.gpus:
+        raise IntegrityError(f"GPU rows out of step with node masks ({taken} != {p.gpus})")
+    return allocation
+
+
+@transaction.atomic
+def release_allocation(allocation: Allocation) -> bool:
+    """Give back exactly the GPUs of an allocation; True if this call released it (idempotent)."""
+    won = (
+        Allocation.objects.filter(pk=allocation.pk, state=AllocationState.ACTIVE).update(
+            state=AllocationState.RELEASED, released_at=timezone.now()
+        )
+        == 1
+    )
+    if not won:
+        return False  # already released by someone else
+    parts = list(allocation.nodes.order_by("node_id").values_list("node_id", "gpu_mask"))
+    for node_id, mask in parts:
+        Node.objects.filter(pk=node_id).update(free_mask=F("free_mask").bitor(mask))
+    # Fully free nodes go back to "ready" (drained or failed nodes keep their state).
+    for node in Node.objects.filter(pk__in=[p[0] for p in parts], state=NodeState.ALLOCATED):
+        Node.objects.filter(pk=node.pk, state=NodeState.ALLOCATED, free_mask=node.full_mask).update(
+            state=NodeState.READY
+        )
+    GPU.objects.filter(allocation=allocation).update(allocation=None)
+    allocation.refresh_from_db()
+    return True
+
+
+# Usage sessions that bill an allocation carry this kind and the allocation's public id.
+ALLOCATION_RESOURCE = "allocation"
+
+
+def stop_for_billing(resource_kind: str, resource_id: str, reason: str) -> None:
+    """Billing's stop hook (``BILLING_STOP_HANDLER``): release what billing stopped.
+
+    Called once per stopped usage session, after billing committed the stop (its billing already
+    ended at that second). Only the GPUs go back; disks and files are separate resources and are
+    kept, and nothing restarts by itself after a top-up. Kinds this app does not hold are left to
+    their owners; an allocation already released (by its owner, or an earlier call) is a no-op.
+    """
+    if resource_kind != ALLOCATION_RESOURCE:
+        logger.info("billing stop for %s %s is not a slices resource", resource_kind, resource_id)
+        return
+    try:
+        public_id = uuid.UUID(str(resource_id))
+    except ValueError:
+        logger.warning("billing stop with a malformed allocation id %r", resource_id)
+        return
+    allocation = Allocation.objects.filter(public_id=public_id).first()
+    if allocation is not None and release_allocation(allocation):
+        logger.info("released allocation %s: %s", public_id, reason)

@@ -1,0 +1,159 @@
+"""Order preview: what an order would get and cost now, before anything is reserved."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.http import Http404
+from django.utils.translation import gettext as _
+
+from slices import topology
+from slices.services.allocation import NoCapacity, Preview, preview_allocation
+from slices.services.fleet import Availability, availability
+
+# ---------------------------------------------------------------------------------------------
+# Order preview: what an order would get and cost now, before anything is reserved
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OrderPreview:
+    """Everything the order form shows before the customer confirms. Nothing is reserved."""
+
+    gpu_model: str
+    cards: int
+    placement: Preview | None
+    no_capacity: NoCapacity | None
+    quote: Any  # billing.pricing.Quote, or None when no price is set
+    price_error: str
+    insufficient_funds: str
+    image: Any  # marketplace ImageVersion or None
+    image_warning: str
+    mounts: list[Any]  # marketplace MountSpec
+    mount_error: Any  # marketplace MountRefused or None
+
+    @property
+    def orderable(self) -> bool:
+        return (
+            self.placement is not None
+            and self.quote is not None
+            and not self.insufficient_funds
+            and self.mount_error is None
+            and not self.image_warning
+        )
+
+
+# One-click presets of the order form (``?template=``): the LLaMA-7B demo runs on one 8-card
+# RTX 4090 host with PyTorch 2.1, the model and a dataset mounted.
+ORDER_TEMPLATES: dict[str, dict[str, Any]] = {
+    "llama-7b-demo": {
+        "fields": {"gpu_model": "RTX4090", "cards": "8", "image": "pytorch-2.1.2-cuda12.1-py3.10"},
+        "assets": (("model", "meta-llama/Llama-2-7b-hf"), ("dataset", "wikitext")),
+    },
+}
+
+
+def resolve_order_template(name: str) -> tuple[dict[str, str], list[str]]:
+    """A preset's form defaults and the public ids of its assets (unknown name: nothing)."""
+    from marketplace import services as marketplace
+
+    preset = ORDER_TEMPLATES.get(name)
+    if preset is None:
+        return {}, []
+    asset_ids = []
+    for kind, hub_id in preset["assets"]:
+        try:
+            asset_ids.append(str(marketplace.get_asset_by_hub_id(kind, hub_id).public_id))
+        except Http404:
+            continue  # an operator unlisted it; the demo still runs without it
+    return dict(preset["fields"]), asset_ids
+
+
+@dataclass(frozen=True)
+class OrderChoices:
+    """What the order form offers now: regions and GPU models with capacity, listed images."""
+
+    availability: list[Availability]
+    regions: list[tuple[str, str]]  # (code, display name)
+    gpu_models: list[str]
+    images: list[tuple[str, str]]  # (version slug, label)
+
+
+def order_choices() -> OrderChoices:
+    from marketplace import services as marketplace
+
+    rows = availability()
+    return OrderChoices(
+        availability=rows,
+        regions=list(dict.fromkeys((r.region, r.region_name) for r in rows)),
+        gpu_models=list(dict.fromkeys(r.gpu_model for r in rows)),
+        images=[
+            (v.slug, str(v))
+            for i in marketplace.list_images()
+            for v in i.shown_versions  # type: ignore[attr-defined]  # set by list_images()
+        ],
+    )
+
+
+def preview_order(
+    user: Any,
+    *,
+    gpu_model: str,
+    cards: int,
+    region: str | None = None,
+    image: str = "",
+    asset_ids: Iterable[str] = (),
+    disk_gb: int = 0,
+) -> OrderPreview:
+    """Place (without reserving), price and check the mounts of an order, through each app's
+    services: the allocator here, billing's quote and affordability check, marketplace mounts.
+    ``image`` is an image version's slug or public id ("" for none)."""
+    from billing import services as billing
+    from marketplace import services as marketplace
+
+    placement: Preview | None = None
+    no_capacity: NoCapacity | None = None
+    try:
+        placement = preview_allocation(cards, gpu_model, region or None)
+    except NoCapacity as exc:
+        no_capacity = exc
+
+    # The price book names models by product name ("RTX 4090"), the fleet by code ("RTX4090").
+    names = {topology.gpu_model_key(p.gpu_model): p.gpu_model for p, _t in billing.price_list()}
+    price_name = names.get(topology.gpu_model_key(gpu_model))
+    quote, price_error, insufficient = None, "", ""
+    if price_name is None:
+        price_error = _("No price is set for %(model)s yet.") % {"model": gpu_model}
+    else:
+        quote = billing.quote_for(user, price_name, cards, disk_gb)
+        try:
+            billing.ensure_affordable(user, price_name, cards, disk_gb)
+        except billing.InsufficientFunds as exc:
+            insufficient = str(exc)
+
+    version = marketplace.get_image_version(image) if image else None
+    image_warning = ""
+    if version is not None and not version.supports(gpu_model):
+        image_warning = _("This image is not built for %(model)s.") % {"model": gpu_model}
+
+    mounts: list[Any] = []
+    mount_error = None
+    try:
+        mounts = marketplace.build_mount_specs(user, list(asset_ids))
+    except marketplace.MountRefused as exc:
+        mount_error = exc
+    return OrderPreview(
+        gpu_model,
+        cards,
+        placement,
+        no_capacity,
+        quote,
+        price_error,
+        insufficient,
+        version,
+        image_warning,
+        mounts,
+        mount_error,
+    )
