@@ -234,7 +234,38 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
         "schedule": float(BILLING_SETTLEMENT_INTERVAL),
     },
     "billing-expire-vouchers": {"task": "billing.tasks.expire_vouchers_task", "schedule": 3600.0},
+    "slices-reconcile": {"task": "slices.tasks.reconcile_instances_task", "schedule": 30.0},
 }
+# --- Instances: ordering, provisioning, nodes -----------------------------------------------------
+# The node driver: "sim" (the simulated fleet; the embedded default) or "ssh" (real nodes).
+SLICES_DRIVER: str = _get("SLICES_DRIVER", env.str, "sim")
+if SLICES_DRIVER not in {"sim", "ssh"}:
+    raise ConfigError(f"SLICES_DRIVER={SLICES_DRIVER!r} must be sim or ssh")
+# Every simulated delay is multiplied by this (1 = realistic, 0 = instant).
+SIM_TIME_SCALE: float = _get("SIM_TIME_SCALE", env.float, 1.0)
+if not 0 <= SIM_TIME_SCALE <= 100:
+    raise ConfigError(f"SIM_TIME_SCALE={SIM_TIME_SCALE!r} must be between 0 and 100")
+# An order needs balance for at least this long at its quoted price.
+ORDER_MIN_RUNWAY_SECONDS: int = _get("ORDER_MIN_RUNWAY_SECONDS", env.int, 3600)
+SLICES_DEFAULT_GPU_QUOTA: int = _get("SLICES_DEFAULT_GPU_QUOTA", env.int, 256)
+# A worker renews its lease on an instance while driving it; an expired lease is re-driven.
+SLICES_LEASE_SECONDS: int = _get("SLICES_LEASE_SECONDS", env.int, 90)
+SLICES_MAX_DRIVE_ATTEMPTS: int = _get("SLICES_MAX_DRIVE_ATTEMPTS", env.int, 3)
+SLICES_LEAK_GRACE_SECONDS: int = _get("SLICES_LEAK_GRACE_SECONDS", env.int, 300)
+SLICES_RETRY_BACKOFF_SECONDS: float = _get("SLICES_RETRY_BACKOFF_SECONDS", env.float, 2.0)
+SLICES_PROVISION_THREADS: int = _get("SLICES_PROVISION_THREADS", env.int, 64)
+SLICES_NODE_WORKDIR: str = _get("SLICES_NODE_WORKDIR", env.str, "/var/lib/gpu-console")
+SLICES_NODE_RUNTIME: str = _get("SLICES_NODE_RUNTIME", env.str, "docker")
+SLICES_PFS_ROOT: str = _get("SLICES_PFS_ROOT", env.str, "/pfs")
+SLICES_ASSET_ROOT: str = _get("SLICES_ASSET_ROOT", env.str, "/pfs/.catalogue")
+SLICES_INSTANCE_SSH_USER: str = _get("SLICES_INSTANCE_SSH_USER", env.str, "root")
+SLICES_INSTANCE_SSH_PORT: int = _get("SLICES_INSTANCE_SSH_PORT", env.int, 0)  # 0 = the node's port
+# How the console reaches the nodes (ssh driver): its own key, the user, timeouts.
+SLICES_SSH_USER: str = _get("SLICES_SSH_USER", env.str, "root")
+SLICES_SSH_KEY_FILE: str = _get("SLICES_SSH_KEY_FILE", env.str, "")
+SLICES_SSH_CONNECT_TIMEOUT: float = _get("SLICES_SSH_CONNECT_TIMEOUT", env.float, 10.0)
+SLICES_SSH_COMMAND_TIMEOUT: float = _get("SLICES_SSH_COMMAND_TIMEOUT", env.float, 600.0)
+SLICES_SSH_KEEPALIVE: int = _get("SLICES_SSH_KEEPALIVE", env.int, 15)
 # Embedded default: run the worker (and beat) inside the ASGI server process.
 EMBEDDED_WORKER: bool = _get("EMBEDDED_WORKER", _strict_bool, EMBEDDED)
 if PRODUCTION and EMBEDDED_WORKER:

@@ -56,3 +56,42 @@ ALLOCATION_STATE_BADGES = {
     AllocationState.ACTIVE: "primary",
     AllocationState.RELEASED: "secondary",
 }
+
+
+class InstanceState(models.TextChoices):
+    PENDING = "pending", _("Pending")
+    ALLOCATING = "allocating", _("Allocating")
+    PROVISIONING = "provisioning", _("Provisioning")
+    RUNNING = "running", _("Running")
+    RELEASING = "releasing", _("Releasing")
+    RELEASED = "released", _("Released")
+    FAILED = "failed", _("Failed")
+
+
+INSTANCE_STATE_BADGES = {
+    InstanceState.PENDING: "secondary",
+    InstanceState.ALLOCATING: "info",
+    InstanceState.PROVISIONING: "info",
+    InstanceState.RUNNING: "success",
+    InstanceState.RELEASING: "warning",
+    InstanceState.RELEASED: "secondary",
+    InstanceState.FAILED: "danger",
+}
+
+
+class BillingMode(models.TextChoices):
+    ON_DEMAND = "on_demand", _("On demand, by the second")
+    TERM = "term", _("Locked-price term, paid up front")
+
+
+class EventKind(models.TextChoices):
+    STATE = "state", _("State change")
+    STEP = "step", _("Provisioning step")
+    LOG = "log", _("Log")
+    ERROR = "error", _("Error")
+
+
+class EventLevel(models.TextChoices):
+    INFO = "info", _("Info")
+    WARNING = "warning", _("Warning")
+    ERROR = "error", _("Error")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from slices.models.allocations import Allocation, AllocationNode
 from slices.models.fleet import GPU, Cluster, GpuModel, Node, Region, ScalableUnit, SpineGroup
+from slices.models.instances import GpuQuota, Instance, InstanceEvent, InstanceNode
 
 __all__ = [
     "GPU",
@@ -11,6 +12,10 @@ __all__ = [
     "AllocationNode",
     "Cluster",
     "GpuModel",
+    "GpuQuota",
+    "Instance",
+    "InstanceEvent",
+    "InstanceNode",
     "Node",
     "Region",
     "ScalableUnit",

@@ -135,7 +135,10 @@ class Node(models.Model):
     address = models.CharField(_("SSH address"), max_length=255)
     ssh_port = models.PositiveIntegerField(_("SSH port"), default=22)
     host_key_fingerprint = models.CharField(
-        _("pinned host key"), max_length=100, blank=True, help_text=_("SHA256:… fingerprint")
+        _("pinned host key"),
+        max_length=1000,
+        blank=True,
+        help_text=_("The node's SSH host public key line, or its SHA256:… fingerprint"),
     )
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="nodes")
     gpus_per_node = models.PositiveSmallIntegerField(_("GPUs"))
