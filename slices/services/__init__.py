@@ -33,6 +33,7 @@ from slices.services.instances import (
     fail_instance,
     get_instance_for_operator,
     get_instance_for_user,
+    min_runway_seconds,
     order_instance,
     quota_for,
     release_instance,
@@ -43,9 +44,15 @@ from slices.services.ordering import (
     ORDER_TEMPLATES,
     OrderChoices,
     OrderPreview,
+    card_choices,
+    default_order,
     order_choices,
+    order_from_forms,
     preview_order,
+    provisioning_eta,
     resolve_order_template,
+    ssh_key_choices,
+    term_days_for,
 )
 
 
@@ -59,6 +66,13 @@ def stop_for_billing(resource_kind: str, resource_id: str, reason: str) -> None:
 
 
 __all__ = [
+    "card_choices",
+    "default_order",
+    "min_runway_seconds",
+    "order_from_forms",
+    "provisioning_eta",
+    "ssh_key_choices",
+    "term_days_for",
     "INSTANCE_RESOURCE",
     "OrderRequest",
     "cards_in_use",
