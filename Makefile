@@ -54,7 +54,7 @@ test-integration: $(VENV)/.synced system-deps
 # Type-checked with mypy + django-stubs (pyproject.toml [tool.mypy]): the services, the dashboard
 # and the pure modules, the last ones with what --strict checks.
 TYPED := console/services.py console/dashboard.py slices/services/ slices/models/ marketplace/services.py billing/services.py \
-	slices/topology.py slices/perf.py slices/fleetfile.py billing/money.py billing/pricing.py \
+	slices/topology/ slices/perf.py slices/fleetfile.py billing/money.py billing/pricing.py \
 	billing/lowbalance.py billing/clock.py marketplace/mounts.py marketplace/catalogue.py console/sshkeys.py
 
 lint: $(VENV)/.synced

@@ -30,7 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from slices.baselines import POLICIES  # noqa: E402
+from bench.allocation.baselines import POLICIES  # noqa: E402
+from bench.allocation.metrics import placeable_gpus, stranded_gpus  # noqa: E402
 from slices.fleetfile import SHIPPED_FLEET, load_fleet_file  # noqa: E402
 from slices.topology import (  # noqa: E402
     SLICE_UNIT_GPUS,
@@ -212,14 +213,14 @@ class Simulation:
                 if cl.slices_ok:
                     free_whole += cl.free_nodes * cl.gpn
             for size, w in sizes.items():
-                placeable += w / total_w * self.fleet.placeable_gpus(model, size)
+                placeable += w / total_w * placeable_gpus(self.fleet, model, size)
         self.frag_samples.append(1 - placeable / free_whole if free_whole else 0.0)
         # Slice-stranded: free GPUs of slice clusters that the smallest demanded slice cannot use
         # at its structural SU minimum (hosts could still use some of them).
         stranded = 0
         for model in self.slice_models:
             smallest = min(self.slice_sizes[model]) // 8
-            stranded += self.fleet.stranded_gpus(model, smallest, ())
+            stranded += stranded_gpus(self.fleet, model, smallest, ())
         self.stranded_samples.append(stranded)
 
     def run(self, trace: list[TraceItem], sample_every: float) -> dict:
@@ -263,6 +264,10 @@ class Simulation:
             if self.discipline != "loss":
                 for model in touched:
                     self._schedule(queues[model], now, departures)
+        return self.result()
+
+    def result(self) -> dict:
+        """The figures of the replay so far."""
         waits_by_class = {
             size: {
                 "n": len(w),
@@ -474,7 +479,7 @@ def _print_summary(rows: list[dict]) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--fleet", type=Path, default=SHIPPED_FLEET)
     ap.add_argument("--trace", type=Path, help="JSONL trace to replay (default: synthetic)")
@@ -503,7 +508,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--sample-every", type=float, default=600.0, help="metric sampling period (s)")
     ap.add_argument("--no-latency-check", action="store_true")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
 
     spec = load_fleet_file(args.fleet)
     loads = args.load or [0.7, 0.9, 1.1]

@@ -177,7 +177,7 @@ class WalletAdmin(admin.ModelAdmin):
             try:
                 self.message_user(request, apply(request, wallet, form.cleaned_data))
             except services.BillingError as exc:
-                form.add_error(None, str(exc))
+                form.add_error(None, exc.message())
             else:
                 return HttpResponseRedirect(reverse("admin:billing_wallet_change", args=[pk]))
         context = {
@@ -238,7 +238,7 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
                     txn, reason=form.cleaned_data["reason"], by=request.user
                 )
             except services.BillingError as exc:
-                form.add_error(None, str(exc))
+                form.add_error(None, exc.message())
             else:
                 messages.success(request, _("Correction posted."))
                 return HttpResponseRedirect(reverse("admin:billing_ledgertransaction_changelist"))

@@ -50,6 +50,7 @@ from django.db import IntegrityError, connection, models, transaction
 from django.db.models import Sum
 from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from billing import clock, lowbalance
 from billing.choices import (
@@ -60,6 +61,13 @@ from billing.choices import (
     PaymentState,
     TransactionKind,
     UsageState,
+)
+from billing.errors import (
+    BillingError,
+    IdempotencyMismatch,
+    InsufficientFunds,
+    InvalidWebhook,
+    PriceNotSet,
 )
 from billing.models import (
     Account,
@@ -106,26 +114,6 @@ def settlement_window() -> int:
 
 def low_balance_thresholds() -> tuple[int, ...]:
     return tuple(setting("BILLING_LOW_BALANCE_THRESHOLDS", (3600,)))
-
-
-class BillingError(Exception):
-    code = "invalid"
-
-
-class InsufficientFunds(BillingError):
-    code = "insufficient_funds"
-
-
-class PriceNotSet(BillingError):
-    code = "invalid"
-
-
-class IdempotencyMismatch(BillingError):
-    code = "idempotency_key_reused"
-
-
-class InvalidWebhook(BillingError):
-    code = "invalid_signature"
 
 
 # --- the stop hook -------------------------------------------------------------------------------
@@ -298,13 +286,13 @@ def grant_voucher(
     """Grant a compute voucher (算力券): its own account with an amount, an expiry and a reason."""
     amount = round_cents(to_decimal(amount))
     if amount <= 0:
-        raise BillingError(_("A voucher must be worth more than 0 元."))
+        raise BillingError(gettext_noop("A voucher must be worth more than 0 元."))
     if not reason.strip():
-        raise BillingError(_("A voucher needs a reason."))
+        raise BillingError(gettext_noop("A voucher needs a reason."))
     now = clock.now()
     expires_at = expires_at or now + timedelta(days=valid_days)
     if expires_at <= now:
-        raise BillingError(_("A voucher must expire in the future."))
+        raise BillingError(gettext_noop("A voucher must expire in the future."))
     wallet = _lock_wallet(user)
     voucher = _new_voucher(wallet, amount, expires_at, reason)
     _post(
@@ -333,11 +321,11 @@ def refund_cash(user: Any, amount: Decimal, *, reason: str, by: Any = None) -> L
     """Pay cash back to the customer (trial credit and vouchers are never refunded)."""
     amount = round_cents(to_decimal(amount))
     if amount <= 0 or not reason.strip():
-        raise BillingError(_("A refund needs a positive amount and a reason."))
+        raise BillingError(gettext_noop("A refund needs a positive amount and a reason."))
     wallet = _lock_wallet(user)
     cash = _bucket(wallet, AccountKind.CASH)
     if cash.balance < amount:
-        raise InsufficientFunds(_("The cash balance is %(cash)s 元.") % {"cash": cash.balance})
+        raise InsufficientFunds(gettext_noop("The cash balance is %(cash)s 元."), cash=cash.balance)
     return _post(
         TransactionKind.REFUND,
         [(cash, -amount), (_system_account(AccountKind.REFUNDS), amount)],
@@ -353,11 +341,11 @@ def reverse_transaction(
 ) -> LedgerTransaction:
     """Correct a transaction with its mirror image (entries are never edited or deleted)."""
     if not reason.strip():
-        raise BillingError(_("A correction needs a reason."))
+        raise BillingError(gettext_noop("A correction needs a reason."))
     if txn.wallet_id:
         Wallet.objects.select_for_update().get(pk=txn.wallet_id)
     if LedgerTransaction.objects.filter(reverses=txn).exists():
-        raise BillingError(_("This transaction was already reversed."))
+        raise BillingError(gettext_noop("This transaction was already reversed."))
     legs = [(e.account, -e.amount) for e in txn.entries.select_related("account")]
     try:
         with transaction.atomic():
@@ -371,7 +359,7 @@ def reverse_transaction(
             )
     except IntegrityError as exc:  # a voucher or the trial credit was already spent
         raise BillingError(
-            _("The credit was already spent; grant a voucher or refund instead.")
+            gettext_noop("The credit was already spent; grant a voucher or refund instead.")
         ) from exc
 
 
@@ -453,7 +441,7 @@ def current_gpu_price(gpu_model: str, at: datetime | None = None) -> tuple[Price
     book = current_price_book(at)
     price = book.gpu_prices.filter(gpu_model=gpu_model).first() if book else None
     if book is None or price is None:
-        raise PriceNotSet(_("No price is set for %(model)s.") % {"model": gpu_model})
+        raise PriceNotSet(gettext_noop("No price is set for %(model)s."), model=gpu_model)
     return book, price
 
 
@@ -489,8 +477,11 @@ def ensure_affordable(user: Any, gpu_model: str, cards: int, disk_gb: int = 0) -
     quote = quote_for(user, gpu_model, cards, disk_gb)
     if quote.runway_seconds is not None and quote.runway_seconds < settlement_window():
         raise InsufficientFunds(
-            _("Your balance cannot run %(cards)d × %(model)s for one minute; please top up.")
-            % {"cards": cards, "model": gpu_model}
+            gettext_noop(
+                "Your balance cannot run %(cards)d × %(model)s for one minute; please top up."
+            ),
+            cards=cards,
+            model=gpu_model,
         )
     return quote
 
@@ -515,7 +506,7 @@ def open_usage_session(
     session and never change while it runs.
     """
     if int(cards) < 1:
-        raise BillingError(_("A usage session needs at least one card (or GB)."))
+        raise BillingError(gettext_noop("A usage session needs at least one card (or GB)."))
     existing = UsageSession.objects.filter(
         resource_kind=resource_kind, resource_id=str(resource_id), state=UsageState.OPEN
     ).first()
@@ -525,7 +516,7 @@ def open_usage_session(
     if meter == Meter.DISK:
         book = current_price_book(at)
         if book is None:
-            raise PriceNotSet(_("No price book is in effect."))
+            raise PriceNotSet(gettext_noop("No price book is in effect."))
         rate, units = book.storage_per_gb_day, max(0, int(cards) - book.storage_free_gb)
     else:
         book, price = current_gpu_price(gpu_model, at)
@@ -1068,20 +1059,20 @@ def purchase_term(
     The ordering app then runs the resource without an on-demand usage session for the term.
     """
     if int(cards) < 1 or int(days) < 1:
-        raise BillingError(_("A rental needs at least one card and one day."))
+        raise BillingError(gettext_noop("A rental needs at least one card and one day."))
     now = clock.now()
     book = current_price_book(now)
     term = book.term_prices.filter(gpu_model=gpu_model, days=days).first() if book else None
     if book is None or term is None:
         raise PriceNotSet(
-            _("No %(days)d-day price is set for %(model)s.") % {"days": days, "model": gpu_model}
+            gettext_noop("No %(days)d-day price is set for %(model)s."), days=days, model=gpu_model
         )
     total = round_cents(term.rate_per_card_hour * cards * days * 24)
     wallet = _lock_wallet(user)
     buckets = _spendable_buckets(wallet, now)
     if sum((b.balance for b in buckets), ZERO) < total:
         raise InsufficientFunds(
-            _("This term costs %(total)s 元; please top up first.") % {"total": total}
+            gettext_noop("This term costs %(total)s 元; please top up first."), total=total
         )
     legs = _spend_legs(buckets, total)
     legs.append((_system_account(AccountKind.USAGE_REVENUE), total))
@@ -1119,15 +1110,16 @@ def validate_topup_amount(amount: Any) -> Decimal:
     try:
         value = to_decimal(str(amount).strip())
     except Exception as exc:
-        raise BillingError(_("Enter an amount in 元, e.g. 100 or 99.50.")) from exc
+        raise BillingError(gettext_noop("Enter an amount in 元, e.g. 100 or 99.50.")) from exc
     if (
         not value.is_finite()
         or value != value.quantize(Decimal("0.01"))
         or not (MIN_TOPUP <= value <= MAX_TOPUP)
     ):
         raise BillingError(
-            _("A top-up is between %(min)s and %(max)s 元, in whole cents.")
-            % {"min": MIN_TOPUP, "max": MAX_TOPUP}
+            gettext_noop("A top-up is between %(min)s and %(max)s 元, in whole cents."),
+            min=MIN_TOPUP,
+            max=MAX_TOPUP,
         )
     return round_cents(value)
 
@@ -1151,7 +1143,9 @@ def start_topup(
         existing = Payment.objects.filter(wallet=wallet, idempotency_key=idempotency_key).first()
         if existing is not None:
             if existing.request_fingerprint != fingerprint:
-                raise IdempotencyMismatch(_("This Idempotency-Key was used for another request."))
+                raise IdempotencyMismatch(
+                    gettext_noop("This Idempotency-Key was used for another request.")
+                )
             return existing, False
     try:
         with transaction.atomic():
@@ -1167,7 +1161,7 @@ def start_topup(
         existing = Payment.objects.get(wallet=wallet, idempotency_key=idempotency_key)
         if existing.request_fingerprint != fingerprint:
             raise IdempotencyMismatch(
-                _("This Idempotency-Key was used for another request.")
+                gettext_noop("This Idempotency-Key was used for another request.")
             ) from None
         return existing, False
     return payment, True
@@ -1190,9 +1184,9 @@ def confirm_payment(
     """
     payment = Payment.objects.filter(public_id=payment_public_id, provider=provider).first()
     if payment is None:
-        raise InvalidWebhook(_("Unknown payment."))
+        raise InvalidWebhook(gettext_noop("Unknown payment."))
     if round_cents(to_decimal(amount)) != payment.amount:
-        raise InvalidWebhook(_("The paid amount does not match the payment."))
+        raise InvalidWebhook(gettext_noop("The paid amount does not match the payment."))
     wallet = Wallet.objects.select_for_update().get(pk=payment.wallet_id)
     now = clock.now()
     # FAILED → SUCCEEDED too: the provider captured the money after a failure was recorded (a
@@ -1262,7 +1256,7 @@ def handle_webhook(provider_name: str, body: bytes, headers: dict[str, str]) -> 
             amount=event.amount,
         )
     except IntegrityError:  # the provider's transaction id already paid another payment
-        raise InvalidWebhook(_("This provider transaction was already used.")) from None
+        raise InvalidWebhook(gettext_noop("This provider transaction was already used.")) from None
 
 
 # --- lookups for views -------------------------------------------------------------------------

@@ -9,6 +9,7 @@ urlpatterns = [
     path("billing/", views.overview, name="overview"),
     path("billing/top-up/", views.topup, name="topup"),
     path("billing/quote/", views.quote, name="quote"),
+    path("prices/", views.prices, name="prices"),
     path("billing/statement/", views.statement, name="statement"),
     path("billing/statement.csv", views.statement_csv, name="statement-csv"),
     path("billing/usage.csv", views.usage_csv, name="usage-csv"),

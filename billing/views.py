@@ -14,7 +14,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from billing import clock, services, statements
+from billing import clock, offers, services, statements
 from billing.choices import PaymentState
 from billing.forms import QuoteForm, StatementMonthForm, TopUpForm
 from billing.models import Account, BillingNotice, UsageSession, Wallet
@@ -75,7 +75,7 @@ def topup(request: HttpRequest) -> HttpResponse:
     try:
         payment, _created = services.start_topup(request.user, form.cleaned_data["amount"])
     except services.BillingError as exc:
-        messages.error(request, str(exc))
+        messages.error(request, exc.message())
         return redirect("billing:overview")
     return redirect(get_provider(payment.provider).checkout_url(payment))
 
@@ -122,7 +122,7 @@ def sandbox_webhook(request: HttpRequest) -> HttpResponse:
     try:
         credited = services.handle_webhook("sandbox", request.body, dict(request.headers))
     except services.BillingError as exc:
-        return JsonResponse({"error": exc.code, "detail": str(exc)}, status=400)
+        return JsonResponse(exc.as_body(), status=exc.http_status)
     return JsonResponse({"ok": True, "credited": credited})
 
 
@@ -241,21 +241,33 @@ def _csv_text(value: str) -> str:
     return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
-@login_required
+@require_GET
+def prices(request: HttpRequest) -> HttpResponse:
+    """The public price page: every GPU model, on-demand and locked-price terms, what is free."""
+    return render(request, "billing/prices.html", {"sheet": offers.price_sheet()})
+
+
 @require_GET
 def quote(request: HttpRequest) -> HttpResponse:
+    """The price calculator; public, and with the runway of the balance for a signed-in user."""
+    sheet = offers.price_sheet()
     form = QuoteForm(request.GET or None)
     result = None
     error = ""
     if form.is_valid():
-        try:
-            result = services.quote_for(
-                request.user,
-                form.cleaned_data["gpu_model"],
-                form.cleaned_data["cards"],
-                form.cleaned_data["disk_gb"],
-            )
-        except services.BillingError as exc:
-            error = str(exc)
-    context = {"form": form, "quote": result, "error": error, "price_list": services.price_list()}
+        gpu_model = form.cleaned_data["gpu_model"]
+        if gpu_model not in sheet.orderable_models:
+            # A placeholder price is the operator's, not an offer: nothing to quote or order.
+            error = _("%(model)s is not yet available.") % {"model": gpu_model}
+        else:
+            try:
+                result = services.quote_for(
+                    request.user,
+                    gpu_model,
+                    form.cleaned_data["cards"],
+                    form.cleaned_data["disk_gb"],
+                )
+            except services.BillingError as exc:
+                error = exc.message()
+    context = {"form": form, "quote": result, "error": error, "sheet": sheet}
     return render_page(request, "billing/quote.html", context, "result")

@@ -52,8 +52,7 @@ def start_embedded_worker() -> bool:
     )
     threading.Thread(target=worker.start, name="embedded-celery-worker", daemon=True).start()
 
-    state_dir = Path(settings.BASE_DIR) / "var"
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir = Path(settings.STATE_DIR)  # created by the settings
     beat_service = beat.EmbeddedService(
         app, thread=True, schedule_filename=str(state_dir / "celerybeat-schedule")
     )

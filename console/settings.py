@@ -10,6 +10,7 @@ Bad values fail at start with a message naming the variable (see ``ConfigError``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -76,14 +77,53 @@ for _name, _url, _schemes in (
 
 DEBUG: bool = _get("DEBUG", _strict_bool, False)
 
+# The embedded default keeps its state here: the SQLite file, written mail, the generated secret
+# key and Celery beat's schedule. Created on first start, so a fresh clone needs no set-up step.
+STATE_DIR = Path(_get("STATE_DIR", env.str, str(BASE_DIR / "var")))
+
+
+def _ensure_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"Cannot create the directory {path}: {exc}") from exc
+    return path
+
+
+def _install_secret_key(path: Path) -> str:
+    """The embedded default's secret key: generated once per install, readable only by its owner.
+
+    A fixed key in the source would let anyone sign sessions, password-reset links and the
+    sandbox payment callbacks of every demo install. Two processes starting at once agree: the
+    key is written to a temporary file and linked into place, and the loser reads the winner's.
+    """
+    import secrets
+    import tempfile
+
+    if not path.exists():
+        _ensure_dir(path.parent)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".secret_key.")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(64) + "\n")
+            # Another process may get there first: then its key is the install's key.
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+    key = path.read_text().strip()
+    if len(key) < 50:
+        raise ConfigError(f"{path} holds no usable secret key; delete it to generate a new one.")
+    return key
+
+
 _secret = os.environ.get("SECRET_KEY", "")
 if PRODUCTION and len(_secret) < 50:
     raise ConfigError(
         "SECRET_KEY must be set to a random string of at least 50 characters in production mode "
         "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(64))')."
     )
-# The embedded default is a local demo on 127.0.0.1; a fixed development key is fine there.
-SECRET_KEY: str = _secret or "django-insecure-embedded-default-key-only-for-local-demo-use"  # noqa: S105
+SECRET_KEY: str = _secret or _install_secret_key(STATE_DIR / "secret_key")
 
 ALLOWED_HOSTS: list[str] = _get(
     "ALLOWED_HOSTS", env.list, ["127.0.0.1", "localhost", "[::1]", "testserver"]
@@ -161,7 +201,8 @@ if PRODUCTION:
     DATABASES["default"]["CONN_MAX_AGE"] = _get("DB_CONN_MAX_AGE", env.int, 60)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 else:
-    SQLITE_PATH = Path(_get("SQLITE_PATH", env.str, str(BASE_DIR / "var" / "console.sqlite3")))
+    SQLITE_PATH = Path(_get("SQLITE_PATH", env.str, str(STATE_DIR / "console.sqlite3")))
+    _ensure_dir(SQLITE_PATH.parent)  # SQLite creates the file, not its directory
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
@@ -372,7 +413,9 @@ EMAIL_BACKEND = _get(
     if PRODUCTION
     else "django.core.mail.backends.filebased.EmailBackend",
 )
-EMAIL_FILE_PATH = BASE_DIR / "var" / "mail"
+EMAIL_FILE_PATH = STATE_DIR / "mail"
+if EMBEDDED:
+    _ensure_dir(EMAIL_FILE_PATH)
 if PRODUCTION and "EMAIL_URL" in os.environ:
     vars().update(env.email_url("EMAIL_URL"))
 DEFAULT_FROM_EMAIL = _get("DEFAULT_FROM_EMAIL", env.str, "GPU Console <noreply@localhost>")

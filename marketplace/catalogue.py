@@ -3,14 +3,22 @@
 The CSVs hold facts copied from public sources (see data/ATTRIBUTION.md); this module adds only the
 values the console derives: the slug, a size estimate where the source has none, and the gated flag
 from data/licenses.yaml. `load_catalogue` writes these records to the database.
+
+Besides the shared catalogue's two CSVs it reads three files of the same kind of facts:
+``models_extra.csv`` / ``datasets_extra.csv`` (rows the shared catalogue lacks: the Chinese model
+families and datasets), ``likes.csv`` (the Hub likes a source gives, the popularity the list is
+ordered by) and ``descriptions.yaml`` (Chinese names and descriptions, matched by hub id).
+It also holds the search tokenizer, so the document and the query are cut the same way.
 """
 
 from __future__ import annotations
 
 import csv
+import fnmatch
 import re
+import unicodedata
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +27,10 @@ import yaml
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MODELS_CSV = DATA_DIR / "models.csv"
 DATASETS_CSV = DATA_DIR / "datasets.csv"
+MODELS_EXTRA_CSV = DATA_DIR / "models_extra.csv"
+DATASETS_EXTRA_CSV = DATA_DIR / "datasets_extra.csv"
+LIKES_CSV = DATA_DIR / "likes.csv"
+DESCRIPTIONS_YAML = DATA_DIR / "descriptions.yaml"
 LICENSES_YAML = DATA_DIR / "licenses.yaml"
 IMAGES_YAML = DATA_DIR / "images.yaml"
 
@@ -33,6 +45,27 @@ BYTES_PER_PARAM_ESTIMATE = 2
 SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,159}$")
 # A hub id: "name" or "publisher/name", each part as the Hugging Face Hub allows.
 HUB_ID_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+# Search: a word is a run of ASCII letters and digits, or a run of other letters (Chinese has no
+# spaces: "通义千问" is one run and matches as a substring, so "千问" finds it too). A middle dot
+# joins Chinese names ("书生·浦语"), so it is dropped rather than cutting the name in two.
+_WORD_RUN = re.compile(r"[^\W_]+")
+_SCRIPT_RUN = re.compile(r"[0-9a-z]+|[^\x00-\x7f]+")
+_JOINERS = str.maketrans("", "", "·・‧•")
+MAX_QUERY_TERMS = 8
+
+
+def search_terms(text: str) -> list[str]:
+    """``"Qwen2.5-7B 通义千问"`` -> ``["qwen2", "5", "7b", "通义千问"]``: lower-case, NFKC-folded
+    (full-width ``Ｑｗｅｎ`` is ``qwen``), ASCII words split from runs of other scripts."""
+    folded = unicodedata.normalize("NFKC", text).lower().translate(_JOINERS)
+    return [t for run in _WORD_RUN.findall(folded) for t in _SCRIPT_RUN.findall(run)]
+
+
+def query_terms(q: str) -> list[str]:
+    """The distinct terms of a search box query (at most eight); each must match."""
+    return list(dict.fromkeys(search_terms(q)))[:MAX_QUERY_TERMS]
 
 
 class CatalogueError(ValueError):
@@ -102,6 +135,10 @@ class AssetRecord:
     size_estimated: bool
     license: str  # "" = the source gives none
     source: str
+    likes: int | None = None  # Hub likes, as a source gives them; None = unknown
+    name_zh: str = ""
+    description: str = ""
+    description_zh: str = ""
 
     @property
     def task(self) -> str:
@@ -145,6 +182,110 @@ def read_assets(kind: str, path: Path | None = None) -> Iterator[AssetRecord]:
                 license=row["license"].strip(),
                 source=row["source"].strip(),
             )
+
+
+@dataclass(frozen=True)
+class Likes:
+    likes: int
+    source: str
+
+
+def read_likes(path: Path = LIKES_CSV) -> dict[tuple[str, str], Likes]:
+    """``(kind, hub id) -> Likes``: the Hub likes a public source recorded for an asset."""
+    likes: dict[tuple[str, str], Likes] = {}
+    if not path.exists():
+        return likes
+    with path.open(newline="", encoding="utf-8") as fh:
+        for line, row in enumerate(csv.DictReader(fh), start=2):
+            where = f"{path.name}:{line}"
+            key = (row["kind"].strip(), row["hub_id"].strip())
+            if key[0] not in (MODEL, DATASET) or key in likes:
+                raise CatalogueError(f"{where}: unknown kind or repeated hub id {key!r}")
+            value = _float(row["likes"], where)
+            if value is None or value != int(value):
+                raise CatalogueError(f"{where}: likes must be a whole number: {row['likes']!r}")
+            likes[key] = Likes(likes=int(value), source=row["source"].strip())
+    return likes
+
+
+@dataclass(frozen=True)
+class Description:
+    """Chinese name and descriptions for the assets whose hub id matches one of ``match``."""
+
+    kind: str
+    match: tuple[str, ...]  # hub ids or shell patterns ("Qwen/*"), case-insensitive
+    name_zh: str  # "{name}" is replaced by the asset's name
+    description: str
+    description_zh: str
+    source: str
+
+    def matches(self, kind: str, hub_id: str) -> bool:
+        hub = hub_id.lower()
+        return kind == self.kind and any(fnmatch.fnmatchcase(hub, m.lower()) for m in self.match)
+
+
+def read_descriptions(path: Path = DESCRIPTIONS_YAML) -> list[Description]:
+    """The entries of descriptions.yaml, in file order (the first entry that matches wins)."""
+    if not path.exists():
+        return []
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+    entries = []
+    for n, spec in enumerate(raw, start=1):
+        where = f"{path.name} entry {n}"
+        kind = str(spec.get("kind", ""))
+        match = spec.get("match") or []
+        if kind not in (MODEL, DATASET) or not match or not spec.get("source"):
+            raise CatalogueError(f"{where}: needs a kind, hub ids to match and a source")
+        entries.append(
+            Description(
+                kind=kind,
+                match=tuple(str(m) for m in ([match] if isinstance(match, str) else match)),
+                name_zh=" ".join(str(spec.get("name_zh", "")).split()),
+                description=" ".join(str(spec.get("description", "")).split()),
+                description_zh=" ".join(str(spec.get("description_zh", "")).split()),
+                source=" ".join(str(spec["source"]).split()),
+            )
+        )
+    return entries
+
+
+def _with_source(source: str, extra: str) -> str:
+    parts = [p.strip() for p in source.split(" + ")]
+    return source if extra in parts else f"{source} + {extra}"
+
+
+def read_catalogue(kind: str) -> list[AssetRecord]:
+    """Every shipped asset of ``kind``: the shared catalogue's rows, then the added rows, with the
+    likes and the Chinese names and descriptions merged in. Each source used is named in the
+    record's ``source`` (joined by `` + ``). A hub id in both files is an error."""
+    base, extra = (
+        (MODELS_CSV, MODELS_EXTRA_CSV) if kind == MODEL else (DATASETS_CSV, DATASETS_EXTRA_CSV)
+    )
+    records = list(read_assets(kind, base))
+    seen = {r.hub_id.lower() for r in records}
+    if extra.exists():
+        for rec in read_assets(kind, extra):
+            if rec.hub_id.lower() in seen:
+                raise CatalogueError(f"{extra.name}: {rec.hub_id} is already in {base.name}")
+            seen.add(rec.hub_id.lower())
+            records.append(rec)
+    likes = read_likes()
+    descriptions = read_descriptions()
+    merged = []
+    for rec in records:
+        changes: dict[str, Any] = {}
+        found = likes.get((kind, rec.hub_id))
+        if found is not None:
+            changes["likes"] = found.likes
+            changes["source"] = _with_source(rec.source, found.source)
+        entry = next((d for d in descriptions if d.matches(kind, rec.hub_id)), None)
+        if entry is not None:
+            changes["name_zh"] = entry.name_zh.replace("{name}", rec.name)
+            changes["description"] = entry.description
+            changes["description_zh"] = entry.description_zh
+            changes["source"] = _with_source(changes.get("source", rec.source), entry.source)
+        merged.append(replace(rec, **changes) if changes else rec)
+    return merged
 
 
 def read_licenses(path: Path = LICENSES_YAML) -> dict[str, LicenseRecord]:

@@ -11,6 +11,7 @@ class AssetKind(models.TextChoices):
 
 class AssetSort(models.TextChoices):
     RELEVANCE = "relevance", _("Best match")
+    POPULAR = "popular", _("Most liked first")
     NAME = "name", _("Name (A–Z)")
     NAME_DESC = "-name", _("Name (Z–A)")
     SIZE = "size", _("Size (smallest first)")

@@ -69,8 +69,9 @@ class AssetFilterForm(forms.Form):
             qs = qs.filter(license__requires_acceptance=True)
         elif f.get("gated") == GatedFilter.OPEN:
             qs = qs.exclude(license__requires_acceptance=True)
-        # No sort chosen: the best matches first when searching, otherwise by name.
-        default = AssetSort.RELEVANCE if f.get("q") else AssetSort.NAME
+        # No sort chosen: the best matches first when searching, otherwise the most liked first
+        # (where a source gave likes; the others follow by name).
+        default = AssetSort.RELEVANCE if f.get("q") else AssetSort.POPULAR
         sort = f.get("sort", default)
         if sort == AssetSort.RELEVANCE:
             return qs.by_relevance(f.get("q", ""))

@@ -6,7 +6,6 @@ Assets and images are shared by all users (the catalogue is public); the only pe
 
 from __future__ import annotations
 
-import re
 import uuid
 from functools import lru_cache
 
@@ -14,18 +13,12 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.urls import get_script_prefix, reverse
+from django.utils.translation import get_language
 from django.utils.translation import gettext_lazy as _
 
 from marketplace import catalogue, mounts
 from marketplace.choices import AssetKind
 from marketplace.querysets import AssetQuerySet, ImageQuerySet, ImageVersionQuerySet
-
-_NON_ALNUM = re.compile(r"[^0-9a-z]+")
-
-
-def search_tokens(text: str) -> list[str]:
-    """Lower-case ASCII words: the unit of search on both databases (``Llama-2-7b`` -> llama 2 7b)."""
-    return [t for t in _NON_ALNUM.split(text.lower()) if t]
 
 
 def pack(values: list[str] | tuple[str, ...], sep: str) -> str:
@@ -139,6 +132,15 @@ class Asset(models.Model):
         verbose_name=_("license"),
     )
     source = models.CharField(_("source of the facts"), max_length=400)
+    name_zh = models.CharField(_("Chinese name"), max_length=200, blank=True)
+    description = models.TextField(_("description (English)"), blank=True)
+    description_zh = models.TextField(_("description (Chinese)"), blank=True)
+    likes = models.PositiveIntegerField(
+        _("likes on the hub"),
+        null=True,
+        blank=True,
+        help_text=_("As the source recorded them; the list is ordered by them when not searching."),
+    )
     is_listed = models.BooleanField(
         _("listed"), default=True, help_text=_("Unlisted assets are hidden and cannot be mounted.")
     )
@@ -188,8 +190,34 @@ class Asset(models.Model):
         self.search_document = self.build_search_document()
 
     def build_search_document(self) -> str:
-        parts = [self.hub_id, self.name, self.publisher, self.tasks or self.task, self.modalities]
-        return " ".join(dict.fromkeys(search_tokens(" ".join(parts))))
+        """The distinct search terms of every field a person may search by, in both languages
+        (``catalogue.search_terms``: the query is cut the same way, and each of its terms must be
+        a substring of this document)."""
+        parts = [
+            self.hub_id,
+            self.name,
+            self.name_zh,
+            self.publisher,
+            self.tasks or self.task,
+            self.modalities,
+            self.description,
+            self.description_zh,
+        ]
+        return " ".join(dict.fromkeys(catalogue.search_terms(" ".join(parts))))
+
+    @property
+    def chinese_ui(self) -> bool:
+        return (get_language() or "").lower().startswith("zh")
+
+    @property
+    def display_name(self) -> str:
+        """The Chinese name in the Chinese UI where there is one, else the source's name."""
+        return self.name_zh if self.name_zh and self.chinese_ui else self.name
+
+    @property
+    def display_description(self) -> str:
+        """The description in the reader's language; none rather than the other language."""
+        return self.description_zh if self.chinese_ui else self.description
 
     @property
     def is_model(self) -> bool:

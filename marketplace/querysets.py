@@ -1,18 +1,26 @@
-"""Catalogue queries: listing, search (PostgreSQL full-text, plain substring on SQLite), filters."""
+"""Catalogue queries: listing, search, filters, orderings.
+
+Search is the same on both databases: every term of the query (``catalogue.query_terms``: ASCII
+words and runs of Chinese characters) must be a substring of the asset's ``search_document``,
+both lower-cased in Python, so SQLite and PostgreSQL answer the same rows in the same order.
+PostgreSQL serves the ``LIKE`` from a pg_trgm GIN index (migration 0005), trigram matching that
+works for Chinese as for English; a term under three characters ("百川", "中文") has no trigram,
+so there the index narrows nothing and the condition is checked row by row, still correct.
+SQLite scans the catalogue's few thousand short documents (a millisecond or two: bench/marketplace.py
+prints it); an FTS5 trigram table would need triggers that Django's SQLite table rebuilds drop
+silently, leaving a stale index, for no visible gain at this size.
+"""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from django.contrib.postgres.search import SearchQuery, SearchVectorField
-from django.db import connection, models
-from django.db.models import Case, F, Func, IntegerField, Value, When
+from django.db import models
+from django.db.models import Case, F, IntegerField, Q, Value, When
 from django.db.models.functions import Length, Lower
 
+from marketplace.catalogue import query_terms
 from marketplace.choices import AssetKind
-
-_TOKEN = re.compile(r"[0-9a-z]+")
 
 # The columns a list page or the list API shows; everything else stays in the database.
 LIST_FIELDS = (
@@ -21,6 +29,7 @@ LIST_FIELDS = (
     "hub_id",
     "slug",
     "name",
+    "name_zh",
     "publisher",
     "task",
     "tasks",
@@ -28,6 +37,7 @@ LIST_FIELDS = (
     "params_billion",
     "size_gb",
     "size_estimated",
+    "likes",
     "license__public_id",
     "license__key",
     "license__name",
@@ -35,6 +45,8 @@ LIST_FIELDS = (
 )
 
 SORTS: dict[str, tuple[Any, ...]] = {
+    # Most liked first where a source gave likes; the rest after them, by name.
+    "popular": (F("likes").desc(nulls_last=True), Lower("name"), "id"),
     "name": (Lower("name").asc(), "id"),
     "-name": (Lower("name").desc(), "-id"),
     "size": (F("size_gb").asc(nulls_last=True), Lower("name")),
@@ -42,18 +54,11 @@ SORTS: dict[str, tuple[Any, ...]] = {
     "params": (F("params_billion").asc(nulls_last=True), Lower("name")),
     "-params": (F("params_billion").desc(nulls_last=True), Lower("name")),
 }
-
-
-class SimpleDocument(Func):
-    """``to_tsvector('simple', search_document)``: the expression the GIN index in migration 0002
-    is built on, so PostgreSQL answers a search from the index."""
-
-    template = "to_tsvector('simple'::regconfig, %(expressions)s)"
-    output_field = SearchVectorField()
+DEFAULT_SORT = "popular"
 
 
 def query_tokens(q: str) -> list[str]:
-    return _TOKEN.findall(q.lower())[:8]
+    return query_terms(q)
 
 
 class AssetQuerySet(models.QuerySet):
@@ -73,20 +78,17 @@ class AssetQuerySet(models.QuerySet):
         return self.select_related("license").only(*LIST_FIELDS)
 
     def search(self, q: str) -> AssetQuerySet:
-        """Every word of ``q`` must match: a word prefix on PostgreSQL (full-text index), a
-        substring of the search document on SQLite."""
-        tokens = query_tokens(q)
-        if not tokens:
+        """Every term of ``q`` must occur in the search document ("qwen 中文": both); a query
+        with no term at all (punctuation only) filters nothing."""
+        terms = query_terms(q)
+        if not terms:
             return self
-        if connection.vendor == "postgresql":
-            raw = " & ".join(f"{t}:*" for t in tokens)
-            return self.alias(document=SimpleDocument("search_document")).filter(
-                document=SearchQuery(raw, search_type="raw", config="simple")
-            )
-        qs = self
-        for token in tokens:
-            qs = qs.filter(search_document__contains=token)
-        return qs
+        # ``contains`` is a case-sensitive LIKE on PostgreSQL (the trigram index serves it) and
+        # a LIKE on SQLite; both sides are already lower-case, so the two agree.
+        condition = Q()
+        for term in terms:
+            condition &= Q(search_document__contains=term)
+        return self.filter(condition)
 
     def with_task(self, task: str) -> AssetQuerySet:
         return self.filter(tasks__contains=f";{task};")
@@ -95,29 +97,44 @@ class AssetQuerySet(models.QuerySet):
         return self.filter(modalities__contains=f",{modality},")
 
     def by_relevance(self, q: str) -> AssetQuerySet:
-        """Best matches first, the same on both databases: a name that starts with the first word,
-        a publisher named in the query, then the shortest (most canonical) names:
-        "llama 2 7b" puts meta-llama/Llama-2-7b-hf before Nous-Hermes-llama-2-7b fine-tunes."""
-        tokens = query_tokens(q)
-        if not tokens:
-            return self.sorted_by("name")
+        """Best matches first, the same on both databases: a name (or Chinese name) that starts
+        with the first term, a publisher named in the query, then the shortest (most canonical)
+        names, then the most liked: "llama 2 7b" puts meta-llama/Llama-2-7b-hf before
+        Nous-Hermes-llama-2-7b fine-tunes, "通义千问 7b" puts Qwen models first."""
+        terms = query_terms(q)
+        if not terms:
+            return self.sorted_by(DEFAULT_SORT)
+        first = terms[0]
         score = Case(
-            When(name_lower__startswith=tokens[0], then=Value(2)),
+            When(
+                Q(name_lower__startswith=first) | Q(name_zh_lower__startswith=first),
+                then=Value(2),
+            ),
             default=Value(0),
             output_field=IntegerField(),
         ) + Case(
-            When(publisher_lower__in=tokens, then=Value(1)),
+            When(publisher_lower__in=terms, then=Value(1)),
             default=Value(0),
             output_field=IntegerField(),
         )
         return (
-            self.alias(name_lower=Lower("name"), publisher_lower=Lower("publisher"))
+            self.alias(
+                name_lower=Lower("name"),
+                name_zh_lower=Lower("name_zh"),
+                publisher_lower=Lower("publisher"),
+            )
             .alias(relevance=score, name_length=Length("name"))
-            .order_by(F("relevance").desc(), "name_length", "name_lower", "id")
+            .order_by(
+                F("relevance").desc(),
+                "name_length",
+                F("likes").desc(nulls_last=True),
+                "name_lower",
+                "id",
+            )
         )
 
     def sorted_by(self, sort: str) -> AssetQuerySet:
-        return self.order_by(*SORTS.get(sort, SORTS["name"]))
+        return self.order_by(*SORTS.get(sort, SORTS[DEFAULT_SORT]))
 
 
 class ImageQuerySet(models.QuerySet):

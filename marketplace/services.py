@@ -21,7 +21,9 @@ from django.db.models import Count, Model, Prefetch, Q
 from django.http import Http404
 from django.utils import timezone
 from django.utils.text import Truncator
+from django.utils.translation import gettext_noop
 
+from console.errors import DomainError, ErrorCode
 from marketplace import catalogue, mounts
 from marketplace.choices import AssetKind
 from marketplace.models import Asset, Image, ImageVersion, License, LicenseAcceptance, pack
@@ -36,19 +38,26 @@ FACETS_CACHE_TIMEOUT = 300
 LOAD_LOCK_KEY = 0x6D6B745F6C6F6164  # "mkt_load"
 
 
-class MountRefused(Exception):  # noqa: N818 - reads as a domain event: "mount refused"
-    """The requested assets cannot be mounted; ``code`` says why, ``assets`` which ones."""
+class MountRefused(DomainError):  # noqa: N818 - reads as a domain event: "mount refused"
+    """The requested assets cannot be mounted; ``code`` says why, ``assets`` which ones.
 
-    def __init__(self, code: str, message: str, assets: Iterable[str] = ()) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.assets = list(assets)
+    403 when a license must be accepted first, 400 otherwise; ``assets`` travels in the API body.
+    """
+
+    def __init__(
+        self, code: ErrorCode, template: str, assets: Iterable[str] = (), **params: Any
+    ) -> None:
+        status = 403 if code == ErrorCode.LICENSE_NOT_ACCEPTED else 400
+        super().__init__(template, code=code, http_status=status, assets=list(assets), **params)
+
+    @property
+    def assets(self) -> list[str]:
+        return cast(list[str], self.params["assets"])
 
 
-UNKNOWN_ASSET = "unknown_asset"
-LICENSE_NOT_ACCEPTED = "license_not_accepted"
-INVALID_MOUNT = "invalid_mount"
+UNKNOWN_ASSET = ErrorCode.UNKNOWN_ASSET
+LICENSE_NOT_ACCEPTED = ErrorCode.LICENSE_NOT_ACCEPTED
+INVALID_MOUNT = ErrorCode.INVALID_MOUNT
 
 
 # --- fetchers -----------------------------------------------------------------------------------
@@ -147,11 +156,15 @@ def build_mount_specs(user: Any, asset_ids: Iterable[Any]) -> list[MountSpec]:
     if len(wanted) > mounts.MAX_MOUNTS:
         # Refused before touching the database: a huge id list is a mistake or an attack.
         raise MountRefused(
-            INVALID_MOUNT, f"At most {mounts.MAX_MOUNTS} assets can be mounted on one instance."
+            INVALID_MOUNT,
+            gettext_noop("At most %(max)d assets can be mounted on one instance."),
+            max=mounts.MAX_MOUNTS,
         )
     ids = {_uuid(a) for a in wanted}
     if None in ids:
-        raise MountRefused(UNKNOWN_ASSET, "Not an asset id.", [str(a) for a in wanted])
+        raise MountRefused(
+            UNKNOWN_ASSET, gettext_noop("Not an asset id."), [str(a) for a in wanted]
+        )
     assets = list(
         Asset.objects.listed()
         .filter(public_id__in=ids)
@@ -161,7 +174,9 @@ def build_mount_specs(user: Any, asset_ids: Iterable[Any]) -> list[MountSpec]:
     missing = ids - {a.public_id for a in assets}
     if missing:
         raise MountRefused(
-            UNKNOWN_ASSET, "Some assets are not in the catalogue.", sorted(map(str, missing))
+            UNKNOWN_ASSET,
+            gettext_noop("Some assets are not in the catalogue."),
+            sorted(map(str, missing)),
         )
     gated = [a for a in assets if a.gated]
     if gated:
@@ -171,13 +186,15 @@ def build_mount_specs(user: Any, asset_ids: Iterable[Any]) -> list[MountSpec]:
             names = ", ".join(sorted({a.license.key for a in refused}))
             raise MountRefused(
                 LICENSE_NOT_ACCEPTED,
-                f"Accept the license first ({names}).",
+                gettext_noop("Accept the license first (%(licenses)s)."),
                 sorted(a.hub_id for a in refused),
+                licenses=names,
             )
     try:
         return mounts.plan_mounts(a.as_ref() for a in assets)
     except mounts.MountError as exc:
-        raise MountRefused(INVALID_MOUNT, str(exc)) from exc
+        # The pure module's reason is English and carries paths: a parameter, not a template.
+        raise MountRefused(INVALID_MOUNT, "%(reason)s", reason=str(exc)) from exc
 
 
 def order_form_url(image: ImageVersion | None = None, assets: Iterable[Asset] = ()) -> str:
@@ -324,6 +341,10 @@ _ASSET_FIELDS = (
     "size_estimated",
     "license_id",
     "source",
+    "name_zh",
+    "description",
+    "description_zh",
+    "likes",
     "search_document",
 )
 
@@ -388,6 +409,10 @@ def _sync_assets(
             size_estimated=rec.size_estimated,
             license=lic,
             source=rec.source[:400],
+            name_zh=rec.name_zh[:200],
+            description=rec.description,
+            description_zh=rec.description_zh,
+            likes=rec.likes,
         )
         candidate.normalize()
         current = existing.get(rec.hub_id)
@@ -474,7 +499,7 @@ def load_catalogue() -> LoadReport:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOAD_LOCK_KEY])
     asset_records = {
-        kind: list(catalogue.read_assets(kind)) for kind in (AssetKind.MODEL, AssetKind.DATASET)
+        kind: catalogue.read_catalogue(kind) for kind in (AssetKind.MODEL, AssetKind.DATASET)
     }
     keys = {r.license for recs in asset_records.values() for r in recs if r.license}
     licenses = _sync_licenses(keys, report)

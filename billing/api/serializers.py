@@ -4,9 +4,9 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
+from billing.errors import BillingError
 from billing.models import LedgerTransaction, Payment, UsageSession
 from billing.providers import get_provider
-from billing.services import BillingError
 
 
 class VoucherSerializer(serializers.Serializer):

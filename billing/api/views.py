@@ -37,15 +37,6 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
 )
 
 
-def _billing_error(exc: services.BillingError) -> ApiError:
-    codes = {
-        "insufficient_funds": (ErrorCode.INSUFFICIENT_FUNDS, 402),
-        "idempotency_key_reused": (ErrorCode.IDEMPOTENCY_MISMATCH, 422),
-    }
-    code, http = codes.get(exc.code, (ErrorCode.INVALID, 400))
-    return ApiError(code, str(exc), status_code=http)
-
-
 class WalletView(APIView):
     @extend_schema(
         summary="Your balances by kind, burn rate and runway",
@@ -82,10 +73,7 @@ class QuoteView(APIView):
     def post(self, request: Request) -> Response:
         payload = QuoteRequestSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        try:
-            quote = services.quote_for(request.user, **payload.validated_data)
-        except services.BillingError as exc:
-            raise _billing_error(exc) from None
+        quote = services.quote_for(request.user, **payload.validated_data)
         return Response(QuoteSerializer(quote).data)
 
 
@@ -185,14 +173,11 @@ class TopUpViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
                 ErrorCode.INVALID,
                 _("The Idempotency-Key is longer than %(max)d characters.") % {"max": max_length},
             )
-        try:
-            payment, created = services.start_topup(
-                request.user,
-                payload.validated_data["amount"],
-                provider=payload.validated_data["provider"],
-                idempotency_key=key,
-            )
-        except services.BillingError as exc:
-            raise _billing_error(exc) from None
+        payment, created = services.start_topup(
+            request.user,
+            payload.validated_data["amount"],
+            provider=payload.validated_data["provider"],
+            idempotency_key=key,
+        )
         data = TopUpSerializer(payment, context={"request": request}).data
         return Response(data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)

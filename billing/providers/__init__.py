@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from django.utils.translation import gettext_noop
+
+from billing.errors import BillingError
 from billing.providers.base import PaymentProvider, WebhookEvent
 from billing.providers.sandbox import SandboxProvider, sandbox_enabled
 
@@ -11,14 +14,12 @@ _PROVIDERS: dict[str, type[PaymentProvider]] = {"sandbox": SandboxProvider}
 
 
 def get_provider(name: str) -> PaymentProvider:
-    from billing.services import BillingError
-
     if name not in _PROVIDERS:
-        raise BillingError(f"unknown payment provider {name!r}")
+        raise BillingError(gettext_noop("Unknown payment provider %(name)s."), name=name)
     if name == "sandbox" and not sandbox_enabled():
-        from django.utils.translation import gettext as _
-
         raise BillingError(
-            _("Sandbox payments are disabled on this console (BILLING_SANDBOX_PAYMENTS is off).")
+            gettext_noop(
+                "Sandbox payments are disabled on this console (BILLING_SANDBOX_PAYMENTS is off)."
+            )
         )
     return _PROVIDERS[name]()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.urls import reverse
 
+from billing.errors import InvalidWebhook
 from billing.providers.base import WebhookEvent
 
 if TYPE_CHECKING:
@@ -76,8 +77,6 @@ class SandboxProvider:
         return body, {SIGNATURE_HEADER: sign(body)}
 
     def parse_webhook(self, body: bytes, headers: dict[str, str]) -> WebhookEvent:
-        from billing.services import InvalidWebhook
-
         header = headers.get(SIGNATURE_HEADER) or headers.get(SIGNATURE_HEADER.lower()) or ""
         try:
             parts = dict(p.split("=", 1) for p in header.split(","))

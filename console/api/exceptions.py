@@ -1,29 +1,23 @@
-"""One error body for the whole API: ``{"error": "<code>", "detail": "<message>"}``."""
+"""One error body for the whole API: ``{"error": "<code>", "detail": "<message>"}``.
+
+Every app's domain errors (``console.errors.DomainError`` subclasses: billing's, the marketplace's
+``MountRefused``, slices') are mapped here, with their status and parameters, so views call services
+without a try/except; Django's ``ValidationError`` from a service becomes DRF's 400 with its fields.
+"""
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
-from rest_framework.views import exception_handler
+from rest_framework.views import exception_handler, set_rollback
 
+from console.errors import DomainError, ErrorCode
 
-class ErrorCode(StrEnum):
-    INVALID = "invalid"
-    NOT_AUTHENTICATED = "not_authenticated"
-    PERMISSION_DENIED = "permission_denied"
-    NOT_FOUND = "not_found"
-    METHOD_NOT_ALLOWED = "method_not_allowed"
-    THROTTLED = "throttled"
-    CONFLICT = "conflict"
-    NO_CAPACITY = "no_capacity"
-    INSUFFICIENT_FUNDS = "insufficient_funds"
-    IDEMPOTENCY_MISMATCH = "idempotency_key_reused"
-    IN_PROGRESS = "request_in_progress"
-    ERROR = "error"
+__all__ = ["ApiError", "ErrorCode", "api_exception_handler"]
 
 
 class ApiError(APIException):
@@ -54,6 +48,11 @@ _STATUS_CODES = {
 
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DomainError):
+        set_rollback()
+        return Response(exc.as_body(), status=exc.http_status)
+    if isinstance(exc, DjangoValidationError):  # raised by a service's model validation
+        exc = _drf_validation_error(exc)
     response = exception_handler(exc, context)
     if response is None:
         return None
@@ -67,6 +66,14 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         body = {"error": str(code), "detail": str(detail)}
     response.data = body
     return response
+
+
+def _drf_validation_error(exc: DjangoValidationError) -> ValidationError:
+    if hasattr(exc, "error_dict"):
+        return ValidationError(
+            {k: [str(m) for e in v for m in e] for k, v in exc.error_dict.items()}
+        )
+    return ValidationError({"non_field_errors": [str(m) for m in exc]})
 
 
 def _flatten(detail: Any) -> str:

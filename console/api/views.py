@@ -1,10 +1,8 @@
 from __future__ import annotations
 
-from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -19,14 +17,6 @@ from console.api.serializers import (
 from console.models import ApiToken, SshKey
 
 UUID_PATTERN = "[0-9a-fA-F-]{32,36}"
-
-
-def _drf_error(exc: DjangoValidationError) -> ValidationError:
-    if hasattr(exc, "error_dict"):
-        return ValidationError(
-            {k: [str(m) for e in v for m in e] for k, v in exc.error_dict.items()}
-        )
-    return ValidationError({"non_field_errors": [str(m) for m in exc]})
 
 
 @extend_schema_view(
@@ -59,15 +49,13 @@ class SshKeyViewSet(
     def create(self, request: Request) -> Response:
         payload = SshKeyCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        try:
-            key = services.add_ssh_key(
-                request.user,
-                name=payload.validated_data["name"],
-                public_key=payload.validated_data["public_key"],
-                make_default=payload.validated_data["is_default"],
-            )
-        except DjangoValidationError as exc:
-            raise _drf_error(exc) from None
+        # A refused key (Django's ValidationError) is a 400 with its fields (console/api/exceptions.py).
+        key = services.add_ssh_key(
+            request.user,
+            name=payload.validated_data["name"],
+            public_key=payload.validated_data["public_key"],
+            make_default=payload.validated_data["is_default"],
+        )
         return Response(SshKeySerializer(key).data, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance: SshKey) -> None:
@@ -109,10 +97,7 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     def create(self, request: Request) -> Response:
         payload = ApiTokenCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        try:
-            token, raw = services.create_api_token(request.user, **payload.validated_data)
-        except DjangoValidationError as exc:
-            raise _drf_error(exc) from None
+        token, raw = services.create_api_token(request.user, **payload.validated_data)
         token.token = raw
         response = Response(ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
         response["Cache-Control"] = "no-store"

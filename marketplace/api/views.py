@@ -27,7 +27,11 @@ from marketplace.models import Asset, License
 SLUG_PATTERN = r"[a-z0-9][a-z0-9._-]*"
 
 FILTER_PARAMETERS = [
-    OpenApiParameter("q", str, description="Words to search for (every word must match)."),
+    OpenApiParameter(
+        "q",
+        str,
+        description="Words to search for, English or Chinese (every word must match).",
+    ),
     OpenApiParameter("task", str, description="Task, e.g. text-generation, question-answering."),
     OpenApiParameter("modality", str, description="text, image, audio, video, tabular, …"),
     OpenApiParameter("publisher", str, description="Publisher (organisation on the hub)."),
@@ -42,7 +46,12 @@ FILTER_PARAMETERS = [
         enum=[c for c in GatedFilter.values if c],
         description="yes: gated only; no: open only.",
     ),
-    OpenApiParameter("sort", str, enum=AssetSort.values, description="Order; default name."),
+    OpenApiParameter(
+        "sort",
+        str,
+        enum=AssetSort.values,
+        description="Order; default: relevance when searching, else popular (most liked first).",
+    ),
 ]
 
 
@@ -178,9 +187,5 @@ class MountPlanView(APIView):
         ids = [a for raw in request.query_params.getlist("assets") for a in raw.split(",") if a]
         if not ids:
             raise ApiError(ErrorCode.INVALID, "Name at least one asset id in ?assets=.")
-        try:
-            specs = services.build_mount_specs(request.user, ids)
-        except services.MountRefused as exc:
-            code = status.HTTP_403_FORBIDDEN if exc.code == services.LICENSE_NOT_ACCEPTED else 400
-            raise ApiError(exc.code, exc.message, code, extra={"assets": exc.assets}) from exc
+        specs = services.build_mount_specs(request.user, ids)  # MountRefused: 400/403 with "assets"
         return Response({"mounts": [s.as_dict() for s in specs]})

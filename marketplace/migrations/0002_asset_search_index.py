@@ -1,6 +1,6 @@
 """Full-text search index on PostgreSQL (SQLite searches without an index: see querysets.py).
 
-The index expression must match ``querysets.SimpleDocument`` exactly for the planner to use it.
+(Replaced by the trigram index of 0005.)
 """
 
 from django.db import migrations

@@ -62,7 +62,7 @@ def test_a_gated_asset_is_refused_until_its_license_is_accepted(
         services.build_mount_specs(alice, [llama.public_id, alpaca.public_id])
     assert refused.value.code == services.LICENSE_NOT_ACCEPTED
     assert refused.value.assets == ["meta-llama/Llama-2-7b-hf"]
-    assert "llama2" in refused.value.message
+    assert "llama2" in refused.value.message()
 
     services.accept_license(alice, llama2)
 

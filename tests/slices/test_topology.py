@@ -22,6 +22,40 @@ from slices.topology import (
 )
 
 
+def cluster_spec(
+    code: str,
+    su_sizes: list[int],
+    model: str = "H800",
+    region: str = "r0",
+    fabric: str = "ib-hdr",
+    gpn: int = 8,
+) -> ClusterSpec:
+    """A cluster whose nodes are named <code>-s<SU from 1>-n<node from 0>."""
+    sus = tuple(
+        ScalableUnitSpec(
+            si,
+            f"su{si}",
+            tuple(NodeSpec(f"{code}-s{si}-n{n}", f"10.0.{si}.{n}") for n in range(size)),
+        )
+        for si, size in enumerate(su_sizes, start=1)
+    )
+    return ClusterSpec(code, code, region, model, fabric, gpn, sus)
+
+
+def fleet_spec(
+    *clusters: ClusterSpec, demand: dict[str, dict[int, float]] | None = None
+) -> FleetSpec:
+    """A fleet of `clusters`: their regions and GPU models, slice demand {64: 1} unless given."""
+    regions = sorted({c.region for c in clusters})
+    models = sorted({c.gpu_model for c in clusters})
+    return FleetSpec(
+        tuple(RegionSpec(r, r.upper()) for r in regions),
+        tuple(GpuModelSpec(m, 80) for m in models),
+        clusters,
+        demand if demand is not None else {m: {64: 1.0} for m in models},
+    )
+
+
 def make_spec(su_sizes: list[int], clusters: int = 1, gpn: int = 8, regions: int = 1) -> FleetSpec:
     specs = []
     for ci in range(clusters):

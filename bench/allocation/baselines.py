@@ -18,18 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from slices.topology import OURS, Fleet, Request, _Cluster, buddy_tables
+from slices.topology import OURS, ClusterState, Fleet, Request, buddy_tables
 
 
 def _first_fit_host(
-    fleet: Fleet, clusters: Sequence[_Cluster], gpus: int, aligned: bool
+    fleet: Fleet, clusters: Sequence[ClusterState], gpus: int, aligned: bool
 ) -> tuple[int, int] | None:
     for cl in clusters:
         t = buddy_tables(cl.gpn)
         for gid in range(cl.first_gid, cl.first_gid + cl.spec.node_count):
             if not fleet.node_ok[gid]:
                 continue
-            m = fleet.node_mask[gid]
+            m = fleet.free_mask(gid)
             if aligned:
                 block = (1 << gpus) - 1
                 for st in range(0, cl.gpn, gpus):
@@ -49,8 +49,8 @@ class FirstFit:
     name = "first-fit"
 
     def choose_slice(
-        self, fleet: Fleet, clusters: Sequence[_Cluster], nodes: int, req: Request
-    ) -> tuple[_Cluster, dict[int, int]] | None:
+        self, fleet: Fleet, clusters: Sequence[ClusterState], nodes: int, req: Request
+    ) -> tuple[ClusterState, dict[int, int]] | None:
         for cl in clusters:
             if cl.free_nodes < nodes:
                 continue
@@ -64,7 +64,7 @@ class FirstFit:
         return None
 
     def choose_host(
-        self, fleet: Fleet, clusters: Sequence[_Cluster], gpus: int, req: Request
+        self, fleet: Fleet, clusters: Sequence[ClusterState], gpus: int, req: Request
     ) -> tuple[int, int] | None:
         return _first_fit_host(fleet, clusters, gpus, aligned=False)
 
@@ -73,8 +73,8 @@ class FirstSuFit(FirstFit):
     name = "first-su-fit"
 
     def choose_slice(
-        self, fleet: Fleet, clusters: Sequence[_Cluster], nodes: int, req: Request
-    ) -> tuple[_Cluster, dict[int, int]] | None:
+        self, fleet: Fleet, clusters: Sequence[ClusterState], nodes: int, req: Request
+    ) -> tuple[ClusterState, dict[int, int]] | None:
         for cl in clusters:
             for su, free in enumerate(cl.su_free):
                 if len(free) >= nodes:
@@ -82,7 +82,7 @@ class FirstSuFit(FirstFit):
         return super().choose_slice(fleet, clusters, nodes, req)
 
     def choose_host(
-        self, fleet: Fleet, clusters: Sequence[_Cluster], gpus: int, req: Request
+        self, fleet: Fleet, clusters: Sequence[ClusterState], gpus: int, req: Request
     ) -> tuple[int, int] | None:
         return _first_fit_host(fleet, clusters, gpus, aligned=True)
 
@@ -91,8 +91,8 @@ class SlurmTree(FirstSuFit):
     name = "slurm-tree"
 
     def choose_slice(
-        self, fleet: Fleet, clusters: Sequence[_Cluster], nodes: int, req: Request
-    ) -> tuple[_Cluster, dict[int, int]] | None:
+        self, fleet: Fleet, clusters: Sequence[ClusterState], nodes: int, req: Request
+    ) -> tuple[ClusterState, dict[int, int]] | None:
         # lowest level first: the tightest single leaf anywhere
         best = None
         for cl in clusters:
@@ -126,8 +126,8 @@ class KueueTas(FirstSuFit):
     name = "kueue-tas"
 
     def choose_slice(
-        self, fleet: Fleet, clusters: Sequence[_Cluster], nodes: int, req: Request
-    ) -> tuple[_Cluster, dict[int, int]] | None:
+        self, fleet: Fleet, clusters: Sequence[ClusterState], nodes: int, req: Request
+    ) -> tuple[ClusterState, dict[int, int]] | None:
         for cl in clusters:  # flavors in order: the first that fits
             if cl.free_nodes < nodes:
                 continue
