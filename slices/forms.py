@@ -33,9 +33,12 @@ class OrderPreviewForm(forms.Form):
         regions: list[tuple[str, str]],
         gpu_models: list[str],
         images: list[tuple[str, str]],
+        cards: list[tuple[int, str]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        if cards:
+            self.fields["cards"].choices = cards
         self.fields["region"].choices = [("", _("Any region"))] + regions
         self.fields["gpu_model"].choices = [(m, m) for m in gpu_models]
         self.fields["image"].choices = [("", _("No image (bare CUDA host)"))] + images

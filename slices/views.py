@@ -23,6 +23,7 @@ from slices.forms import OrderForm, OrderPreviewForm
 from slices.messages import event_text, failure_text, step_label
 from slices.models import Cluster, Instance, Node
 from slices.services import NoCapacity
+from slices.services.instances import instance_cost
 
 
 @login_required
@@ -42,15 +43,6 @@ def instance_list(request: HttpRequest) -> HttpResponse:
     if getattr(request, "htmx", False) and not busy:
         return stop_polling(response)
     return response
-
-
-def instance_cost(instance: Instance) -> Decimal:
-    """What the instance has cost so far at its quoted rate, to the second (on demand)."""
-    if not instance.running_at:
-        return Decimal("0.00")
-    end = instance.ended_at or timezone.now()
-    seconds = max(0, int((end - instance.running_at).total_seconds()))
-    return (instance.quoted_per_hour * seconds / Decimal(3600)).quantize(Decimal("0.01"))
 
 
 TRANSITIONAL_STATES = {s.value for s in lifecycle.TRANSITIONAL}
@@ -323,3 +315,20 @@ def _actions_for(node: Node) -> list[tuple[str, str, str]]:
     if node.state not in (NodeState.READY, NodeState.ALLOCATED):
         out.append(("return", _("Return to service"), "success"))
     return out
+
+
+@staff_required
+@require_GET
+def ops_instances(request: HttpRequest) -> HttpResponse:
+    """Every customer's instances, failed provisioning first, with its reason."""
+    state = request.GET.get("state", "")
+    qs = Instance.objects.select_related("owner", "gpu_model", "region", "allocation__cluster")
+    if state in InstanceState.values:
+        qs = qs.filter(state=state)
+    else:
+        qs = qs.exclude(state=InstanceState.RELEASED)
+    instances = list(qs.order_by("-created_at")[:300])
+    for i in instances:
+        i.failure = failure_text(i.failure_code, i.failure_params) if i.failure_code else ""  # type: ignore[attr-defined]
+    context = {"instances": instances, "state": state, "states": InstanceState.choices}
+    return render(request, "slices/ops_instances.html", context)

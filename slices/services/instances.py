@@ -217,7 +217,11 @@ def resolve_gpu_model(value: str) -> GpuModel:
 
 def price_name(gpu_model: str) -> str | None:
     """The price book's name for a fleet GPU model code (they may differ in spacing)."""
-    names = {topology.gpu_model_key(p.gpu_model): p.gpu_model for p, _t in billing.price_list()}
+    names = {
+        topology.gpu_model_key(p.gpu_model): p.gpu_model
+        for p, _t in billing.price_list()
+        if not p.is_placeholder  # placeholder prices are for operators: not orderable
+    }
     return names.get(topology.gpu_model_key(gpu_model))
 
 
@@ -266,7 +270,7 @@ def min_runway_seconds() -> int:
     return int(settings.ORDER_MIN_RUNWAY_SECONDS)
 
 
-def _check_funds(user: Any, price: str, req: OrderRequest) -> tuple[Any, Decimal]:
+def check_funds(user: Any, price: str, req: OrderRequest) -> tuple[Any, Decimal]:
     """The quote, and the per-hour price; refuses an order the balance cannot run long enough."""
     quote = billing.quote_for(user, price, req.cards)
     balance = billing.get_wallet_summary(user).spendable
@@ -370,7 +374,7 @@ def order_instance(
             gettext_noop("No price is set for %(gpu_model)s yet; it cannot be ordered."),
             gpu_model=model.code,
         )
-    _quote, per_hour = _check_funds(user, price, req)
+    _quote, per_hour = check_funds(user, price, req)
     version = marketplace.get_image_version(req.image) if req.image else None
     if version is not None and not version.supports(model.code):
         raise OrderRefused(
@@ -521,6 +525,15 @@ def _enqueue_on_commit(task_name: str, instance_id: int) -> None:
         getattr(tasks, task_name.rsplit(".", 1)[1]).delay(instance_id)
 
     transaction.on_commit(send)
+
+
+def instance_cost(instance: Instance) -> Decimal:
+    """What the instance has cost so far at its quoted rate, to the second (on demand)."""
+    if not instance.running_at:
+        return Decimal("0.00")
+    end = instance.ended_at or timezone.now()
+    seconds = max(0, int((end - instance.running_at).total_seconds()))
+    return (instance.quoted_per_hour * seconds / Decimal(3600)).quantize(Decimal("0.01"))
 
 
 # ---------------------------------------------------------------------------------------------

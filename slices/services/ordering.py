@@ -19,7 +19,7 @@ from slices.drivers import get_driver
 from slices.models import Cluster, Instance
 from slices.services.allocation import NoCapacity, Preview, preview_allocation
 from slices.services.fleet import Availability, availability
-from slices.services.instances import OrderRequest, order_instance
+from slices.services.instances import OrderRequest, check_funds, order_instance, price_name
 
 # ---------------------------------------------------------------------------------------------
 # Order preview: what an order would get and cost now, before anything is reserved
@@ -129,17 +129,18 @@ def preview_order(
         no_capacity = exc
 
     # The price book names models by product name ("RTX 4090"), the fleet by code ("RTX4090").
-    names = {topology.gpu_model_key(p.gpu_model): p.gpu_model for p, _t in billing.price_list()}
-    price_name = names.get(topology.gpu_model_key(gpu_model))
+    book_name = price_name(gpu_model)
     quote, price_error, insufficient = None, "", ""
-    if price_name is None:
-        price_error = _("No price is set for %(model)s yet.") % {"model": gpu_model}
+    if book_name is None:
+        price_error = _("%(model)s is not available to order yet: no price is set.") % {
+            "model": gpu_model
+        }
     else:
-        quote = billing.quote_for(user, price_name, cards, disk_gb)
+        quote = billing.quote_for(user, book_name, cards, disk_gb)
         try:
-            billing.ensure_affordable(user, price_name, cards, disk_gb)
+            check_funds(user, book_name, OrderRequest(gpu_model=gpu_model, cards=cards))
         except billing.InsufficientFunds as exc:
-            insufficient = str(exc)
+            insufficient = exc.message()
 
     version = marketplace.get_image_version(image) if image else None
     image_warning = ""
