@@ -320,7 +320,26 @@ class Entry(models.Model):
 
 
 # --- metering ------------------------------------------------------------------------------------
-class UsageSession(models.Model):
+class Metered:
+    """How a metered session is priced: per card-hour (GPU) or per GB-day (disk).
+
+    Shared by the model and the bulk settlement's plain rows (billing/settlement.py).
+    """
+
+    meter: str
+    rate: Decimal
+    cards: int
+
+    @property
+    def per_seconds(self) -> int:
+        return 86400 if self.meter == Meter.DISK else 3600
+
+    @property
+    def burn_per_hour(self) -> Decimal:
+        return self.rate * self.cards * 3600 / self.per_seconds
+
+
+class UsageSession(Metered, models.Model):
     """Billing of one resource from the second it runs until it stops.
 
     The resource lives in another app; it is referenced by ``resource_kind`` ("instance", "slice",
@@ -375,14 +394,6 @@ class UsageSession(models.Model):
 
     def __str__(self) -> str:
         return f"{self.resource_kind} {self.label or self.resource_id}"
-
-    @property
-    def per_seconds(self) -> int:
-        return 86400 if self.meter == Meter.DISK else 3600
-
-    @property
-    def burn_per_hour(self) -> Decimal:
-        return self.rate * self.cards * 3600 / self.per_seconds
 
 
 class UsageCharge(models.Model):

@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from billing.models import Entry, LedgerTransaction, UsageCharge, UsageSession, Wallet
 from billing.money import ZERO, round_cents
@@ -32,6 +33,14 @@ def month_bounds(month: str | None, now: datetime) -> tuple[date, datetime, date
     start = datetime(year, mon, 1, tzinfo=tz)
     end = datetime(year + (mon == 12), mon % 12 + 1, 1, tzinfo=tz)
     return start.date(), start, end
+
+
+def local_iso(at: datetime | None) -> str:
+    """A CSV timestamp in the reader's time zone with its offset (``2026-03-01T10:00:00+08:00``),
+    the same wall-clock time the pages show; empty for no time."""
+    if at is None:
+        return ""
+    return timezone.localtime(at).isoformat()
 
 
 @dataclass

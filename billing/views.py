@@ -171,7 +171,7 @@ def statement_csv(request: HttpRequest) -> HttpResponse:
     for line in result.lines:
         out.writerow(
             [
-                line.txn.created_at.isoformat(),
+                statements.local_iso(line.txn.created_at),
                 line.txn.public_id,
                 line.txn.kind,
                 _csv_text(line.txn.memo),
@@ -225,8 +225,8 @@ def usage_csv(request: HttpRequest) -> HttpResponse:
                 s.gpu_model,
                 s.cards,
                 s.rate,
-                s.started_at.isoformat(),
-                s.ended_at.isoformat() if s.ended_at else "",
+                statements.local_iso(s.started_at),
+                statements.local_iso(s.ended_at),
                 s.settled_seconds,
                 s.charged,
                 s.state,

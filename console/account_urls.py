@@ -18,4 +18,5 @@ urlpatterns = [
     ),
     path("tokens/", account_views.token_list, name="token-list"),
     path("tokens/<uuid:public_id>/revoke/", account_views.token_revoke, name="token-revoke"),
+    path("verification/resend/", account_views.resend_verification, name="resend-verification"),
 ]

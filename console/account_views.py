@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from allauth.account.internal.flows.email_verification import (
+    consume_email_verification_rate_limit,
+)
 from allauth.account.models import EmailAddress
+from allauth.core.internal import ratelimit
+from allauth.core.ratelimit import respond_429
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -12,7 +17,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console import services
-from console.forms import ApiTokenForm, SshKeyForm
+from console.forms import ApiTokenForm, ResendVerificationForm, SshKeyForm
 from console.htmx import render_page
 from console.models import ApiToken, SshKey
 
@@ -154,3 +159,39 @@ def token_revoke(request: HttpRequest, public_id: str) -> HttpResponse:
     return _done(
         request, _("Token “%(name)s” revoked.") % {"name": token.name}, "account:token-list"
     )
+
+
+# Per client address, on top of allauth's one mail per address every few minutes (confirm_email).
+RESEND_RATE_LIMIT = {"resend_verification": "10/h/ip"}
+
+
+@require_POST
+def resend_verification(request: HttpRequest) -> HttpResponse:
+    """Send the verification link again, from the "check your inbox" page.
+
+    The answer is the same whether or not an account waits on the address (no enumeration), and
+    only an existing, unverified address gets a mail.
+    """
+    if not ratelimit.consume(
+        request, app="allauth.account", action="resend_verification", config=RESEND_RATE_LIMIT
+    ):
+        return respond_429(request)
+    form = ResendVerificationForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _("Enter the e-mail address you signed up with."))
+        return redirect("account_email_verification_sent")
+    address = (
+        EmailAddress.objects.filter(email__iexact=form.cleaned_data["email"], verified=False)
+        .select_related("user")
+        .first()
+    )
+    if address is not None and consume_email_verification_rate_limit(request, address.email):
+        address.send_confirmation(request)
+    messages.info(
+        request,
+        _(
+            "If an account is waiting for this address to be verified, a new link is on its way. "
+            "It can take a few minutes; check the spam folder too."
+        ),
+    )
+    return redirect("account_email_verification_sent")

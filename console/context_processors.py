@@ -9,4 +9,5 @@ def console(request: HttpRequest) -> dict[str, object]:
         "CONSOLE_EMBEDDED": settings.EMBEDDED,
         "CONSOLE_MODE_LABEL": settings.CONSOLE_MODE_LABEL,
         "CONSOLE_VERSION": settings.CONSOLE_VERSION,
+        "SUPPORT_EMAIL": settings.SUPPORT_EMAIL,
     }

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from billing.offers import PriceSheet, price_sheet
 from billing.services import WalletSummary, get_wallet_summary, price_list
 from marketplace.services import catalogue_counts
 from slices.services import Availability, availability
-from slices.topology import gpu_model_key
+from slices.topology import SLICE_UNIT_GPUS, gpu_model_key
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,44 @@ def build_dashboard(user: Any) -> Dashboard:
     return Dashboard(
         wallet=get_wallet_summary(user),
         offers=offers,
+        models=counts["models"],
+        datasets=counts["datasets"],
+        images=counts["images"],
+    )
+
+
+@dataclass(frozen=True)
+class Landing:
+    """What the public landing page claims, every figure computed from the database."""
+
+    sheet: PriceSheet
+    regions: list[str]  # display names, in the fleet's order
+    gpu_models: list[str]  # what the fleet has (the price book's models before a fleet is loaded)
+    slices: bool  # some region rents InfiniBand cluster slices
+    cards: int  # GPUs in the fleet
+    slice_min_cards: int
+    models: int
+    datasets: int
+    images: int
+
+
+def build_landing() -> Landing:
+    sheet = price_sheet()
+    rows = availability()
+    regions = list(dict.fromkeys(row.region_name for row in rows))
+    # The price book's spelling ("RTX 4090") for the fleet's codes ("RTX4090").
+    spelled = {gpu_model_key(p.gpu_model): p.gpu_model for p in sheet.prices}
+    gpu_models = list(
+        dict.fromkeys(spelled.get(gpu_model_key(r.gpu_model), r.gpu_model) for r in rows)
+    ) or [p.gpu_model for p in sheet.prices]
+    counts = catalogue_counts()
+    return Landing(
+        sheet=sheet,
+        regions=regions,
+        gpu_models=gpu_models,
+        slices=any(row.slices for row in rows),
+        cards=sum(row.total_gpus for row in rows),
+        slice_min_cards=SLICE_UNIT_GPUS,
         models=counts["models"],
         datasets=counts["datasets"],
         images=counts["images"],

@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django import forms
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -34,7 +35,14 @@ class SshKeyForm(forms.Form):
 
     def clean_public_key(self) -> str:
         value = self.cleaned_data["public_key"]
-        parse_ssh_public_key(value)  # raises ValidationError with the precise reason
+        try:
+            parse_ssh_public_key(value)  # raises ValidationError with the precise reason
+        except ValidationError as exc:
+            if exc.code == "ssh_key_private_key":
+                # A secret was pasted: never send it back into the page (or any cache of it).
+                self.data = self.data.copy()
+                self.data["public_key"] = ""
+            raise
         return value
 
 
@@ -49,3 +57,7 @@ class ApiTokenForm(forms.Form):
     def expires_at(self) -> datetime | None:
         days = self.cleaned_data.get("lifetime")
         return timezone.now() + timedelta(days=int(days)) if days else None
+
+
+class ResendVerificationForm(forms.Form):
+    email = forms.EmailField(label=_("E-mail address"), max_length=254)

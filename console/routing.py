@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from channels.routing import URLRouter
 from channels.security.websocket import OriginValidator as _OriginValidator
 from django.conf import settings
-from django.urls import path
+from django.urls import path, re_path
 
 from console import consumers
 from slices.routing import websocket_urlpatterns as slices_websockets
@@ -23,3 +24,10 @@ def OriginValidator(app: Any) -> _OriginValidator:  # noqa: N802 - mirrors the C
         settings.WEBSOCKET_ALLOWED_ORIGINS
     )
     return _OriginValidator(app, allowed)
+
+
+def websocket_router() -> URLRouter:
+    """Every app's routes, then a catch-all: an unknown path closes with 4404, not a 500."""
+    return URLRouter(
+        [*websocket_urlpatterns, re_path(r"", consumers.UnknownPathConsumer.as_asgi())]
+    )

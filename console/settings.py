@@ -155,13 +155,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "console.middleware.StaticFilesMiddleware",  # WhiteNoise, async bodies under ASGI
     "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "console.middleware.PrivatePagesMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -372,7 +373,9 @@ ACCOUNT_SIGNUP_FIELDS = ["email*", "password1*", "password2*"]  # username is ge
 ACCOUNT_EMAIL_VERIFICATION = "mandatory"
 ACCOUNT_UNIQUE_EMAIL = True
 ACCOUNT_PREVENT_ENUMERATION = True
-ACCOUNT_LOGIN_ON_EMAIL_CONFIRMATION = False
+# Confirming the address in the browser that signed up logs the user in (allauth only does so while
+# that sign-up is pending in the same session, so a leaked link alone never logs anyone in).
+ACCOUNT_LOGIN_ON_EMAIL_CONFIRMATION = True
 ACCOUNT_LOGOUT_ON_PASSWORD_CHANGE = False
 ACCOUNT_EMAIL_SUBJECT_PREFIX = "[GPU Console] "
 ACCOUNT_DEFAULT_HTTP_PROTOCOL = "https" if PRODUCTION else "http"
@@ -419,6 +422,10 @@ if EMBEDDED:
 if PRODUCTION and "EMAIL_URL" in os.environ:
     vars().update(env.email_url("EMAIL_URL"))
 DEFAULT_FROM_EMAIL = _get("DEFAULT_FROM_EMAIL", env.str, "GPU Console <noreply@localhost>")
+# Where customers write for help: linked from the "check your inbox" page and the footer.
+SUPPORT_EMAIL: str = _get("SUPPORT_EMAIL", env.str, "support@localhost")
+if not re.fullmatch(r"[^@\s<>\"]+@[^@\s<>\"]+", SUPPORT_EMAIL):
+    raise ConfigError(f"SUPPORT_EMAIL {SUPPORT_EMAIL!r} is not an e-mail address")
 
 # --- REST framework -----------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -39,6 +39,7 @@ handler500 = "console.views.server_error"
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("diagnostics/", views.diagnostics, name="diagnostics"),
     path("diagnostics/ping/", views.diagnostics_ping, name="diagnostics-ping"),
     path("diagnostics/broadcast/", views.diagnostics_broadcast, name="diagnostics-broadcast"),

@@ -6,6 +6,7 @@ import time
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -14,7 +15,7 @@ from django.template import loader
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from console.dashboard import build_dashboard
+from console.dashboard import build_dashboard, build_landing
 from console.events import notify_user
 from console.tasks import ping_worker_task
 
@@ -23,8 +24,19 @@ from console.tasks import ping_worker_task
 def home(request: HttpRequest) -> HttpResponse:
     """The landing page for visitors, the dashboard for signed-in users."""
     if not request.user.is_authenticated:
-        return render(request, "console/landing.html")
+        return render(request, "console/landing.html", {"landing": build_landing()})
     return render(request, "console/dashboard.html", {"dashboard": build_dashboard(request.user)})
+
+
+FAVICON = settings.BASE_DIR / "static" / "console" / "favicon.ico"
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponse:
+    """``/favicon.ico``, which browsers and crawlers ask for whatever the page's ``<link>`` says."""
+    response = HttpResponse(FAVICON.read_bytes(), content_type="image/x-icon")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
 
 
 @never_cache

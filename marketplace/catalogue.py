@@ -63,6 +63,15 @@ def search_terms(text: str) -> list[str]:
     return [t for run in _WORD_RUN.findall(folded) for t in _SCRIPT_RUN.findall(run)]
 
 
+def search_document(names: list[str], descriptions: list[str]) -> str:
+    """The distinct terms of an asset's names (hub id, name, Chinese name, publisher, tasks,
+    modalities) and the words of its descriptions. Numbers and sizes count in names only: a
+    description that mentions "7B and 13B" must not make the 7B model match "13b"."""
+    terms = search_terms(" ".join(names))
+    terms += [t for t in search_terms(" ".join(descriptions)) if not any(c.isdigit() for c in t)]
+    return " ".join(dict.fromkeys(terms))
+
+
 def query_terms(q: str) -> list[str]:
     """The distinct terms of a search box query (at most eight); each must match."""
     return list(dict.fromkeys(search_terms(q)))[:MAX_QUERY_TERMS]
@@ -254,13 +263,20 @@ def _with_source(source: str, extra: str) -> str:
     return source if extra in parts else f"{source} + {extra}"
 
 
-def read_catalogue(kind: str) -> list[AssetRecord]:
+def read_catalogue(
+    kind: str,
+    base: Path | None = None,
+    extra: Path | None = None,
+    likes_csv: Path = LIKES_CSV,
+    descriptions_yaml: Path = DESCRIPTIONS_YAML,
+) -> list[AssetRecord]:
     """Every shipped asset of ``kind``: the shared catalogue's rows, then the added rows, with the
     likes and the Chinese names and descriptions merged in. Each source used is named in the
     record's ``source`` (joined by `` + ``). A hub id in both files is an error."""
-    base, extra = (
-        (MODELS_CSV, MODELS_EXTRA_CSV) if kind == MODEL else (DATASETS_CSV, DATASETS_EXTRA_CSV)
-    )
+    if kind not in (MODEL, DATASET):
+        raise CatalogueError(f"unknown asset kind {kind!r}")
+    base = base or (MODELS_CSV if kind == MODEL else DATASETS_CSV)
+    extra = extra or (MODELS_EXTRA_CSV if kind == MODEL else DATASETS_EXTRA_CSV)
     records = list(read_assets(kind, base))
     seen = {r.hub_id.lower() for r in records}
     if extra.exists():
@@ -269,8 +285,8 @@ def read_catalogue(kind: str) -> list[AssetRecord]:
                 raise CatalogueError(f"{extra.name}: {rec.hub_id} is already in {base.name}")
             seen.add(rec.hub_id.lower())
             records.append(rec)
-    likes = read_likes()
-    descriptions = read_descriptions()
+    likes = read_likes(likes_csv)
+    descriptions = read_descriptions(descriptions_yaml)
     merged = []
     for rec in records:
         changes: dict[str, Any] = {}

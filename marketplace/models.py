@@ -190,20 +190,18 @@ class Asset(models.Model):
         self.search_document = self.build_search_document()
 
     def build_search_document(self) -> str:
-        """The distinct search terms of every field a person may search by, in both languages
-        (``catalogue.search_terms``: the query is cut the same way, and each of its terms must be
-        a substring of this document)."""
-        parts = [
+        """The search terms of every field a person may search by, in both languages
+        (``catalogue.search_document``: the query is cut the same way, and each of its terms
+        must be a substring of this document)."""
+        names = [
             self.hub_id,
             self.name,
             self.name_zh,
             self.publisher,
             self.tasks or self.task,
             self.modalities,
-            self.description,
-            self.description_zh,
         ]
-        return " ".join(dict.fromkeys(catalogue.search_terms(" ".join(parts))))
+        return catalogue.search_document(names, [self.description, self.description_zh])
 
     @property
     def chinese_ui(self) -> bool:

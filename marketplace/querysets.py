@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Case, F, IntegerField, Q, Value, When
-from django.db.models.functions import Length, Lower
+from django.db.models.functions import Concat, Length, Lower
 
 from marketplace.catalogue import query_terms
 from marketplace.choices import AssetKind
@@ -98,29 +98,39 @@ class AssetQuerySet(models.QuerySet):
 
     def by_relevance(self, q: str) -> AssetQuerySet:
         """Best matches first, the same on both databases: a name (or Chinese name) that starts
-        with the first term, a publisher named in the query, then the shortest (most canonical)
-        names, then the most liked: "llama 2 7b" puts meta-llama/Llama-2-7b-hf before
-        Nous-Hermes-llama-2-7b fine-tunes, "通义千问 7b" puts Qwen models first."""
+        with the first term, then every term in the names themselves (not only in a
+        description), then a publisher named in the query; among equals the shortest (most
+        canonical) names, then the most liked. "llama 2 7b" puts meta-llama/Llama-2-7b-hf before
+        Nous-Hermes-llama-2-7b fine-tunes; "deepseek v2 lite" puts DeepSeek-V2-Lite before
+        DeepSeek-V2, whose description mentions the Lite model."""
         terms = query_terms(q)
         if not terms:
             return self.sorted_by(DEFAULT_SORT)
         first = terms[0]
-        score = Case(
-            When(
-                Q(name_lower__startswith=first) | Q(name_zh_lower__startswith=first),
-                then=Value(2),
-            ),
-            default=Value(0),
-            output_field=IntegerField(),
-        ) + Case(
-            When(publisher_lower__in=terms, then=Value(1)),
-            default=Value(0),
-            output_field=IntegerField(),
+        in_names = Q()
+        for term in terms:
+            in_names &= Q(names_lower__contains=term)
+        score = (
+            Case(
+                When(
+                    Q(name_lower__startswith=first) | Q(name_zh_lower__startswith=first),
+                    then=Value(4),
+                ),
+                default=Value(0),
+                output_field=IntegerField(),
+            )
+            + Case(When(in_names, then=Value(2)), default=Value(0), output_field=IntegerField())
+            + Case(
+                When(publisher_lower__in=terms, then=Value(1)),
+                default=Value(0),
+                output_field=IntegerField(),
+            )
         )
         return (
             self.alias(
                 name_lower=Lower("name"),
                 name_zh_lower=Lower("name_zh"),
+                names_lower=Lower(Concat("hub_id", Value(" "), "name_zh")),
                 publisher_lower=Lower("publisher"),
             )
             .alias(relevance=score, name_length=Length("name"))

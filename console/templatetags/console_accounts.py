@@ -7,6 +7,8 @@ from typing import Any
 from django import forms, template
 from django.utils.safestring import SafeString
 
+from billing import services as billing_services
+
 register = template.Library()
 
 _CHECK_WIDGETS = (forms.CheckboxInput, forms.RadioSelect, forms.CheckboxSelectMultiple)
@@ -48,3 +50,9 @@ def wallet_summary(context: template.Context) -> Any:
     except ImportError:  # billing's service layer not present in this checkout yet
         return None
     return get_wallet_summary(user)
+
+
+@register.simple_tag
+def trial_credit() -> Any:
+    """The one-time trial credit a new verified account receives, from billing (not a literal)."""
+    return billing_services.TRIAL_CREDIT

@@ -51,6 +51,7 @@ class AssetSerializer(serializers.ModelSerializer):
             "hub_id",
             "slug",
             "name",
+            "name_zh",
             "publisher",
             "task",
             "tasks",
@@ -60,6 +61,7 @@ class AssetSerializer(serializers.ModelSerializer):
             "size_estimated",
             "license",
             "gated",
+            "likes",
             "mount",
         )
 
@@ -70,7 +72,7 @@ class AssetSerializer(serializers.ModelSerializer):
 
 class AssetDetailSerializer(AssetSerializer):
     class Meta(AssetSerializer.Meta):
-        fields = (*AssetSerializer.Meta.fields, "source")
+        fields = (*AssetSerializer.Meta.fields, "description", "description_zh", "source")
 
 
 class PortSerializer(serializers.Serializer):

@@ -7,7 +7,7 @@ search document is rebuilt with the new tokenizer, which keeps Chinese text.
 from django.contrib.postgres.operations import TrigramExtension
 from django.db import migrations
 
-from marketplace.catalogue import search_terms
+from marketplace.catalogue import search_document
 
 INDEX = "marketplace_asset_search_trgm"
 OLD_INDEX = "marketplace_asset_search_gin"
@@ -36,17 +36,15 @@ def rebuild_documents(apps, schema_editor):
     Asset = apps.get_model("marketplace", "Asset")
     changed = []
     for asset in Asset.objects.all():
-        parts = [
+        names = [
             asset.hub_id,
             asset.name,
             asset.name_zh,
             asset.publisher,
             asset.tasks or asset.task,
             asset.modalities,
-            asset.description,
-            asset.description_zh,
         ]
-        document = " ".join(dict.fromkeys(search_terms(" ".join(parts))))
+        document = search_document(names, [asset.description, asset.description_zh])
         if document != asset.search_document:
             asset.search_document = document
             changed.append(asset)

@@ -7,6 +7,7 @@ from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext as _
 
+from marketplace import services
 from marketplace.catalogue import GPU_LABELS
 
 register = template.Library()
@@ -63,3 +64,21 @@ def gpu_label(code: str) -> str:
 def can_mount(picker: object, asset: object) -> bool:
     """``{% if picker|can_mount:asset %}``: the asset is open or its license was accepted."""
     return bool(picker.can_mount(asset))  # type: ignore[attr-defined]
+
+
+@register.filter
+def catalogue_text(value: str) -> str:
+    """Shipped catalogue prose (image and licence summaries, see marketplace/catalogue_text.py)
+    in the reader's language."""
+    return _(value) if value else ""  # gettext("") would be the catalogue's header
+
+
+@register.simple_tag(takes_context=True)
+def accepted_licenses(context: template.Context, assets: object) -> set[int]:
+    """``{% accepted_licenses page.object_list as accepted %}``: the gated licences among
+    ``assets`` the reader has accepted (no query when none of them is gated)."""
+    gated = {a.license_id for a in assets if a.gated}  # type: ignore[attr-defined]
+    if not gated:
+        return set()
+    user = getattr(context.get("request"), "user", None)
+    return services.accepted_license_ids(user) & gated

@@ -247,7 +247,7 @@ def test_account_pages_speak_chinese_by_default_and_english_on_request(
     zh = Client().get(reverse("account_signup")).content.decode()
     assert '<html lang="zh-hans"' in zh and "注册" in zh and "体验金" in zh
     en = _client().get(reverse("account_signup")).content.decode()
-    assert "Create your account" in en and "10 元 trial credit" in en
+    assert "Create your account" in en and "10.00 元 trial credit" in en
     assert "SSH" in alice_client.get(reverse("account:overview")).content.decode()
 
 

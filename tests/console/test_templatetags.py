@@ -2,6 +2,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import pytest
+from django.utils import translation
+
 from console.templatetags.console import badge, duration, yuan
 
 
@@ -14,11 +17,35 @@ def test_yuan_formats_decimal_with_half_up_rounding() -> None:
     assert yuan("not money") == "not money"
 
 
-def test_duration_is_compact() -> None:
-    assert duration(5) == "0m 05s"
-    assert duration(3725) == "1h 02m 05s"
-    assert duration(2 * 86400 + 3600) == "2d 01h 00m"
+@pytest.mark.parametrize(
+    ("seconds", "english", "chinese"),
+    [
+        (0, "0 seconds", "0 秒"),
+        (1, "1 second", "1 秒"),
+        (5, "5 seconds", "5 秒"),
+        (60, "1 minute", "1 分钟"),
+        (61, "1 min 1 s", "1 分 1 秒"),
+        (3600, "1 hour", "1 小时"),
+        (5400, "1 h 30 min", "1 小时 30 分"),
+        (3725, "1 h 2 min", "1 小时 2 分"),
+        (72000, "20 hours", "20 小时"),
+        (86400, "1 day", "1 天"),
+        (2 * 86400 + 3600 + 59, "2 d 1 h", "2 天 1 小时"),
+        (-90, "-1 min 30 s", "-1 分 30 秒"),
+    ],
+)
+def test_duration_reads_naturally_in_each_language(
+    seconds: int, english: str, chinese: str
+) -> None:
+    with translation.override("en"):
+        assert duration(seconds) == english
+    with translation.override("zh-hans"):
+        assert duration(seconds) == chinese
+
+
+def test_duration_of_nothing_is_a_dash() -> None:
     assert duration(None) == "—"
+    assert duration("soon") == "—"
 
 
 def test_badge_escapes_its_label() -> None:

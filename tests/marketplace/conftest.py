@@ -31,5 +31,5 @@ def _catalogue_loaded(django_db_setup, django_db_blocker) -> Iterator[None]:  # 
 
 @pytest.fixture
 def full_catalogue(_catalogue_loaded, db) -> None:  # noqa: ANN001
-    """Use in tests that read the real catalogue (3,199 assets, 4 images)."""
+    """Use in tests that read the real catalogue (3,242 assets, 4 images)."""
     return None

@@ -81,12 +81,33 @@ def test_loading_creates_the_four_image_families_with_versions() -> None:
 
 
 def test_the_management_command_prints_what_it_did() -> None:
+    # The shared catalogue's 1,698 models and 1,501 datasets, plus the added Chinese families
+    # (models_extra.csv: 38) and datasets (datasets_extra.csv: 5).
     out = StringIO()
     call_command("load_catalogue", stdout=out)
-    assert "models: 1698 created" in out.getvalue()
+    assert "models: 1736 created" in out.getvalue()
+    assert "datasets: 1506 created" in out.getvalue()
     out = StringIO()
     call_command("load_catalogue", stdout=out)
-    assert "models: 0 created, 0 updated, 1698 unchanged" in out.getvalue()
+    assert "models: 0 created, 0 updated, 1736 unchanged" in out.getvalue()
+
+
+def test_loading_merges_likes_and_chinese_names_and_names_every_source() -> None:
+    services.load_catalogue()
+    yi = Asset.objects.get(kind="model", hub_id="01-ai/Yi-34B")
+    assert yi.likes == 1291  # "Hub ❤️" in the leaderboard export the row comes from
+    assert yi.name_zh == "零一万物 Yi-34B"
+    assert yi.source.split(" + ") == [
+        "hlzhang109/causal-eval:data/open_llm_leaderboard.csv@ca2a96b",
+        "01-ai/Yi:README.md@002dde9",
+        "deepseek-ai/DeepSeek-V2:README.md@07245db",
+    ]
+    # The search document holds the Chinese name and description.
+    assert "零一万物" in yi.search_document and "llama" in yi.search_document
+    # A source without likes leaves them unknown rather than zero.
+    chatglm = Asset.objects.get(kind="model", hub_id="THUDM/chatglm3-6b")
+    assert chatglm.likes is None and chatglm.params_billion is None
+    assert chatglm.source == "THUDM/ChatGLM3:README.md@03ccc15"
 
 
 def test_an_asset_added_by_an_operator_survives_a_reload() -> None:

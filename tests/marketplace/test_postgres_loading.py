@@ -31,5 +31,5 @@ def test_two_concurrent_loads_create_each_asset_once() -> None:
     for t in threads:
         t.join()
     assert errors == []
-    assert sorted(r.created.get("models", 0) for r in reports) == [0, 1698]
-    assert Asset.objects.filter(kind="model").count() == 1698
+    assert sorted(r.created.get("models", 0) for r in reports) == [0, 1736]
+    assert Asset.objects.filter(kind="model").count() == 1736

@@ -1,4 +1,5 @@
-"""Full-text search on PostgreSQL: the same answers as the SQLite fallback, served by the GIN index."""
+"""Search on PostgreSQL: the same answers as on SQLite (English, Chinese and mixed queries), the
+substring conditions served by the pg_trgm GIN index."""
 
 from __future__ import annotations
 
@@ -7,19 +8,48 @@ from django.db import connection
 from django.test import Client
 
 from marketplace.models import Asset
+from tests.marketplace.test_chinese_catalogue import (
+    check_chinese_datasets_are_searchable,
+    check_chinese_names_find_their_family_only,
+    check_mixed_queries_need_every_term,
+    check_no_query_lists_the_most_liked_first,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 
-def test_the_search_index_exists_and_the_planner_can_use_it(full_catalogue) -> None:  # noqa: ANN001
-    assert connection.vendor == "postgresql"
-    qs = Asset.objects.search("llama 7b")
+def _plan(qs) -> str:  # noqa: ANN001
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
         sql, params = qs.query.sql_with_params()
         cursor.execute(f"EXPLAIN {sql}", params)
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "marketplace_asset_search_gin" in plan, plan
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def test_the_trigram_index_exists_and_the_planner_can_use_it(full_catalogue) -> None:  # noqa: ANN001
+    assert connection.vendor == "postgresql"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm'")
+        assert cursor.fetchone() == (1,)
+    for query in ("llama 7b", "通义千问"):
+        plan = _plan(Asset.objects.search(query))
+        assert "marketplace_asset_search_trgm" in plan, (query, plan)
+
+
+def test_chinese_names_find_their_family_only(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+    check_chinese_names_find_their_family_only(alice_client)
+
+
+def test_mixed_queries_need_every_term(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+    check_mixed_queries_need_every_term(alice_client)
+
+
+def test_chinese_datasets_are_searchable(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+    check_chinese_datasets_are_searchable(alice_client)
+
+
+def test_no_query_lists_the_most_liked_first(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
+    check_no_query_lists_the_most_liked_first(alice_client)
 
 
 def test_prefix_search_every_word_must_match(full_catalogue, alice_client: Client) -> None:  # noqa: ANN001
@@ -28,7 +58,7 @@ def test_prefix_search_every_word_must_match(full_catalogue, alice_client: Clien
         "meta-llama/Llama-2-7b-hf",
         "meta-llama/Llama-2-7b-chat-hf",
     ]
-    # A word prefix is enough on PostgreSQL ("whisp" -> whisper).
+    # Part of a word is enough, as on SQLite ("whisp" -> whisper).
     whisper = alice_client.get("/api/v1/models/?q=whisp large v3&publisher=openai").json()
     assert "openai/whisper-large-v3" in [h["hub_id"] for h in whisper["results"]]
 

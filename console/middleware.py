@@ -1,0 +1,70 @@
+"""The console's own middleware: static files under ASGI, no caching of signed-in pages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import IO
+
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
+from django.utils.cache import patch_cache_control
+from whitenoise.middleware import WhiteNoiseMiddleware
+
+CHUNK_SIZE = 64 * 1024
+
+
+async def _read_chunks(handle: IO[bytes] | None) -> AsyncIterator[bytes]:
+    """A file as an asynchronous iterator; the reads run in a thread, off the event loop."""
+    if handle is None:  # HEAD, 304: headers only
+        return
+    try:
+        while chunk := await asyncio.to_thread(handle.read, CHUNK_SIZE):
+            yield chunk
+    finally:
+        handle.close()
+
+
+class StaticFilesMiddleware(WhiteNoiseMiddleware):
+    """WhiteNoise, with an asynchronous body under ASGI.
+
+    WhiteNoise answers with a ``FileResponse`` over a plain file; Django's ASGI handler can only
+    consume that by reading it whole in a thread, and warns ("StreamingHttpResponse must consume
+    synchronous iterators") on every static request. Under ASGI we hand it an async iterator
+    instead; under WSGI WhiteNoise's own response is the right one.
+    """
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        if not isinstance(request, ASGIRequest):
+            return super().__call__(request)
+        static_file = (
+            self.find_file(request.path_info)
+            if self.autorefresh
+            else self.files.get(request.path_info)
+        )
+        if static_file is None:
+            return self.get_response(request)
+        served = static_file.get_response(request.method, request.META)
+        response = StreamingHttpResponse(_read_chunks(served.file), status=int(served.status))
+        del response["Content-Type"]  # WhiteNoise's headers say what it is
+        for key, value in served.headers:
+            response[key] = value
+        return response
+
+
+class PrivatePagesMiddleware:
+    """Responses for a signed-in user are never stored by shared caches or the browser's history.
+
+    A page with a balance, SSH keys or an API token must not be served to the next person on a
+    shared computer from the back button or a proxy cache: ``Cache-Control: private, no-store``.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        response = self.get_response(request)
+        user = getattr(request, "user", None)
+        if user is not None and user.is_authenticated:
+            patch_cache_control(response, private=True, no_store=True)  # also drops "public"
+        return response
