@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from billing import services as billing
+from billing.models import UsageSession  # through billing's queryset (open sessions)
 from slices import lifecycle
 from slices.choices import AllocationState, BillingMode, EventKind, EventLevel, InstanceState
 from slices.models import Allocation, Instance
@@ -151,7 +151,11 @@ def _billing_closed(report: ReconcileReport) -> None:
     ids = [str(i.public_id) for i in running]
     if not ids:
         return
-    open_ids = billing.open_resource_ids(INSTANCE_RESOURCE, ids)
+    open_ids = set(
+        UsageSession.objects.open()
+        .filter(resource_kind=INSTANCE_RESOURCE, resource_id__in=ids)
+        .values_list("resource_id", flat=True)
+    )
     for instance in running:
         if str(instance.public_id) not in open_ids and release_instance(
             instance, by="billing", code="billing_stopped"

@@ -10,7 +10,7 @@ from billing import services as billing
 from billing.models import UsageSession
 from slices import services
 from slices.choices import InstanceState
-from slices.models import InstanceEvent, Node
+from slices.models import Instance, InstanceEvent, Node
 from tests.slices.factories import load_small_fleet
 
 pytestmark = pytest.mark.django_db
@@ -91,3 +91,37 @@ def test_slice_runs_with_partition_and_allreduce(fleet, funded, django_capture_o
     assert instance.nodes.count() == 8
     assert instance.partition_key
     assert instance.allreduce.get("busbw_gbps")
+
+
+def test_reconciler_auto_releases_and_frees_leaks(fleet, funded, django_capture_on_commit_callbacks):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from slices.services.reconcile import reconcile
+
+    instance = _order(funded, django_capture_on_commit_callbacks)
+    stray = services.allocate(funded, 1, "RTX4090")  # GPUs held by no instance
+    later = timezone.now() + timedelta(hours=2)
+    Instance.objects.filter(pk=instance.pk).update(auto_release_at=timezone.now())
+    with django_capture_on_commit_callbacks(execute=True):
+        report = reconcile(now=later)
+    assert report.auto_released == [str(instance.public_id)]
+    assert report.leaked == [str(stray.public_id)]
+    instance.refresh_from_db()
+    assert instance.state == InstanceState.RELEASED
+    # Running but no open usage session (billing stopped it): released by the reconciler.
+    other = _order(funded, django_capture_on_commit_callbacks)
+    billing.close_usage_session("instance", str(other.public_id))
+    with django_capture_on_commit_callbacks(execute=True):
+        report = reconcile()
+    assert report.unbilled == [str(other.public_id)]
+
+
+def test_billing_stop_releases_the_instance(fleet, funded, django_capture_on_commit_callbacks):
+    instance = _order(funded, django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.stop_for_billing("instance", str(instance.public_id), "balance exhausted")
+    instance.refresh_from_db()
+    assert instance.state == InstanceState.RELEASED
+    assert instance.events.filter(code="billing_stopped").exists()
