@@ -322,10 +322,11 @@ def _lock_quota(user: Any) -> int:
 
 
 def _ssh_key(user: Any, ref: str) -> tuple[str, str]:
-    if ref:
-        key = console_services.get_ssh_key_for_user(user, ref)
-    else:
-        key = console_services.get_default_ssh_key(user)
+    key = (
+        console_services.get_ssh_key_for_user(user, ref)
+        if ref
+        else console_services.get_default_ssh_key(user)
+    )
     if key is None:
         return "", ""
     return key.name, key.public_key
@@ -616,7 +617,8 @@ def finish_teardown(instance: Instance) -> bool:
 
 def stop_for_billing(resource_kind: str, resource_id: str, reason: str) -> bool:
     """Billing stopped an instance's usage (balance ran out): release it through the same service."""
-    instance = Instance.objects.filter(public_id=_parse_uuid(resource_id)).first()
+    pid = _parse_uuid(resource_id)
+    instance = Instance.objects.filter(public_id=pid).first() if pid else None
     if instance is None:
         return False
     with transaction.atomic():

@@ -494,7 +494,7 @@ def teardown_instance(instance_id: int, driver: NodeDriver | None = None) -> str
                     except DriverError as exc:
                         errors[p.hostname] = exc
         record_logs(instance, logs.drain())
-        for hostname, exc in errors.items():
+        for hostname, err in errors.items():
             Node.objects.filter(hostname=hostname).update(
                 health=NodeHealth.DEGRADED, note=f"teardown of {instance.slug} failed"[:255]
             )
@@ -504,7 +504,7 @@ def teardown_instance(instance_id: int, driver: NodeDriver | None = None) -> str
                 code="teardown_failed",
                 node=hostname,
                 level=EventLevel.WARNING,
-                params={"node": hostname, "error": exc.detail or exc.code},
+                params={"node": hostname, "error": err.detail or err.code},
             )
         finish_teardown(instance)
         return "done"
