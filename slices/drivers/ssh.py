@@ -41,6 +41,7 @@ import select
 import shlex
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -131,7 +132,6 @@ _PID_ALIVE = (
 )
 
 CMD_ID = "id -u"
-CMD_MKDIR = "umask 077 && mkdir -p -- {dirs}"
 CMD_MOUNT_CHECK = (
     "mkdir -p -- {pfs} && for p in {sources}; do "
     '[ -e "$p" ] || {{ echo "missing: $p" >&2; exit 3; }}; done'
@@ -168,9 +168,13 @@ CMD_START_ENROOT = (
 CMD_PROCESS_ALIVE = (
     _PID_ALIVE + ' || {{ echo "not running" >&2; tail -n 20 {output} >&2; exit 5; }}'
 )
-CMD_DOCKER_ALIVE = "docker container inspect --format {fmt} {name}"
 CMD_GPUS_HOST = "if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L; else echo {none}; fi"
-CMD_GPUS_DOCKER = "docker exec {name} nvidia-smi -L"
+CMD_PROCESS_HEALTH = CMD_PROCESS_ALIVE + "; " + CMD_GPUS_HOST
+CMD_DOCKER_HEALTH = (
+    "s=$(docker container inspect --format {fmt} {name} 2>&1); "
+    '[ "$s" = true ] || {{ echo "container {name}: $s" >&2; exit 5; }}; '
+    "docker exec {name} nvidia-smi -L"
+)
 CMD_HAS = "command -v {tool} >/dev/null 2>&1 && echo yes || echo no"
 CMD_ALLREDUCE = (
     "set -a; . {env}; set +a; mpirun --allow-run-as-root --hostfile {hostfile} -np {ranks} "
@@ -358,6 +362,51 @@ def pin_host_key(client: paramiko.SSHClient, node: NodeTarget) -> None:
 # The driver
 # ---------------------------------------------------------------------------------------------
 
+IDLE_SECONDS = 60.0
+_PoolKey = tuple[str, str, int, str]
+
+
+class _ConnectionPool:
+    """Open connections between one node's steps (a step takes it, gives it back when done)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[_PoolKey, tuple[paramiko.SSHClient, float]] = {}
+
+    def take(self, key: _PoolKey) -> paramiko.SSHClient | None:
+        stale: list[paramiko.SSHClient] = []
+        now = time.monotonic()
+        with self._lock:
+            for k, (client, since) in list(self._idle.items()):
+                if now - since > IDLE_SECONDS:
+                    stale.append(client)
+                    del self._idle[k]
+            found = self._idle.pop(key, None)
+        for client in stale:
+            client.close()
+        if found is None:
+            return None
+        client = found[0]
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            client.close()
+            return None
+        return client
+
+    def give(self, key: _PoolKey, client: paramiko.SSHClient) -> None:
+        with self._lock:
+            old = self._idle.pop(key, None)
+            self._idle[key] = (client, time.monotonic())
+        if old is not None and old[0] is not client:
+            old[0].close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            clients = [c for c, _ in self._idle.values()]
+            self._idle.clear()
+        for client in clients:
+            client.close()
+
 
 @dataclass(frozen=True)
 class _Paths:
@@ -429,6 +478,8 @@ class SshDriver:
         self.settings = settings
         self._pkey: paramiko.PKey | None = None
         self._lock = threading.Lock()
+        self._pool = _ConnectionPool()
+        weakref.finalize(self, self._pool.close_all)
 
     def step_seconds(self) -> dict[str, float]:
         return dict(STEP_SECONDS)
@@ -503,13 +554,28 @@ class SshDriver:
         return client
 
     @contextmanager
-    def session(self, node: NodeTarget) -> Iterator[paramiko.SSHClient]:
-        """A connection to ``node`` for one step, closed afterwards."""
-        client = self._connect(node)
+    def session(self, node: NodeTarget, *, last: bool = False) -> Iterator[paramiko.SSHClient]:
+        """A connection to ``node``: the one an earlier step of this driver left open if it is
+        still alive, else a new one (host key checked again). Kept for the node's next step
+        unless ``last`` or the step failed; idle ones are closed after ``IDLE_SECONDS`` and all
+        of them when the driver is dropped (``weakref.finalize``), so none outlives its use."""
+        key = (node.hostname, node.address, node.port, node.host_key)
+        client = self._pool.take(key)
+        if client is None:
+            client = self._connect(node)
+        keep = False
         try:
             yield client
+            keep = not last
         finally:
-            client.close()
+            if keep:
+                self._pool.give(key, client)
+            else:
+                client.close()
+
+    def close(self) -> None:
+        """Close every connection this driver holds (it may be used again afterwards)."""
+        self._pool.close_all()
 
     # -- running commands -------------------------------------------------------------------
     def run(
@@ -612,27 +678,42 @@ class SshDriver:
         self, node: NodeTarget, template: str, *, timeout: float | None = None, **args: Arg
     ) -> CommandResult:
         """Connect, run one templated command, disconnect (tools and tests)."""
-        with self.session(node) as client:
+        with self.session(node, last=True) as client:
             return self.run_script(
                 client, node, render(template, **args), timeout=timeout, check=False
             )
 
-    def write_file(self, client: paramiko.SSHClient, path: str, data: str, mode: int) -> None:
-        """Write ``path`` on the node over SFTP (no shell), atomically, with ``mode``."""
-        tmp = f"{path}.tmp"
+    def write_files(
+        self,
+        client: paramiko.SSHClient,
+        directory: str,
+        files: Sequence[tuple[str, str, int]],
+    ) -> None:
+        """Create ``directory`` (and its parents, mode 700) and write each (path, text, mode) in
+        it over one SFTP session: no shell involved; each file replaced atomically."""
         try:
             sftp = client.open_sftp()
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise DriverError("unreachable", f"SFTP: {type(exc).__name__}: {exc}") from None
+        current = ""
         try:
             channel = sftp.get_channel()
             if channel is not None:
                 channel.settimeout(self.settings.command_timeout)
-            sftp.putfo(io.BytesIO(data.encode()), tmp)
-            sftp.chmod(tmp, mode)
-            sftp.posix_rename(tmp, path)
+            for part in directory.strip("/").split("/"):
+                current = f"{current}/{part}"
+                try:
+                    sftp.stat(current)
+                except FileNotFoundError:
+                    sftp.mkdir(current, 0o700)
+            for path, text, mode in files:
+                current = path
+                tmp = f"{path}.tmp"
+                sftp.putfo(io.BytesIO(text.encode()), tmp)
+                sftp.chmod(tmp, mode)
+                sftp.posix_rename(tmp, path)
         except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise DriverError("command_failed", f"writing {path}: {exc}") from None
+            raise DriverError("command_failed", f"writing {current}: {exc}") from None
         finally:
             sftp.close()
 
@@ -717,11 +798,16 @@ class SshDriver:
         env = self._node_env(spec, node)
         body = env_file(env)
         with self.session(node) as client:
-            self.run(client, node, CMD_MKDIR, dirs=[paths.root], log=log)
-            self.write_file(client, paths.authorized_keys, _authorized_keys(spec), 0o600)
-            self.write_file(client, paths.hostfile, spec.hostfile(), 0o644)
-            self.write_file(client, paths.env, body, 0o600)
-            self.write_file(client, paths.env_names, "".join(f"{k}\n" for k in env), 0o600)
+            self.write_files(
+                client,
+                paths.root,
+                [
+                    (paths.authorized_keys, _authorized_keys(spec), 0o600),
+                    (paths.hostfile, spec.hostfile(), 0o644),
+                    (paths.env, body, 0o600),
+                    (paths.env_names, "".join(f"{k}\n" for k in env), 0o600),
+                ],
+            )
         log(f"created {paths.root}")
         log(
             f"wrote the hostfile ({len(spec.nodes)} node(s)) and the environment "
@@ -734,13 +820,20 @@ class SshDriver:
         runtime = self._runtime(node)
         pfs = self._pfs_source(spec)
         assets = self._asset_mounts(spec)
+        pairs: list[str] = [pfs, paths.pfs]
+        for src, target in assets:
+            pairs += [src, paths.inside(target)]
         with self.session(node) as client:
             result = self.run(
                 client,
                 node,
-                CMD_MOUNT_CHECK,
+                # On runtime=process the links are made in the same command; a container runtime
+                # bind-mounts the same sources when it starts.
+                CMD_MOUNT_CHECK + (" && " + CMD_LINK if runtime == "process" else ""),
                 pfs=pfs,
                 sources=[src for src, _ in assets],
+                pairs=pairs,
+                log=log,
                 check=False,
             )
             if result.exit_status == 3:
@@ -754,11 +847,6 @@ class SshDriver:
                 raise DriverError(
                     "command_failed", f"{node.hostname}: {result.stderr.strip()[-300:]}"
                 )
-            if runtime == "process":
-                pairs: list[str] = [pfs, paths.pfs]
-                for src, target in assets:
-                    pairs += [src, paths.inside(target)]
-                self.run(client, node, CMD_LINK, pairs=pairs, log=log)
         where = "linked" if runtime == "process" else "bind-mounted when the container starts"
         log(f"parallel file system {pfs} {where} at /pfs")
         for src, target in assets:
@@ -854,30 +942,34 @@ class SshDriver:
     def health(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         paths = self._paths(spec, node)
         runtime = self._runtime(node)
-        with self.session(node) as client:
+        # The last provisioning step: its connection is not kept.
+        with self.session(node, last=True) as client:
             if runtime == "docker":
-                state = self.run(
-                    client, node, CMD_DOCKER_ALIVE, fmt="{{.State.Running}}", name=spec.slug
+                gpus = self.run(
+                    client,
+                    node,
+                    CMD_DOCKER_HEALTH,
+                    fmt="{{.State.Running}}",
+                    name=spec.slug,
+                    check=False,
                 )
-                if state.stdout.strip() != "true":
-                    raise DriverError(
-                        "not_running",
-                        f"{node.hostname}: container {spec.slug} is not running",
-                        permanent=True,
-                    )
-                gpus = self.run(client, node, CMD_GPUS_DOCKER, name=spec.slug, check=False)
             else:
-                alive = self.run(
-                    client, node, CMD_PROCESS_ALIVE, pid=paths.pid, output=paths.log, check=False
+                gpus = self.run(
+                    client,
+                    node,
+                    CMD_PROCESS_HEALTH,
+                    pid=paths.pid,
+                    output=paths.log,
+                    none="__no_nvidia_smi__",
+                    check=False,
                 )
-                if alive.exit_status != 0:
-                    raise DriverError(
-                        "not_running",
-                        f"{node.hostname}: the instance's process is not running: "
-                        f"{alive.stderr.strip()[-400:]}",
-                        permanent=True,
-                    )
-                gpus = self.run(client, node, CMD_GPUS_HOST, none="__no_nvidia_smi__", check=False)
+        if gpus.exit_status == 5:
+            raise DriverError(
+                "not_running",
+                f"{node.hostname}: the instance's {'container' if runtime == 'docker' else 'process'}"
+                f" is not running: {gpus.stderr.strip()[-400:]}",
+                permanent=True,
+            )
         if "__no_nvidia_smi__" in gpus.stdout:
             if runtime != "process":
                 raise DriverError(
@@ -907,7 +999,7 @@ class SshDriver:
             return StepResult({"measured": False, "why": "no nodes"})
         first = spec.nodes[0]
         paths = self._paths(spec, first)
-        with self.session(first) as client:
+        with self.session(first, last=True) as client:
             has = self.run(client, first, CMD_HAS, tool="all_reduce_perf").stdout.strip()
             if has != "yes":
                 gpu = self.run(client, first, CMD_HAS, tool="nvidia-smi").stdout.strip()
@@ -943,7 +1035,7 @@ class SshDriver:
         paths = self._paths(spec, node)
         runtime = self._runtime(node)
         links = [paths.pfs] + [paths.inside(t) for _src, t in self._asset_mounts(spec)]
-        with self.session(node) as client:
+        with self.session(node, last=True) as client:
             if runtime == "docker":
                 self.run(client, node, CMD_STOP_DOCKER, name=spec.slug, log=log)
             elif runtime == "enroot":

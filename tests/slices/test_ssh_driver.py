@@ -463,9 +463,12 @@ def test_provisioning_steps_write_the_job_environment_and_start_idempotently(
     driver = make_driver(ssh_hosts, roots)
     logs = Logs()
     assert driver.isolate(spec, logs).data == {"partition_key": 0x8123, "enforced": False}
+    before = logins(hosts[0])
     for node in nodes:
         run_steps(driver, spec, node, logs)
     assert NO_GPU_DRIVER in logs
+    # One login per node for its five steps; health, the last, closed it (the next step logs in).
+    assert logins(hosts[0]) == before + 1
 
     for rank, workdir in enumerate(workdirs):
         root = instance_dir(workdir)
@@ -494,6 +497,8 @@ def test_provisioning_steps_write_the_job_environment_and_start_idempotently(
 
     for node in nodes:
         driver.teardown(spec, node, logs)
+    # Starting again logs in; the all-reduce probe reuses that connection; teardown logs in.
+    assert logins(hosts[0]) == before + 3
     assert not process_alive(pid)
     assert not first.exists()
     # The PFS behind the link is untouched; teardown again is a no-op.
