@@ -5,6 +5,7 @@ from __future__ import annotations
 from slices.models.allocations import Allocation, AllocationNode
 from slices.models.fleet import GPU, Cluster, GpuModel, Node, Region, ScalableUnit, SpineGroup
 from slices.models.instances import GpuQuota, Instance, InstanceEvent, InstanceNode
+from slices.models.telemetry import GpuRollup, IdleWatch
 
 __all__ = [
     "GPU",
@@ -13,6 +14,8 @@ __all__ = [
     "Cluster",
     "GpuModel",
     "GpuQuota",
+    "GpuRollup",
+    "IdleWatch",
     "Instance",
     "InstanceEvent",
     "InstanceNode",
