@@ -175,7 +175,7 @@ CMD_DOCKER_HEALTH = (
     '[ "$s" = true ] || {{ echo "container {name}: $s" >&2; exit 5; }}; '
     "docker exec {name} nvidia-smi -L"
 )
-CMD_HAS = "command -v {tool} >/dev/null 2>&1 && echo yes || echo no"
+CMD_TOOLS = 'for t in {tools}; do command -v "$t" >/dev/null 2>&1 && echo "$t"; done; true'
 CMD_ALLREDUCE = (
     "set -a; . {env}; set +a; mpirun --allow-run-as-root --hostfile {hostfile} -np {ranks} "
     "-x MASTER_ADDR -x NCCL_IB_HCA -x NCCL_SOCKET_IFNAME -x NCCL_IB_PKEY "
@@ -1000,12 +1000,13 @@ class SshDriver:
         first = spec.nodes[0]
         paths = self._paths(spec, first)
         with self.session(first, last=True) as client:
-            has = self.run(client, first, CMD_HAS, tool="all_reduce_perf").stdout.strip()
-            if has != "yes":
-                gpu = self.run(client, first, CMD_HAS, tool="nvidia-smi").stdout.strip()
+            tools = self.run(
+                client, first, CMD_TOOLS, tools=["all_reduce_perf", "nvidia-smi"]
+            ).stdout.split()
+            if "all_reduce_perf" not in tools:
                 why = (
                     "no GPUs on the test hosts"
-                    if gpu != "yes"
+                    if "nvidia-smi" not in tools
                     else f"nccl-tests' all_reduce_perf is not installed on {first.hostname}"
                 )
                 log(f"all-reduce check not run: {why}")

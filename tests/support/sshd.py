@@ -53,6 +53,9 @@ Subsystem sftp internal-sftp
 MaxStartups 256
 MaxSessions 64
 LogLevel INFO
+# The development machine's root ~/.bashrc (pyenv init: ~0.3 s a command) is not part of a node:
+# bash sources it for sshd's commands only at SHLVL 0, so start them at 1.
+SetEnv SHLVL=1
 """
 
 
