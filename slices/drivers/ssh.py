@@ -39,6 +39,7 @@ import posixpath
 import re
 import select
 import shlex
+import socket
 import threading
 import time
 import weakref
@@ -551,6 +552,7 @@ class SshDriver:
         transport = client.get_transport()
         if transport is not None and self.settings.keepalive > 0:
             transport.set_keepalive(self.settings.keepalive)
+            _tcp_keepalive(transport.sock, self.settings.keepalive)
         return client
 
     @contextmanager
@@ -1046,6 +1048,28 @@ class SshDriver:
             self.run(client, node, CMD_REMOVE, links=links, root=paths.root, log=log)
         log(f"stopped {spec.slug} and removed {paths.root}")
         return StepResult()
+
+
+def _tcp_keepalive(sock: Any, seconds: int) -> None:
+    """Notice a silently dropped connection within about ``seconds`` × 2: paramiko's keepalive
+    sends without asking for a reply, so the kernel is told to give up on a peer that stops
+    acknowledging (idle probes, and a bound on unacknowledged data)."""
+    if not isinstance(sock, socket.socket):
+        return
+    options = [
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), seconds),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), max(1, seconds // 3)),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 3),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), seconds * 2000),
+    ]
+    for level, option, value in options:
+        if option is None:
+            continue
+        try:
+            sock.setsockopt(level, option, value)
+        except OSError:
+            continue
 
 
 def _authorized_keys(spec: InstanceSpec) -> str:

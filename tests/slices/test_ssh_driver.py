@@ -540,3 +540,30 @@ def test_health_fails_when_the_process_has_exited(
     assert failed.value.code == "not_running"
     assert "starting up" in failed.value.detail
     driver.teardown(spec, node, Logs())
+
+
+def test_a_dropped_connection_between_steps_is_replaced_and_keepalives_are_on(
+    ssh_hosts: SshHostPool,  # noqa: F811
+    host: SshHost,
+    roots: dict[str, Path],
+) -> None:
+    driver = make_driver(ssh_hosts, roots, keepalive=6)
+    node = make_node(host, roots["node"])
+    spec = make_spec((node,))
+    before = logins(host)
+    with driver.session(node) as client:  # kept for the node's next step
+        transport = client.get_transport()
+        assert transport is not None
+        sock = transport.sock
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 12_000
+    driver.connect(spec, node, Logs())
+    assert logins(host) == before + 1  # the step reused the open connection
+    sock.shutdown(socket.SHUT_RDWR)  # the link drops under the idle connection
+    deadline = time.monotonic() + 10
+    while transport.is_active() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    driver.prepare(spec, node, Logs())
+    assert logins(host) == before + 2  # a new connection, host key checked again
+    assert (instance_dir(roots["node"]) / "env.sh").exists()
+    driver.close()
