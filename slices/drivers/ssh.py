@@ -1,4 +1,4 @@
-"""The real node driver: SSH (paramiko) to each node, one short connection per step.
+"""The real node driver: SSH (paramiko) to each node; one connection carries a node's steps.
 
 Trust and injection, the two things a driver that runs commands as root must get right:
 
@@ -15,8 +15,9 @@ Trust and injection, the two things a driver that runs commands as root must get
   environment file, quoted, and is never logged.
 
 Bounded: connect, banner, authentication and channel-open each have the connect timeout; every
-command runs under ``timeout`` on the node and a deadline here; keepalives notice a dropped
-connection. Output (stdout and stderr) is read while the command runs, so a command writing
+command runs under ``timeout`` on the node and a deadline here; keepalives (SSH and TCP) notice
+a dropped connection. The connection a node's first step opens is kept for its next steps and
+closed after the last one (health, teardown), when idle, or when the driver is dropped. Output (stdout and stderr) is read while the command runs, so a command writing
 megabytes cannot fill a window and deadlock; a bounded tail is kept for error messages and only a
 rate-limited number of lines reaches the instance's log.
 
