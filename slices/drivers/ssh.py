@@ -945,8 +945,10 @@ class SshDriver:
     def health(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         paths = self._paths(spec, node)
         runtime = self._runtime(node)
-        # The last provisioning step: its connection is not kept.
-        with self.session(node, last=True) as client:
+        # The last provisioning step on a node: its connection is not kept, except the first
+        # node's of a slice, which the all-reduce check uses next.
+        first_of_slice = len(spec.nodes) > 1 and node == spec.nodes[0]
+        with self.session(node, last=not first_of_slice) as client:
             if runtime == "docker":
                 gpus = self.run(
                     client,
