@@ -313,6 +313,38 @@ EMBEDDED_WORKER: bool = _get("EMBEDDED_WORKER", _strict_bool, EMBEDDED)
 if PRODUCTION and EMBEDDED_WORKER:
     raise ConfigError("EMBEDDED_WORKER cannot be enabled in production mode; run `celery worker`.")
 EMBEDDED_WORKER_THREADS: int = _get("EMBEDDED_WORKER_THREADS", env.int, 4)
+# Live GPU telemetry: the relay samples every running instance's GPUs at this interval (seconds),
+# keeps the last TELEMETRY_RING_SECONDS of samples per instance (Redis streams in production,
+# memory in the embedded default) and 1-minute rollups in the database for the retention.
+TELEMETRY_RELAY: bool = _get("TELEMETRY_RELAY", _strict_bool, True)  # embedded: run it in-process
+TELEMETRY_INTERVAL: float = _get("TELEMETRY_INTERVAL", env.float, 1.0)
+TELEMETRY_RING_SECONDS: int = _get("TELEMETRY_RING_SECONDS", env.int, 3600)
+TELEMETRY_RETENTION_DAYS: int = _get("TELEMETRY_RETENTION_DAYS", env.int, 30)
+if (
+    not 0.05 <= TELEMETRY_INTERVAL <= 60
+    or TELEMETRY_RING_SECONDS < 60
+    or TELEMETRY_RETENTION_DAYS < 1
+):
+    raise ConfigError(
+        "TELEMETRY_INTERVAL, TELEMETRY_RING_SECONDS or TELEMETRY_RETENTION_DAYS is out of range"
+    )
+# Idle: every GPU's peak utilisation below the threshold (%) for this many minutes.
+TELEMETRY_IDLE_THRESHOLD: float = _get("TELEMETRY_IDLE_THRESHOLD", env.float, 5.0)
+TELEMETRY_IDLE_MINUTES: int = _get("TELEMETRY_IDLE_MINUTES", env.int, 30)
+# /metrics (Prometheus): staff login, or "Authorization: Bearer <token>" when a token is set.
+TELEMETRY_METRICS_TOKEN: str = _get("TELEMETRY_METRICS_TOKEN", env.str, "")
+CELERY_BEAT_SCHEDULE.update(
+    {
+        "slices-telemetry-idle": {
+            "task": "slices.tasks.check_idle_instances_task",
+            "schedule": 60.0,
+        },
+        "slices-telemetry-prune": {
+            "task": "slices.tasks.prune_telemetry_task",
+            "schedule": 3600.0,
+        },
+    }
+)
 
 # --- Cache --------------------------------------------------------------------------------------
 if PRODUCTION:

@@ -44,6 +44,10 @@ EVENT_TEXT: dict[str, Promise] = {
     ),
     "gave_up": _("Provisioning was interrupted %(attempts)s times; giving up."),
     "leaked_allocation": _("Found GPUs held by no live instance; freed them."),
+    "idle_warning": _(
+        "Idle: all %(gpus)s GPU(s) stayed below %(threshold)s %% utilisation for %(minutes)s minutes (busiest %(peak_gpu)s peaked at %(peak)s %%); %(mem_gib)s GiB of GPU memory still held."
+    ),
+    "idle_release": _("Released automatically: its GPUs were idle, as chosen when ordering."),
 }
 
 FAILURE_TEXT: dict[str, Promise] = {

@@ -105,6 +105,30 @@ class DriverError(Exception):
         self.permanent = permanent
 
 
+class TelemetrySource(Protocol):
+    """One node's GPU samples while an instance runs: the agent's stream (ssh) or the workload
+    model (sim). ``read`` is called by the relay once a second and never blocks."""
+
+    simulated: bool
+
+    def read(self, now: float) -> dict[str, Any] | None:
+        """The node's latest sample in the agent's line format (``slices.agent.nvml_agent``), or
+        None when nothing new arrived since the last call."""
+        ...
+
+    def close(self) -> None:
+        """Stop sampling (the agent process ends with its SSH channel); idempotent."""
+        ...
+
+
+class TelemetryDriver(Protocol):
+    """A driver that can sample the GPUs of a running instance's nodes."""
+
+    def telemetry(
+        self, spec: InstanceSpec, node: NodeTarget, gpu_model: str
+    ) -> TelemetrySource: ...
+
+
 class NodeDriver(Protocol):
     """One method per operation. ``simulated`` drivers are labelled as such in the UI."""
 

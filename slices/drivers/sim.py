@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from typing import Any
 
 from slices.drivers.base import DriverError, InstanceSpec, LogFn, NodeTarget, StepResult
+from slices.telemetry.workload import WORKLOADS, SimWorkload
 
 # Realistic seconds per step on one node (image pulls dominate), before scaling.
 STEP_SECONDS: dict[str, float] = {
@@ -129,3 +131,37 @@ class SimDriver:
         self._sleep("teardown", node)
         log(f"[sim] stopped {spec.slug}, unmounted, removed the instance directory")
         return StepResult()
+
+    # -- telemetry ---------------------------------------------------------------------------
+    def telemetry(self, spec: InstanceSpec, node: NodeTarget, gpu_model: str) -> SimTelemetry:
+        """Samples from the workload model (``SIM_WORKLOAD``: training, idle or failing)."""
+        workload = spec.env.get("SIM_WORKLOAD", "training")
+        return SimTelemetry(
+            SimWorkload(
+                instance_id=spec.instance_id,
+                host=node.hostname,
+                rank=node.rank,
+                gpus=node.gpus,
+                workload=workload if workload in WORKLOADS else "training",
+                gpu_model=gpu_model,
+                started_at=time.time(),
+                failing_gpu=spec.env.get("SIM_FAILING_GPU", "0"),
+            )
+        )
+
+
+class SimTelemetry:
+    """The simulated agent of one node: a sample per call, labelled simulated."""
+
+    simulated = True
+
+    def __init__(self, workload: SimWorkload) -> None:
+        self.workload = workload
+        self._seq = 0
+
+    def read(self, now: float) -> dict[str, Any]:
+        self._seq += 1
+        return self.workload.sample(now, self._seq)
+
+    def close(self) -> None:
+        pass
