@@ -66,6 +66,10 @@ class InstanceState(models.TextChoices):
     RELEASING = "releasing", _("Releasing")
     RELEASED = "released", _("Released")
     FAILED = "failed", _("Failed")
+    STOPPING = "stopping", _("Stopping")
+    STOPPED = "stopped", _("Stopped")
+    STARTING = "starting", _("Starting")
+    MIGRATING = "migrating", _("Migrating")
 
 
 INSTANCE_STATE_BADGES = {
@@ -76,7 +80,38 @@ INSTANCE_STATE_BADGES = {
     InstanceState.RELEASING: "warning",
     InstanceState.RELEASED: "secondary",
     InstanceState.FAILED: "danger",
+    InstanceState.STOPPING: "warning",
+    InstanceState.STOPPED: "secondary",
+    InstanceState.STARTING: "info",
+    InstanceState.MIGRATING: "warning",
 }
+
+
+class DiskState(models.TextChoices):
+    AVAILABLE = "available", _("Available")
+    DELETED = "deleted", _("Deleted")
+
+
+class DiskMode(models.TextChoices):
+    READ_WRITE = "rw", _("Read-write")
+    READ_ONLY = "ro", _("Read-only")
+
+
+class NodeSignal(models.TextChoices):
+    """What a node's agent or the console noticed (node health; README "Storage and resilience")."""
+
+    HEARTBEAT = "heartbeat", _("Heartbeat")
+    XID = "xid", _("GPU Xid error")
+    NVML = "nvml", _("NVML failure")
+    SSH_LOST = "ssh_lost", _("SSH lost")
+    RECOVERED = "recovered", _("Recovered")
+
+
+class NoReplacement(models.TextChoices):
+    """What a migrating instance does when no replacement node is free (the user's choice)."""
+
+    WAIT = "wait", _("Wait for a node")
+    RELEASE = "release", _("Release the instance")
 
 
 class BillingMode(models.TextChoices):

@@ -20,6 +20,11 @@ class State(StrEnum):
     RELEASING = "releasing"
     RELEASED = "released"
     FAILED = "failed"
+    # Storage and resilience (README "Storage and resilience"): 关机/开机 and hot migration.
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    STARTING = "starting"
+    MIGRATING = "migrating"
 
 
 class Step(StrEnum):
@@ -53,24 +58,50 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.PENDING: frozenset({State.ALLOCATING, State.FAILED, State.RELEASING}),
     State.ALLOCATING: frozenset({State.PROVISIONING, State.FAILED, State.RELEASING}),
     State.PROVISIONING: frozenset({State.RUNNING, State.FAILED, State.RELEASING}),
-    State.RUNNING: frozenset({State.RELEASING, State.FAILED}),
+    State.RUNNING: frozenset({State.RELEASING, State.FAILED, State.STOPPING, State.MIGRATING}),
     State.RELEASING: frozenset({State.RELEASED}),
+    # Stop frees the GPUs and keeps the system disk; start allocates again and provisions.
+    State.STOPPING: frozenset({State.STOPPED, State.FAILED}),
+    State.STOPPED: frozenset({State.STARTING, State.RELEASING}),
+    State.STARTING: frozenset({State.PROVISIONING, State.STOPPED, State.FAILED}),
+    # A node failed under a running instance: a replacement is provisioned (or the user releases).
+    State.MIGRATING: frozenset({State.PROVISIONING, State.RELEASING, State.FAILED}),
     State.FAILED: frozenset({State.RELEASED}),
     State.RELEASED: frozenset(),
 }
 
 # States a worker is expected to move on by itself; the reconciler watches them.
 TRANSITIONAL: frozenset[State] = frozenset(
-    {State.PENDING, State.ALLOCATING, State.PROVISIONING, State.RELEASING}
+    {State.PENDING, State.ALLOCATING, State.PROVISIONING, State.RELEASING, State.STOPPING}
 )
 # States that hold (or may hold) GPUs, i.e. an allocation that must not be reaped.
 LIVE: frozenset[State] = frozenset(
-    {State.PENDING, State.ALLOCATING, State.PROVISIONING, State.RUNNING, State.RELEASING}
+    {
+        State.PENDING,
+        State.ALLOCATING,
+        State.PROVISIONING,
+        State.RUNNING,
+        State.RELEASING,
+        State.STOPPING,
+        State.STARTING,
+        State.MIGRATING,
+    }
 )
 # The user may release from these (a failed one is archived, its resources already freed).
 RELEASABLE: frozenset[State] = frozenset(
-    {State.PENDING, State.ALLOCATING, State.PROVISIONING, State.RUNNING, State.FAILED}
+    {
+        State.PENDING,
+        State.ALLOCATING,
+        State.PROVISIONING,
+        State.RUNNING,
+        State.FAILED,
+        State.STOPPED,
+        State.MIGRATING,
+    }
 )
+# 关机: only a running instance stops; 开机: only a stopped one starts.
+STOPPABLE: frozenset[State] = frozenset({State.RUNNING})
+STARTABLE: frozenset[State] = frozenset({State.STOPPED})
 FINAL: frozenset[State] = frozenset({State.RELEASED})
 
 

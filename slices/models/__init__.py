@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from slices.models.allocations import Allocation, AllocationNode
+from slices.models.disks import Disk, DiskAttachment, NodeWatch, PfsUsage
 from slices.models.fleet import GPU, Cluster, GpuModel, Node, Region, ScalableUnit, SpineGroup
 from slices.models.instances import GpuQuota, Instance, InstanceEvent, InstanceNode
 from slices.models.telemetry import GpuRollup, IdleWatch
@@ -12,6 +13,8 @@ __all__ = [
     "Allocation",
     "AllocationNode",
     "Cluster",
+    "Disk",
+    "DiskAttachment",
     "GpuModel",
     "GpuQuota",
     "GpuRollup",
@@ -20,6 +23,8 @@ __all__ = [
     "InstanceEvent",
     "InstanceNode",
     "Node",
+    "NodeWatch",
+    "PfsUsage",
     "Region",
     "ScalableUnit",
     "SpineGroup",

@@ -20,6 +20,7 @@ from slices.choices import (
     EventKind,
     EventLevel,
     InstanceState,
+    NoReplacement,
 )
 from slices.models.allocations import Allocation
 from slices.models.fleet import GpuModel, Node, Region
@@ -77,6 +78,20 @@ class Instance(models.Model):
     state_changed_at = models.DateTimeField(auto_now_add=True)
     running_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # Storage and resilience (slices.services.disks / migration): the system disk kept while
+    # stopped (billed as storage), 无卡模式, the latest checkpoint seen on the PFS, and what a
+    # migrating instance does when no replacement node is free.
+    system_disk_gb = models.PositiveIntegerField(_("system disk (GB)"), default=50)
+    stopped_at = models.DateTimeField(_("stopped at"), null=True, blank=True)
+    stop_warnings = models.PositiveSmallIntegerField(default=0)
+    gpuless = models.BooleanField(_("started without GPUs"), default=False)
+    checkpoint = models.JSONField(_("latest checkpoint"), default=dict, blank=True)
+    on_no_replacement = models.CharField(
+        _("without a replacement node"),
+        max_length=8,
+        choices=NoReplacement.choices,
+        default=NoReplacement.WAIT,
+    )
 
     objects = InstanceQuerySet.as_manager()
 
