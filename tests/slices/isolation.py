@@ -27,6 +27,12 @@ OBJECT_ROUTES: dict = {
     "instance-logs": _instance,
 }
 
+def _instance_ws(owner: Any) -> str:
+    return f"/ws/instances/{make_instance(owner).public_id}/"
+
+
+WEBSOCKET_ROUTES: dict = {"ws/instances/<uuid:public_id>/": _instance_ws}
+
 # Operator pages: a customer never gets a 2xx (the node is fleet inventory, not a customer object).
 STAFF_ROUTES = {"slices:ops-node": _node}
 
