@@ -308,6 +308,27 @@ SLICES_SSH_KEY_FILE: str = _get("SLICES_SSH_KEY_FILE", env.str, "")
 SLICES_SSH_CONNECT_TIMEOUT: float = _get("SLICES_SSH_CONNECT_TIMEOUT", env.float, 10.0)
 SLICES_SSH_COMMAND_TIMEOUT: float = _get("SLICES_SSH_COMMAND_TIMEOUT", env.float, 600.0)
 SLICES_SSH_KEEPALIVE: int = _get("SLICES_SSH_KEEPALIVE", env.int, 15)
+# Storage and resilience (README "Storage and resilience").
+# Where the console itself sees the parallel file system (measuring usage, finding checkpoints);
+# "" = SLICES_PFS_ROOT for the ssh driver, STATE_DIR/sim-pfs for the simulated fleet.
+SLICES_PFS_CONSOLE_ROOT: str = _get("SLICES_PFS_CONSOLE_ROOT", env.str, "")
+SLICES_PFS_QUOTA_GB: int = _get("SLICES_PFS_QUOTA_GB", env.int, 200)  # per account, no charge
+SLICES_DISK_MAX_GB: int = _get("SLICES_DISK_MAX_GB", env.int, 16384)
+SLICES_DISK_MAX_PER_ACCOUNT: int = _get("SLICES_DISK_MAX_PER_ACCOUNT", env.int, 20)
+SLICES_SYSTEM_DISK_GB: int = _get("SLICES_SYSTEM_DISK_GB", env.int, 50)
+# A stopped instance is released after this many days, warned at each of the days before it.
+SLICES_STOPPED_RELEASE_DAYS: int = _get("SLICES_STOPPED_RELEASE_DAYS", env.int, 15)
+SLICES_STOPPED_WARN_DAYS: list[int] = [
+    int(d) for d in _get("SLICES_STOPPED_WARN_DAYS", env.list, ["3", "1"])
+]
+# A node with a bad health signal (Xid, NVML failure, lost SSH) or no heartbeat for this long is
+# marked failed and leaves the pool until an operator returns it.
+SLICES_NODE_FAIL_GRACE_SECONDS: int = _get("SLICES_NODE_FAIL_GRACE_SECONDS", env.int, 60)
+# Compensation voucher per migration (元; 0 = none) and its validity.
+SLICES_MIGRATION_VOUCHER: str = _get("SLICES_MIGRATION_VOUCHER", env.str, "0")
+SLICES_MIGRATION_VOUCHER_DAYS: int = _get("SLICES_MIGRATION_VOUCHER_DAYS", env.int, 30)
+if SLICES_STOPPED_RELEASE_DAYS < 1 or SLICES_NODE_FAIL_GRACE_SECONDS < 0:
+    raise ConfigError("SLICES_STOPPED_RELEASE_DAYS or SLICES_NODE_FAIL_GRACE_SECONDS out of range")
 # Embedded default: run the worker (and beat) inside the ASGI server process.
 EMBEDDED_WORKER: bool = _get("EMBEDDED_WORKER", _strict_bool, EMBEDDED)
 if PRODUCTION and EMBEDDED_WORKER:

@@ -30,6 +30,16 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class DiskMount:
+    """A persistent cloud disk attached to the instance (network block storage in its region)."""
+
+    disk_id: str  # the disk's public id (the volume's name on the storage side)
+    target: str  # /data/disk-<short id>
+    read_only: bool
+    size_gb: int
+
+
+@dataclass(frozen=True)
 class NodeTarget:
     """One node of an instance, as the driver needs it."""
 
@@ -61,6 +71,8 @@ class InstanceSpec:
     partition_key: int | None = None
     master_port: int = 29500
     sim_fail: str = ""  # sim driver only: "<step>" or "<step>@<rank>" fails that step
+    disks: tuple[DiskMount, ...] = ()
+    system_disk_gb: int = 0
 
     @property
     def master_addr(self) -> str:
@@ -159,4 +171,19 @@ class NodeDriver(Protocol):
 
     def teardown(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         """Stop what the instance started on the node and remove its mounts; idempotent."""
+        ...
+
+
+class StopDriver(Protocol):
+    """关机/开机: stop an instance's container keeping its system disk (the instance directory),
+    and move that disk to another node when it starts elsewhere."""
+
+    def stop(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
+        """Stop what runs for the instance on the node; keep its directory; idempotent."""
+        ...
+
+    def move_disk(
+        self, spec: InstanceSpec, src: NodeTarget, dst: NodeTarget, log: LogFn
+    ) -> StepResult:
+        """Copy the instance's system disk from ``src`` to ``dst`` (start on another host)."""
         ...

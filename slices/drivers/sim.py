@@ -105,6 +105,9 @@ class SimDriver:
         log("[sim] mounted the parallel file system at /pfs (100 Gb/s)")
         for m in spec.mounts:
             log(f"[sim] mounted {m.source} read-only at {m.target}")
+        for d in spec.disks:
+            mode = "read-only" if d.read_only else "read-write"
+            log(f"[sim] attached cloud disk {d.disk_id} ({d.size_gb} GB) {mode} at {d.target}")
         return StepResult()
 
     def start(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
@@ -112,6 +115,8 @@ class SimDriver:
         image = spec.image or "bare CUDA host"
         log(f"[sim] pulling {image} (cached layers on the PFS)")
         self._sleep("start", node)
+        if spec.env.get("RESUME_FROM"):
+            log(f"[sim] job resumes from checkpoint {spec.env['RESUME_FROM']}")
         log(f"[sim] started {spec.slug} with {len(node.gpus)} GPU(s), host network, host IPC")
         return StepResult()
 
@@ -130,6 +135,23 @@ class SimDriver:
     def teardown(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         self._sleep("teardown", node)
         log(f"[sim] stopped {spec.slug}, unmounted, removed the instance directory")
+        return StepResult()
+
+    def stop(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
+        self._maybe_fail(spec, "stop", node)
+        self._sleep("teardown", node)
+        log(f"[sim] stopped {spec.slug}; kept its system disk ({spec.system_disk_gb} GB)")
+        return StepResult()
+
+    def move_disk(
+        self, spec: InstanceSpec, src: NodeTarget, dst: NodeTarget, log: LogFn
+    ) -> StepResult:
+        self._maybe_fail(spec, "move_disk", dst)
+        self._sleep("prepare", dst)
+        log(
+            f"[sim] copied the system disk of {spec.slug} ({spec.system_disk_gb} GB) "
+            f"from {src.hostname} to {dst.hostname}"
+        )
         return StepResult()
 
     # -- telemetry ---------------------------------------------------------------------------

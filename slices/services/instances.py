@@ -43,6 +43,7 @@ from slices.models import (
     InstanceNode,
     Region,
 )
+from slices.services import disks as disk_service
 from slices.services.allocation import allocate, release_allocation
 
 logger = logging.getLogger(__name__)
@@ -188,6 +189,8 @@ class OrderRequest:
     term_days: int | None = None
     auto_release_at: datetime | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # Cloud disks to attach: (disk public id, "rw" | "ro"); they pin the order to their region.
+    disks: tuple[tuple[str, str], ...] = ()
 
     def fingerprint(self) -> str:
         body = {
@@ -202,6 +205,7 @@ class OrderRequest:
             "term_days": self.term_days,
             "auto_release_at": self.auto_release_at.isoformat() if self.auto_release_at else None,
             "env": self.env,
+            **({"disks": sorted(map(list, self.disks))} if self.disks else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -348,11 +352,12 @@ def order_instance(
         if existing is not None:
             return existing, False
     model = resolve_gpu_model(req.gpu_model)
+    region_code, order_disks = disk_service.resolve_for_order(user, req.disks, req.region)
     region = None
-    if req.region:
-        region = Region.objects.filter(code=req.region).first()
+    if region_code:
+        region = Region.objects.filter(code=region_code).first()
         if region is None:
-            raise OrderRefused(gettext_noop("Unknown region %(region)s."), region=req.region)
+            raise OrderRefused(gettext_noop("Unknown region %(region)s."), region=region_code)
     if req.cards not in topology.HOST_SIZES and (
         req.cards <= 0 or req.cards % topology.SLICE_UNIT_GPUS
     ):
@@ -391,7 +396,7 @@ def order_instance(
     launch = (version.launch or {}) if version is not None else {}
     try:
         with transaction.atomic():
-            return _create_and_allocate(
+            created = _create_and_allocate(
                 user,
                 req,
                 model=model,
@@ -407,7 +412,9 @@ def order_instance(
                 auto_release_at=auto_release_at,
                 idempotency_key=idempotency_key,
                 fingerprint=fingerprint,
-            ), True
+            )
+            disk_service.attach_for_order(created, order_disks)
+            return created, True
     except IntegrityError:
         # The same Idempotency-Key committed by a concurrent request first: answer with its result.
         if idempotency_key:
@@ -569,6 +576,7 @@ def release_instance(instance: Instance, *, by: str, code: str = "release_reques
     if not transition(instance, InstanceState.RELEASING, code=code, params={"by": by}):
         return False
     _close_billing(instance, "released")
+    _storage_released(instance)
     _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
     return True
 
@@ -589,8 +597,15 @@ def fail_instance(instance: Instance, code: str, params: dict[str, Any] | None =
     ):
         return False
     _close_billing(instance, "failed")
+    _storage_released(instance)
     _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
     return True
+
+
+def _storage_released(instance: Instance) -> None:
+    """The instance's disks stay (detached) and a kept system disk stops being billed."""
+    disk_service.detach_all(instance)
+    disk_service.sync_storage_billing(instance.owner)
 
 
 @transaction.atomic

@@ -27,6 +27,7 @@ from billing import services as billing
 from slices import events, lifecycle
 from slices.choices import BillingMode, EventKind, EventLevel, InstanceState, NodeHealth
 from slices.drivers import DriverError, InstanceSpec, Mount, NodeDriver, NodeTarget, get_driver
+from slices.drivers.base import DiskMount
 from slices.models import Instance, InstanceNode, Node
 from slices.services.instances import (
     INSTANCE_RESOURCE,
@@ -91,6 +92,10 @@ def node_target(node: Node, rank: int, gpu_mask: int) -> NodeTarget:
 def build_spec(instance: Instance) -> InstanceSpec:
     parts = list(instance.nodes.select_related("node").order_by("rank"))
     targets = tuple(node_target(p.node, p.rank, p.gpu_mask) for p in parts)
+    disks = tuple(
+        DiskMount(str(a.disk.public_id), a.disk.mount_path, a.mode == "ro", a.disk.size_gb)
+        for a in instance.disk_attachments.filter(detached_at__isnull=True).select_related("disk")
+    )
     return InstanceSpec(
         instance_id=str(instance.public_id),
         slug=instance.slug,
@@ -105,6 +110,8 @@ def build_spec(instance: Instance) -> InstanceSpec:
         gpus_per_node=len(targets[0].gpus) if targets else 0,
         partition_key=instance.partition_key,
         sim_fail=str(instance.env.get("SIM_FAIL", "")),
+        disks=disks,
+        system_disk_gb=instance.system_disk_gb,
     )
 
 
