@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -130,3 +132,12 @@ class EventLevel(models.TextChoices):
     INFO = "info", _("Info")
     WARNING = "warning", _("Warning")
     ERROR = "error", _("Error")
+
+
+_PRODUCT_NAME = re.compile(r"^([A-Za-z]{2,})(\d{3,}\w*)$")
+
+
+def gpu_product_name(code: str) -> str:
+    """How people write a GPU model ("RTX 4090") from its fleet code ("RTX4090"); others as is."""
+    m = _PRODUCT_NAME.match(code or "")
+    return f"{m.group(1)} {m.group(2)}" if m else code

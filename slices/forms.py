@@ -8,7 +8,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from slices import topology
-from slices.choices import BillingMode
+from slices.choices import BillingMode, gpu_product_name
 
 # What customers can order: hosts of one node, slices in whole 64-card units up to a cluster.
 CARD_CHOICES = [(n, str(n)) for n in topology.HOST_SIZES] + [
@@ -40,7 +40,7 @@ class OrderPreviewForm(forms.Form):
         if cards:
             self.fields["cards"].choices = cards
         self.fields["region"].choices = [("", _("Any region"))] + regions
-        self.fields["gpu_model"].choices = [(m, m) for m in gpu_models]
+        self.fields["gpu_model"].choices = [(m, gpu_product_name(m)) for m in gpu_models]
         self.fields["image"].choices = [("", _("No image (bare CUDA host)"))] + images
 
 

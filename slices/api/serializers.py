@@ -41,7 +41,10 @@ class InstanceSerializer(serializers.Serializer):
     state = serializers.CharField(
         help_text="pending → allocating → provisioning → running → releasing → released; failed."
     )
-    gpu_model = serializers.CharField(source="gpu_model.code")
+    gpu_model = serializers.CharField(
+        source="gpu_model.code", help_text='The fleet code, e.g. "RTX4090".'
+    )
+    gpu_model_name = serializers.CharField(help_text='The product name, e.g. "RTX 4090".')
     cards = serializers.IntegerField()
     region = serializers.CharField(source="region.code", allow_null=True, default=None)
     image = serializers.CharField()

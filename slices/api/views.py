@@ -90,6 +90,7 @@ def instance_data(instance: Instance) -> dict[str, Any]:
         "kind": instance.kind,
         "state": instance.state,
         "gpu_model": instance.gpu_model,
+        "gpu_model_name": instance.gpu_model.product_name,
         "cards": instance.cards,
         "region": instance.region,
         "image": instance.image,

@@ -18,6 +18,7 @@ from slices.choices import (
     Fabric,
     NodeHealth,
     NodeState,
+    gpu_product_name,
 )
 from slices.querysets import NodeQuerySet
 
@@ -58,6 +59,10 @@ class GpuModel(models.Model):
 
     def __str__(self) -> str:
         return self.code
+
+    @property
+    def product_name(self) -> str:
+        return gpu_product_name(self.code)
 
 
 class Cluster(models.Model):
