@@ -42,6 +42,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_ASSET = "unknown_asset"
     LICENSE_NOT_ACCEPTED = "license_not_accepted"
     INVALID_MOUNT = "invalid_mount"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    PRICE_NOT_SET = "price_not_set"
     ERROR = "error"
 
 

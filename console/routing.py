@@ -10,9 +10,11 @@ from django.conf import settings
 from django.urls import path, re_path
 
 from console import consumers
+from slices.routing import websocket_urlpatterns as slices_websockets
 
 websocket_urlpatterns: list[Any] = [
     path("ws/notifications/", consumers.NotificationsConsumer.as_asgi()),
+    *slices_websockets,
 ]
 
 

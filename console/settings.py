@@ -276,12 +276,96 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
         "schedule": float(BILLING_SETTLEMENT_INTERVAL),
     },
     "billing-expire-vouchers": {"task": "billing.tasks.expire_vouchers_task", "schedule": 3600.0},
+    "slices-reconcile": {"task": "slices.tasks.reconcile_instances_task", "schedule": 30.0},
 }
+# --- Instances: ordering, provisioning, nodes -----------------------------------------------------
+# The node driver: "sim" (the simulated fleet; the embedded default) or "ssh" (real nodes).
+SLICES_DRIVER: str = _get("SLICES_DRIVER", env.str, "sim")
+if SLICES_DRIVER not in {"sim", "ssh"}:
+    raise ConfigError(f"SLICES_DRIVER={SLICES_DRIVER!r} must be sim or ssh")
+# Every simulated delay is multiplied by this (1 = realistic, 0 = instant).
+SIM_TIME_SCALE: float = _get("SIM_TIME_SCALE", env.float, 1.0)
+if not 0 <= SIM_TIME_SCALE <= 100:
+    raise ConfigError(f"SIM_TIME_SCALE={SIM_TIME_SCALE!r} must be between 0 and 100")
+# An order needs balance for at least this long at its quoted price.
+ORDER_MIN_RUNWAY_SECONDS: int = _get("ORDER_MIN_RUNWAY_SECONDS", env.int, 3600)
+SLICES_DEFAULT_GPU_QUOTA: int = _get("SLICES_DEFAULT_GPU_QUOTA", env.int, 256)
+# A worker renews its lease on an instance while driving it; an expired lease is re-driven.
+SLICES_LEASE_SECONDS: int = _get("SLICES_LEASE_SECONDS", env.int, 90)
+SLICES_MAX_DRIVE_ATTEMPTS: int = _get("SLICES_MAX_DRIVE_ATTEMPTS", env.int, 3)
+SLICES_LEAK_GRACE_SECONDS: int = _get("SLICES_LEAK_GRACE_SECONDS", env.int, 300)
+SLICES_RETRY_BACKOFF_SECONDS: float = _get("SLICES_RETRY_BACKOFF_SECONDS", env.float, 2.0)
+SLICES_PROVISION_THREADS: int = _get("SLICES_PROVISION_THREADS", env.int, 64)
+SLICES_NODE_WORKDIR: str = _get("SLICES_NODE_WORKDIR", env.str, "/var/lib/gpu-console")
+SLICES_NODE_RUNTIME: str = _get("SLICES_NODE_RUNTIME", env.str, "docker")
+SLICES_PFS_ROOT: str = _get("SLICES_PFS_ROOT", env.str, "/pfs")
+SLICES_ASSET_ROOT: str = _get("SLICES_ASSET_ROOT", env.str, "/pfs/.catalogue")
+SLICES_INSTANCE_SSH_USER: str = _get("SLICES_INSTANCE_SSH_USER", env.str, "root")
+SLICES_INSTANCE_SSH_PORT: int = _get("SLICES_INSTANCE_SSH_PORT", env.int, 0)  # 0 = the node's port
+# How the console reaches the nodes (ssh driver): its own key, the user, timeouts.
+SLICES_SSH_USER: str = _get("SLICES_SSH_USER", env.str, "root")
+SLICES_SSH_KEY_FILE: str = _get("SLICES_SSH_KEY_FILE", env.str, "")
+SLICES_SSH_CONNECT_TIMEOUT: float = _get("SLICES_SSH_CONNECT_TIMEOUT", env.float, 10.0)
+SLICES_SSH_COMMAND_TIMEOUT: float = _get("SLICES_SSH_COMMAND_TIMEOUT", env.float, 600.0)
+SLICES_SSH_KEEPALIVE: int = _get("SLICES_SSH_KEEPALIVE", env.int, 15)
+# Storage and resilience (README "Storage and resilience").
+# Where the console itself sees the parallel file system (measuring usage, finding checkpoints);
+# "" = SLICES_PFS_ROOT for the ssh driver, STATE_DIR/sim-pfs for the simulated fleet.
+SLICES_PFS_CONSOLE_ROOT: str = _get("SLICES_PFS_CONSOLE_ROOT", env.str, "")
+SLICES_PFS_QUOTA_GB: int = _get("SLICES_PFS_QUOTA_GB", env.int, 200)  # per account, no charge
+SLICES_DISK_MAX_GB: int = _get("SLICES_DISK_MAX_GB", env.int, 16384)
+SLICES_DISK_MAX_PER_ACCOUNT: int = _get("SLICES_DISK_MAX_PER_ACCOUNT", env.int, 20)
+SLICES_SYSTEM_DISK_GB: int = _get("SLICES_SYSTEM_DISK_GB", env.int, 50)
+# A stopped instance is released after this many days, warned at each of the days before it.
+SLICES_STOPPED_RELEASE_DAYS: int = _get("SLICES_STOPPED_RELEASE_DAYS", env.int, 15)
+SLICES_STOPPED_WARN_DAYS: list[int] = [
+    int(d) for d in _get("SLICES_STOPPED_WARN_DAYS", env.list, ["3", "1"])
+]
+# A node with a bad health signal (Xid, NVML failure, lost SSH) or no heartbeat for this long is
+# marked failed and leaves the pool until an operator returns it.
+SLICES_NODE_FAIL_GRACE_SECONDS: int = _get("SLICES_NODE_FAIL_GRACE_SECONDS", env.int, 60)
+# Compensation voucher per migration (元; 0 = none) and its validity.
+SLICES_MIGRATION_VOUCHER: str = _get("SLICES_MIGRATION_VOUCHER", env.str, "0")
+SLICES_MIGRATION_VOUCHER_DAYS: int = _get("SLICES_MIGRATION_VOUCHER_DAYS", env.int, 30)
+if SLICES_STOPPED_RELEASE_DAYS < 1 or SLICES_NODE_FAIL_GRACE_SECONDS < 0:
+    raise ConfigError("SLICES_STOPPED_RELEASE_DAYS or SLICES_NODE_FAIL_GRACE_SECONDS out of range")
 # Embedded default: run the worker (and beat) inside the ASGI server process.
 EMBEDDED_WORKER: bool = _get("EMBEDDED_WORKER", _strict_bool, EMBEDDED)
 if PRODUCTION and EMBEDDED_WORKER:
     raise ConfigError("EMBEDDED_WORKER cannot be enabled in production mode; run `celery worker`.")
 EMBEDDED_WORKER_THREADS: int = _get("EMBEDDED_WORKER_THREADS", env.int, 4)
+# Live GPU telemetry: the relay samples every running instance's GPUs at this interval (seconds),
+# keeps the last TELEMETRY_RING_SECONDS of samples per instance (Redis streams in production,
+# memory in the embedded default) and 1-minute rollups in the database for the retention.
+TELEMETRY_RELAY: bool = _get("TELEMETRY_RELAY", _strict_bool, True)  # embedded: run it in-process
+TELEMETRY_INTERVAL: float = _get("TELEMETRY_INTERVAL", env.float, 1.0)
+TELEMETRY_RING_SECONDS: int = _get("TELEMETRY_RING_SECONDS", env.int, 3600)
+TELEMETRY_RETENTION_DAYS: int = _get("TELEMETRY_RETENTION_DAYS", env.int, 30)
+if (
+    not 0.05 <= TELEMETRY_INTERVAL <= 60
+    or TELEMETRY_RING_SECONDS < 60
+    or TELEMETRY_RETENTION_DAYS < 1
+):
+    raise ConfigError(
+        "TELEMETRY_INTERVAL, TELEMETRY_RING_SECONDS or TELEMETRY_RETENTION_DAYS is out of range"
+    )
+# Idle: every GPU's peak utilisation below the threshold (%) for this many minutes.
+TELEMETRY_IDLE_THRESHOLD: float = _get("TELEMETRY_IDLE_THRESHOLD", env.float, 5.0)
+TELEMETRY_IDLE_MINUTES: int = _get("TELEMETRY_IDLE_MINUTES", env.int, 30)
+# /metrics (Prometheus): staff login, or "Authorization: Bearer <token>" when a token is set.
+TELEMETRY_METRICS_TOKEN: str = _get("TELEMETRY_METRICS_TOKEN", env.str, "")
+CELERY_BEAT_SCHEDULE.update(
+    {
+        "slices-telemetry-idle": {
+            "task": "slices.tasks.check_idle_instances_task",
+            "schedule": 60.0,
+        },
+        "slices-telemetry-prune": {
+            "task": "slices.tasks.prune_telemetry_task",
+            "schedule": 3600.0,
+        },
+    }
+)
 
 # --- Cache --------------------------------------------------------------------------------------
 if PRODUCTION:

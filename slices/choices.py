@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -56,3 +58,86 @@ ALLOCATION_STATE_BADGES = {
     AllocationState.ACTIVE: "primary",
     AllocationState.RELEASED: "secondary",
 }
+
+
+class InstanceState(models.TextChoices):
+    PENDING = "pending", _("Pending")
+    ALLOCATING = "allocating", _("Allocating")
+    PROVISIONING = "provisioning", _("Provisioning")
+    RUNNING = "running", _("Running")
+    RELEASING = "releasing", _("Releasing")
+    RELEASED = "released", _("Released")
+    FAILED = "failed", _("Failed")
+    STOPPING = "stopping", _("Stopping")
+    STOPPED = "stopped", _("Stopped")
+    STARTING = "starting", _("Starting")
+    MIGRATING = "migrating", _("Migrating")
+
+
+INSTANCE_STATE_BADGES = {
+    InstanceState.PENDING: "secondary",
+    InstanceState.ALLOCATING: "info",
+    InstanceState.PROVISIONING: "info",
+    InstanceState.RUNNING: "success",
+    InstanceState.RELEASING: "warning",
+    InstanceState.RELEASED: "secondary",
+    InstanceState.FAILED: "danger",
+    InstanceState.STOPPING: "warning",
+    InstanceState.STOPPED: "secondary",
+    InstanceState.STARTING: "info",
+    InstanceState.MIGRATING: "warning",
+}
+
+
+class DiskState(models.TextChoices):
+    AVAILABLE = "available", _("Available")
+    DELETED = "deleted", _("Deleted")
+
+
+class DiskMode(models.TextChoices):
+    READ_WRITE = "rw", _("Read-write")
+    READ_ONLY = "ro", _("Read-only")
+
+
+class NodeSignal(models.TextChoices):
+    """What a node's agent or the console noticed (node health; README "Storage and resilience")."""
+
+    HEARTBEAT = "heartbeat", _("Heartbeat")
+    XID = "xid", _("GPU Xid error")
+    NVML = "nvml", _("NVML failure")
+    SSH_LOST = "ssh_lost", _("SSH lost")
+    RECOVERED = "recovered", _("Recovered")
+
+
+class NoReplacement(models.TextChoices):
+    """What a migrating instance does when no replacement node is free (the user's choice)."""
+
+    WAIT = "wait", _("Wait for a node")
+    RELEASE = "release", _("Release the instance")
+
+
+class BillingMode(models.TextChoices):
+    ON_DEMAND = "on_demand", _("On demand, by the second")
+    TERM = "term", _("Locked-price term, paid up front")
+
+
+class EventKind(models.TextChoices):
+    STATE = "state", _("State change")
+    STEP = "step", _("Provisioning step")
+    LOG = "log", _("Log")
+    ERROR = "error", _("Error")
+
+
+class EventLevel(models.TextChoices):
+    INFO = "info", _("Info")
+    WARNING = "warning", _("Warning")
+    ERROR = "error", _("Error")
+
+
+_PRODUCT_NAME = re.compile(r"^([A-Za-z]{2,})(\d{3,}\w*)$")
+
+
+def gpu_product_name(code: str) -> str:
+    """How people write a GPU model ("RTX 4090") from its fleet code ("RTX4090"); others as is."""
+    m = _PRODUCT_NAME.match(code or "")
+    return f"{m.group(1)} {m.group(2)}" if m else code

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django import forms
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from slices import topology
+from slices.choices import BillingMode, gpu_product_name
 
 # What customers can order: hosts of one node, slices in whole 64-card units up to a cluster.
 CARD_CHOICES = [(n, str(n)) for n in topology.HOST_SIZES] + [
@@ -30,9 +33,49 @@ class OrderPreviewForm(forms.Form):
         regions: list[tuple[str, str]],
         gpu_models: list[str],
         images: list[tuple[str, str]],
+        cards: list[tuple[int, str]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        if cards:
+            self.fields["cards"].choices = cards
         self.fields["region"].choices = [("", _("Any region"))] + regions
-        self.fields["gpu_model"].choices = [(m, m) for m in gpu_models]
+        self.fields["gpu_model"].choices = [(m, gpu_product_name(m)) for m in gpu_models]
         self.fields["image"].choices = [("", _("No image (bare CUDA host)"))] + images
+
+
+class OrderForm(forms.Form):
+    """What ordering adds to the preview's choices (posted from the same form)."""
+
+    name = forms.CharField(label=_("Instance name"), max_length=63, required=False)
+    ssh_key = forms.ChoiceField(label=_("SSH key"), required=False)
+    billing_mode = forms.ChoiceField(label=_("Billing"), choices=BillingMode.choices)
+    term_days = forms.TypedChoiceField(
+        label=_("Term"), coerce=int, required=False, empty_value=None
+    )
+    auto_release_hours = forms.DecimalField(
+        label=_("Release automatically after (hours)"),
+        required=False,
+        min_value=Decimal("0.1"),
+        max_value=Decimal("720"),
+        decimal_places=1,
+    )
+
+    def __init__(
+        self,
+        *args: Any,
+        ssh_keys: list[tuple[str, str]],
+        terms: list[int],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["ssh_key"].choices = [("", _("No SSH key (console access only)"))] + ssh_keys
+        self.fields["term_days"].choices = [("", "—")] + [
+            (d, ngettext("%(days)d day", "%(days)d days", d) % {"days": d}) for d in terms
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("billing_mode") == BillingMode.TERM and not data.get("term_days"):
+            self.add_error("term_days", _("Choose a term for locked-price billing."))
+        return data

@@ -3,7 +3,8 @@ from __future__ import annotations
 from django.db import models
 
 from console.querysets import OwnedQuerySet
-from slices.choices import SCHEDULABLE_STATES, AllocationState, NodeHealth
+from slices.choices import SCHEDULABLE_STATES, AllocationState, InstanceState, NodeHealth
+from slices.lifecycle import LIVE
 
 
 class NodeQuerySet(models.QuerySet):
@@ -14,3 +15,13 @@ class NodeQuerySet(models.QuerySet):
 class AllocationQuerySet(OwnedQuerySet):
     def active(self) -> AllocationQuerySet:
         return self.filter(state=AllocationState.ACTIVE)
+
+
+class InstanceQuerySet(OwnedQuerySet):
+    def live(self) -> InstanceQuerySet:
+        """Instances that hold (or are about to hold) GPUs."""
+        return self.filter(state__in=[s.value for s in LIVE])
+
+    def visible(self) -> InstanceQuerySet:
+        """What the owner's list shows: everything not yet archived, newest first."""
+        return self.exclude(state=InstanceState.RELEASED)

@@ -1,1 +1,41 @@
+"""Celery tasks of the instance lifecycle: ids in, one service call, safe to run twice.
+
+Provisioning and teardown hold the instance's lease while they work, so a redelivered message
+finds it busy or done; a worker killed mid-task leaves the lease to expire and the reconciler
+re-drives the instance from its last recorded step.
+"""
+
 from __future__ import annotations
+
+from celery import shared_task
+
+from slices.services import provisioning, reconcile, telemetry
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def provision_instance_task(instance_id: int) -> str:
+    return provisioning.provision_instance(instance_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def teardown_instance_task(instance_id: int) -> str:
+    return provisioning.teardown_instance(instance_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def reconcile_instances_task() -> str:
+    """Celery beat: re-drive stuck instances, auto-release, free leaked GPUs (idempotent)."""
+    return str(reconcile.reconcile())
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def check_idle_instances_task() -> str:
+    """Celery beat (every minute): warn owners of idle instances; release where they chose it."""
+    decisions = telemetry.check_idle_instances()
+    return f"{sum(d.verdict.idle for d in decisions)} idle of {len(decisions)}"
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def prune_telemetry_task() -> str:
+    """Celery beat (hourly): delete GPU rollups older than TELEMETRY_RETENTION_DAYS."""
+    return f"{telemetry.prune_rollups()} rollups pruned"

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from decimal import Decimal
 from functools import wraps
 from typing import Any
 
@@ -10,39 +11,63 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods
 
-from console.htmx import render_page
-from slices import services
-from slices.choices import NODE_STATE_BADGES, NodeState
-from slices.forms import OrderPreviewForm
-from slices.models import Cluster, Node
+from console.errors import DomainError
+from console.htmx import render_page, stop_polling
+from slices import lifecycle, services
+from slices.choices import NODE_STATE_BADGES, BillingMode, EventKind, InstanceState, NodeState
+from slices.forms import OrderForm, OrderPreviewForm
+from slices.messages import event_text, failure_text, step_label
+from slices.models import Cluster, Instance, Node
+from slices.services import NoCapacity
+from slices.services.instances import instance_cost
 
 
 @login_required
 @require_GET
 def instance_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "slices/instance_list.html")
+    instances = list(
+        Instance.objects.for_owner(request.user)
+        .visible()
+        .select_related("gpu_model", "region")
+        .order_by("-created_at")[:200]
+    )
+    for i in instances:
+        i.cost = instance_cost(i)  # type: ignore[attr-defined]
+    busy = any(i.state in TRANSITIONAL_STATES for i in instances)
+    context = {"instances": instances, "busy": busy}
+    response = render_page(request, "slices/instance_list.html", context, "rows")
+    if getattr(request, "htmx", False) and not busy:
+        return stop_polling(response)
+    return response
 
 
-@login_required
-@require_GET
-def instance_new(request: HttpRequest) -> HttpResponse:
-    """The order form: choices in the query string, a live placement, quote and mount check."""
-    from marketplace.services import asset_picker
+TRANSITIONAL_STATES = {s.value for s in lifecycle.TRANSITIONAL}
 
-    data = request.GET.copy()
+
+def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
     asset_ids = [a.strip() for v in data.getlist("assets") for a in v.split(",") if a.strip()]
     defaults, preset_assets = services.resolve_order_template(data.get("template", ""))
     asset_ids = asset_ids or preset_assets
     choices = services.order_choices()
-    if choices.gpu_models:
-        defaults = {"gpu_model": choices.gpu_models[0], "cards": "8", **defaults}
-    for key, value in defaults.items():
+    for key, value in {**services.default_order(choices), **defaults}.items():
         data.setdefault(key, value)
     form = OrderPreviewForm(
-        data, regions=choices.regions, gpu_models=choices.gpu_models, images=choices.images
+        data,
+        regions=choices.regions,
+        gpu_models=choices.gpu_models,
+        images=choices.images,
+        cards=services.card_choices(choices, data.get("gpu_model", ""), data.get("region", "")),
+    )
+    keys = services.ssh_key_choices(request.user)
+    if "ssh_key" not in data and keys.default:
+        data["ssh_key"] = keys.default
+    data.setdefault("billing_mode", BillingMode.ON_DEMAND)
+    order_form = OrderForm(
+        data, ssh_keys=keys.choices, terms=services.term_days_for(data.get("gpu_model", ""))
     )
     preview = None
     if choices.gpu_models and form.is_valid():
@@ -55,16 +80,106 @@ def instance_new(request: HttpRequest) -> HttpResponse:
             asset_ids=asset_ids,
             disk_gb=form.cleaned_data["disk_gb"] or 0,
         )
-    context = {
+    return {
         "form": form,
+        "order_form": order_form,
+        "asset_ids": asset_ids,
         "preview": preview,
         "placement_region": dict(choices.regions).get(preview.placement.region, "")
         if preview and preview.placement
         else "",
         "availability": choices.availability,
-        "picker": asset_picker(request.user, asset_ids, data.get("asset_q", "")),
+        "min_runway_hours": Decimal(services.min_runway_seconds()) / 3600,
     }
-    return render_page(request, "slices/instance_new.html", context, "summary")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def instance_new(request: HttpRequest) -> HttpResponse:
+    """The order form: choices in the query string, a live placement, quote and mount check;
+    posting it orders (nothing is reserved before)."""
+    from marketplace.services import asset_picker
+
+    data = (request.POST if request.method == "POST" else request.GET).copy()
+    context = _order_context(request, data)
+    if request.method == "POST":
+        form, order_form = context["form"], context["order_form"]
+        if form.is_valid() and order_form.is_valid():
+            try:
+                instance = services.order_from_forms(
+                    request.user, form.cleaned_data, order_form.cleaned_data, context["asset_ids"]
+                )
+            except (DomainError, NoCapacity) as exc:
+                context["order_error"] = exc
+            else:
+                messages.success(
+                    request,
+                    _("Ordered %(name)s: it is being provisioned.") % {"name": instance.name},
+                )
+                return redirect("slices:instance-detail", public_id=instance.public_id)
+    context["picker"] = asset_picker(request.user, context["asset_ids"], data.get("asset_q", ""))
+    status = 409 if context.get("order_error") is not None else 200
+    return render_page(request, "slices/instance_new.html", context, "summary", status=status)
+
+
+@login_required
+@require_GET
+def instance_detail(request: HttpRequest, public_id: str) -> HttpResponse:
+    instance = services.get_instance_for_user(request.user, public_id)
+    return render_page(request, "slices/instance_detail.html", _detail_context(instance), "live")
+
+
+def _detail_context(instance: Instance) -> dict[str, Any]:
+    nodes = list(instance.nodes.order_by("rank"))
+    for n in nodes:
+        n.progress = lifecycle.node_progress(n.step or None)  # type: ignore[attr-defined]
+        n.step_label = step_label(n.step) if n.step else ""  # type: ignore[attr-defined]
+    events_qs = instance.events.order_by("-id")
+    state_events = list(events_qs.exclude(kind=EventKind.LOG)[:200])[::-1]
+    log_events = list(events_qs.filter(kind=EventKind.LOG)[:500])[::-1]
+    for e in state_events:
+        e.message = event_text(e.code, e.params) if e.code else e.text  # type: ignore[attr-defined]
+    eta = None
+    if instance.state == InstanceState.PROVISIONING:
+        eta = services.provisioning_eta(instance, [n.step or None for n in nodes])
+    return {
+        "instance": instance,
+        "nodes": nodes,
+        "progress": lifecycle.instance_progress([n.step or None for n in nodes]),
+        "events": state_events,
+        "logs": log_events,
+        "last_event_id": events_qs.values_list("id", flat=True).first() or 0,
+        "cost": instance_cost(instance),
+        "eta_seconds": eta,
+        "failure": failure_text(instance.failure_code, instance.failure_params)
+        if instance.failure_code
+        else "",
+        "elapsed": int(
+            ((instance.ended_at or timezone.now()) - instance.created_at).total_seconds()
+        ),
+        "transitional": instance.state in TRANSITIONAL_STATES,
+        "simulated": instance.driver == "sim",
+    }
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def instance_release(request: HttpRequest, public_id: str) -> HttpResponse:
+    """GET asks for confirmation (the page works without JavaScript); POST releases."""
+    instance = services.get_instance_for_user(request.user, public_id)
+    if request.method == "POST":
+        if services.release_instance(instance, by=request.user.get_username()):
+            messages.success(
+                request, _("Releasing %(name)s. Billing stopped now.") % {"name": instance.name}
+            )
+        else:
+            messages.info(
+                request, _("%(name)s is already being released.") % {"name": instance.name}
+            )
+        if request.POST.get("next") == "list":
+            return redirect("slices:instance-list")
+        return redirect("slices:instance-detail", public_id=instance.public_id)
+    return render(request, "slices/instance_release.html", {"instance": instance})
 
 
 def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -200,3 +315,20 @@ def _actions_for(node: Node) -> list[tuple[str, str, str]]:
     if node.state not in (NodeState.READY, NodeState.ALLOCATED):
         out.append(("return", _("Return to service"), "success"))
     return out
+
+
+@staff_required
+@require_GET
+def ops_instances(request: HttpRequest) -> HttpResponse:
+    """Every customer's instances, failed provisioning first, with its reason."""
+    state = request.GET.get("state", "")
+    qs = Instance.objects.select_related("owner", "gpu_model", "region", "allocation__cluster")
+    if state in InstanceState.values:
+        qs = qs.filter(state=state)
+    else:
+        qs = qs.exclude(state=InstanceState.RELEASED)
+    instances = list(qs.order_by("-created_at")[:300])
+    for i in instances:
+        i.failure = failure_text(i.failure_code, i.failure_params) if i.failure_code else ""  # type: ignore[attr-defined]
+    context = {"instances": instances, "state": state, "states": InstanceState.choices}
+    return render(request, "slices/ops_instances.html", context)

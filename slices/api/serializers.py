@@ -24,3 +24,82 @@ class AvailabilitySerializer(serializers.Serializer):
         "64-GPU slice on the fewest SUs possible (α–β model).",
         allow_null=True,
     )
+
+
+class InstanceNodeSerializer(serializers.Serializer):
+    rank = serializers.IntegerField()
+    hostname = serializers.CharField()
+    step = serializers.CharField(help_text="The last provisioning step done on this node.")
+    progress = serializers.IntegerField(help_text="Percent of this node's provisioning done.")
+    failed = serializers.BooleanField()
+
+
+class InstanceSerializer(serializers.Serializer):
+    id = serializers.UUIDField(source="public_id")
+    name = serializers.CharField()
+    kind = serializers.CharField(help_text="host (one node) or slice (64 cards and up).")
+    state = serializers.CharField(
+        help_text="pending → allocating → provisioning → running → releasing → released; failed."
+    )
+    gpu_model = serializers.CharField(
+        source="gpu_model.code", help_text='The fleet code, e.g. "RTX4090".'
+    )
+    gpu_model_name = serializers.CharField(help_text='The product name, e.g. "RTX 4090".')
+    cards = serializers.IntegerField()
+    region = serializers.CharField(source="region.code", allow_null=True, default=None)
+    image = serializers.CharField()
+    mounts = serializers.ListField(child=serializers.DictField())
+    billing_mode = serializers.CharField()
+    term_days = serializers.IntegerField(allow_null=True)
+    quoted_per_hour = serializers.DecimalField(max_digits=14, decimal_places=2)
+    cost_so_far = serializers.DecimalField(max_digits=14, decimal_places=2)
+    auto_release_at = serializers.DateTimeField(allow_null=True)
+    ssh = serializers.DictField(
+        allow_null=True, help_text="host, port, user and command once running"
+    )
+    progress = serializers.IntegerField()
+    nodes = InstanceNodeSerializer(many=True)
+    partition_key = serializers.IntegerField(allow_null=True)
+    allreduce = serializers.DictField(help_text="Measured all-reduce of a slice (vs. expected).")
+    expected_performance = serializers.DictField()
+    failure = serializers.DictField(allow_null=True, help_text="code and detail when failed")
+    simulated = serializers.BooleanField(help_text="Runs on the simulated fleet (digital twin).")
+    created_at = serializers.DateTimeField()
+    running_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+
+
+class InstanceCreateSerializer(serializers.Serializer):
+    gpu_model = serializers.CharField(help_text='A fleet code ("RTX4090") or the product name.')
+    cards = serializers.IntegerField(min_value=1, max_value=2048)
+    name = serializers.CharField(max_length=63, required=False, allow_blank=True, default="")
+    region = serializers.CharField(max_length=63, required=False, allow_blank=True, default="")
+    image = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
+    assets = serializers.ListField(
+        child=serializers.CharField(max_length=64), required=False, default=list, max_length=32
+    )
+    ssh_key = serializers.CharField(
+        max_length=64,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="An SSH key id; empty = the account's default key.",
+    )
+    billing_mode = serializers.ChoiceField(choices=["on_demand", "term"], default="on_demand")
+    term_days = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1)
+    auto_release_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    env = serializers.DictField(
+        child=serializers.CharField(max_length=4096, allow_blank=True), required=False, default=dict
+    )
+
+
+class InstanceEventSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    at = serializers.DateTimeField()
+    kind = serializers.CharField()
+    level = serializers.CharField()
+    step = serializers.CharField()
+    node = serializers.CharField()
+    code = serializers.CharField()
+    params = serializers.DictField()
+    message = serializers.CharField()

@@ -6,6 +6,7 @@ from rest_framework.routers import DefaultRouter
 from slices.api import views
 
 router = DefaultRouter()
+router.register("instances", views.InstanceViewSet, basename="instance")
 urlpatterns: list = [
     path("availability/", views.AvailabilityView.as_view(), name="availability"),
 ]

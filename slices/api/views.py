@@ -1,16 +1,30 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from django.utils.translation import gettext as _
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from slices import services
-from slices.api.serializers import AvailabilitySerializer
-from slices.models import Cluster
+from console.api.exceptions import ApiError
+from console.errors import ErrorCode
+from slices import lifecycle, services
+from slices.api.serializers import (
+    AvailabilitySerializer,
+    InstanceCreateSerializer,
+    InstanceEventSerializer,
+    InstanceSerializer,
+)
+from slices.choices import EventKind
+from slices.messages import event_text, failure_text
+from slices.models import Cluster, Instance
 from slices.perf import expected_performance
+from slices.services.instances import instance_cost
 
 
 class AvailabilityView(APIView):
@@ -55,3 +69,187 @@ class AvailabilityView(APIView):
                 }
             )
         return Response(AvailabilitySerializer(rows, many=True).data)
+
+
+IDEMPOTENCY_HEADER = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="Retry-safe ordering: the same key and body return the same instance (200); "
+    "another body with the same key → 422.",
+)
+
+
+def instance_data(instance: Instance) -> dict[str, Any]:
+    nodes = list(instance.nodes.order_by("rank"))
+    steps = [n.step or None for n in nodes]
+    return {
+        "public_id": instance.public_id,
+        "name": instance.name,
+        "kind": instance.kind,
+        "state": instance.state,
+        "gpu_model": instance.gpu_model,
+        "gpu_model_name": instance.gpu_model.product_name,
+        "cards": instance.cards,
+        "region": instance.region,
+        "image": instance.image,
+        "mounts": instance.mounts,
+        "billing_mode": instance.billing_mode,
+        "term_days": instance.term_days,
+        "quoted_per_hour": instance.quoted_per_hour,
+        "cost_so_far": instance_cost(instance),
+        "auto_release_at": instance.auto_release_at,
+        "ssh": {
+            "host": instance.ssh_host,
+            "port": instance.ssh_port,
+            "user": instance.ssh_user,
+            "command": instance.ssh_command,
+        }
+        if instance.ssh_host
+        else None,
+        "progress": lifecycle.instance_progress(steps),
+        "nodes": [
+            {
+                "rank": n.rank,
+                "hostname": n.hostname,
+                "step": n.step,
+                "progress": lifecycle.node_progress(n.step or None),
+                "failed": n.failed,
+            }
+            for n in nodes
+        ],
+        "partition_key": instance.partition_key,
+        "allreduce": instance.allreduce,
+        "expected_performance": instance.allocation.performance if instance.allocation else {},
+        "failure": {
+            "code": instance.failure_code,
+            "detail": failure_text(instance.failure_code, instance.failure_params),
+        }
+        if instance.failure_code
+        else None,
+        "simulated": instance.driver == "sim",
+        "created_at": instance.created_at,
+        "running_at": instance.running_at,
+        "ended_at": instance.ended_at,
+    }
+
+
+class InstanceViewSet(viewsets.GenericViewSet):
+    """GPU hosts and cluster slices: order, follow, release."""
+
+    lookup_field = "public_id"
+    lookup_value_regex = "[0-9a-fA-F-]{32,36}"
+    serializer_class = InstanceSerializer
+
+    def get_queryset(self):  # noqa: ANN201 - DRF's signature
+        return (
+            Instance.objects.for_owner(self.request.user)
+            .select_related("gpu_model", "region", "allocation")
+            .prefetch_related("nodes")
+        )
+
+    def _get(self) -> Instance:
+        return services.get_instance_for_user(self.request.user, self.kwargs["public_id"])
+
+    @extend_schema(summary="Your instances (not yet archived first)", tags=["instances"])
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset().order_by("-created_at", "-id"))
+        rows = [instance_data(i) for i in (page if page is not None else [])]
+        data = InstanceSerializer(rows, many=True).data
+        return self.get_paginated_response(data) if page is not None else Response(data)
+
+    @extend_schema(summary="One instance", tags=["instances"])
+    def retrieve(self, request: Request, public_id: str) -> Response:
+        return Response(InstanceSerializer(instance_data(self._get())).data)
+
+    @extend_schema(
+        summary="Order a host or a slice; provisioning starts at once (202)",
+        request=InstanceCreateSerializer,
+        responses={202: InstanceSerializer, 200: InstanceSerializer},
+        parameters=[IDEMPOTENCY_HEADER],
+        tags=["instances"],
+    )
+    def create(self, request: Request) -> Response:
+        payload = InstanceCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        d = payload.validated_data
+        key = (request.headers.get("Idempotency-Key") or "").strip() or None
+        if key is not None and len(key) > 200:
+            raise ApiError(
+                ErrorCode.INVALID, _("The Idempotency-Key is longer than 200 characters.")
+            )
+        req = services.OrderRequest(
+            gpu_model=d["gpu_model"],
+            cards=d["cards"],
+            name=d["name"],
+            region=d["region"],
+            image=d["image"],
+            asset_ids=tuple(d["assets"]),
+            ssh_key=d["ssh_key"],
+            billing_mode=d["billing_mode"],
+            term_days=d["term_days"],
+            auto_release_at=d["auto_release_at"],
+            env=d["env"],
+        )
+        instance, created = services.order_instance(request.user, req, idempotency_key=key)
+        instance.refresh_from_db()
+        code = status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK
+        return Response(InstanceSerializer(instance_data(instance)).data, status=code)
+
+    @extend_schema(
+        summary="Release: billing stops now, the nodes are cleaned and the GPUs freed (202)",
+        request=None,
+        responses={202: InstanceSerializer},
+        tags=["instances"],
+    )
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, public_id: str) -> Response:
+        instance = self._get()
+        services.release_instance(instance, by=request.user.get_username())
+        instance.refresh_from_db()
+        return Response(
+            InstanceSerializer(instance_data(instance)).data, status=status.HTTP_202_ACCEPTED
+        )
+
+    def _events(self, request: Request, logs: bool) -> Response:
+        instance = self._get()
+        qs = instance.events.order_by("id")
+        qs = qs.filter(kind=EventKind.LOG) if logs else qs.exclude(kind=EventKind.LOG)
+        try:
+            after = int(request.query_params.get("after", "0"))
+        except ValueError:
+            raise ApiError(ErrorCode.INVALID, _("after must be an event id.")) from None
+        rows = [
+            {
+                "id": e.pk,
+                "at": e.at,
+                "kind": e.kind,
+                "level": e.level,
+                "step": e.step,
+                "node": e.node,
+                "code": e.code,
+                "params": e.params,
+                "message": event_text(e.code, e.params) if e.code else e.text,
+            }
+            for e in qs.filter(id__gt=after)[:1000]
+        ]
+        return Response(InstanceEventSerializer(rows, many=True).data)
+
+    @extend_schema(
+        summary="State changes and provisioning steps (?after=<id> for new ones)",
+        responses={200: InstanceEventSerializer(many=True)},
+        tags=["instances"],
+    )
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, public_id: str) -> Response:
+        return self._events(request, logs=False)
+
+    @extend_schema(
+        summary="Node log lines (?after=<id> for new ones)",
+        responses={200: InstanceEventSerializer(many=True)},
+        tags=["instances"],
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, public_id: str) -> Response:
+        return self._events(request, logs=True)

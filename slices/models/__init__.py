@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 from slices.models.allocations import Allocation, AllocationNode
+from slices.models.disks import Disk, DiskAttachment, NodeWatch, PfsUsage
 from slices.models.fleet import GPU, Cluster, GpuModel, Node, Region, ScalableUnit, SpineGroup
+from slices.models.instances import GpuQuota, Instance, InstanceEvent, InstanceNode
+from slices.models.telemetry import GpuRollup, IdleWatch
 
 __all__ = [
     "GPU",
     "Allocation",
     "AllocationNode",
     "Cluster",
+    "Disk",
+    "DiskAttachment",
     "GpuModel",
+    "GpuQuota",
+    "GpuRollup",
+    "IdleWatch",
+    "Instance",
+    "InstanceEvent",
+    "InstanceNode",
     "Node",
+    "NodeWatch",
+    "PfsUsage",
     "Region",
     "ScalableUnit",
     "SpineGroup",

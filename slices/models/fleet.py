@@ -18,6 +18,7 @@ from slices.choices import (
     Fabric,
     NodeHealth,
     NodeState,
+    gpu_product_name,
 )
 from slices.querysets import NodeQuerySet
 
@@ -58,6 +59,10 @@ class GpuModel(models.Model):
 
     def __str__(self) -> str:
         return self.code
+
+    @property
+    def product_name(self) -> str:
+        return gpu_product_name(self.code)
 
 
 class Cluster(models.Model):
@@ -135,7 +140,10 @@ class Node(models.Model):
     address = models.CharField(_("SSH address"), max_length=255)
     ssh_port = models.PositiveIntegerField(_("SSH port"), default=22)
     host_key_fingerprint = models.CharField(
-        _("pinned host key"), max_length=100, blank=True, help_text=_("SHA256:… fingerprint")
+        _("pinned host key"),
+        max_length=1000,
+        blank=True,
+        help_text=_("The node's SSH host public key line, or its SHA256:… fingerprint"),
     )
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="nodes")
     gpus_per_node = models.PositiveSmallIntegerField(_("GPUs"))

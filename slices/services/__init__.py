@@ -13,8 +13,8 @@ from slices.services.allocation import (
     allocate,
     preview_allocation,
     release_allocation,
-    stop_for_billing,
 )
+from slices.services.allocation import stop_for_billing as _stop_allocation_for_billing
 from slices.services.fleet import (
     GPU_UUID_NAMESPACE,
     NODE_ACTIONS,
@@ -26,16 +26,63 @@ from slices.services.fleet import (
     cluster_map,
     load_fleet,
 )
+from slices.services.instances import (
+    INSTANCE_RESOURCE,
+    OrderRequest,
+    cards_in_use,
+    fail_instance,
+    get_instance_for_operator,
+    get_instance_for_user,
+    min_runway_seconds,
+    order_instance,
+    quota_for,
+    release_instance,
+    resolve_gpu_model,
+)
+from slices.services.instances import stop_for_billing as _stop_instance_for_billing
 from slices.services.ordering import (
     ORDER_TEMPLATES,
     OrderChoices,
     OrderPreview,
+    card_choices,
+    default_order,
     order_choices,
+    order_from_forms,
     preview_order,
+    provisioning_eta,
     resolve_order_template,
+    ssh_key_choices,
+    term_days_for,
 )
 
+
+def stop_for_billing(resource_kind: str, resource_id: str, reason: str) -> None:
+    """Billing's stop hook (``BILLING_STOP_HANDLER``): release what billing stopped, through the
+    same service as a user's release. Disks and files are kept; nothing restarts by itself."""
+    if resource_kind == INSTANCE_RESOURCE:
+        _stop_instance_for_billing(resource_kind, resource_id, reason)
+    else:
+        _stop_allocation_for_billing(resource_kind, resource_id, reason)
+
+
 __all__ = [
+    "card_choices",
+    "default_order",
+    "min_runway_seconds",
+    "order_from_forms",
+    "provisioning_eta",
+    "ssh_key_choices",
+    "term_days_for",
+    "INSTANCE_RESOURCE",
+    "OrderRequest",
+    "cards_in_use",
+    "fail_instance",
+    "get_instance_for_operator",
+    "get_instance_for_user",
+    "order_instance",
+    "quota_for",
+    "release_instance",
+    "resolve_gpu_model",
     "ALLOCATION_RESOURCE",
     "GPU_UUID_NAMESPACE",
     "MAX_PLAN_ATTEMPTS",

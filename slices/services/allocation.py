@@ -17,8 +17,9 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
-from django.utils.translation import gettext as _
+from django.utils.translation import gettext, gettext_noop
 
+from console.errors import DomainError, ErrorCode
 from slices import topology
 from slices.choices import (
     SCHEDULABLE_STATES,
@@ -33,6 +34,7 @@ from slices.models import (
     AllocationNode,
     Cluster,
     Node,
+    Region,
 )
 from slices.perf import Performance, expected_performance
 from slices.services.fleet import _ts, build_fleet
@@ -42,33 +44,85 @@ MAX_PLAN_ATTEMPTS = 12
 logger = logging.getLogger(__name__)
 
 
-class NoCapacity(Exception):
-    """The request cannot be placed now; carries the allocator's reason, earliest time, alternatives."""
+PLACEMENT_TEXT = {
+    "no_cluster": gettext_noop("No cluster has %(gpu_model)s GPUs%(where)s."),
+    "no_slices": gettext_noop(
+        "%(gpu_model)s has no InfiniBand cluster%(where)s, so it is offered as hosts of up to "
+        "8 cards, not as slices."
+    ),
+    "invalid_size": gettext_noop(
+        "A host has 1, 2, 4 or 8 cards (as many as one node has) and a slice a multiple of 64; "
+        "%(cards)s × %(gpu_model)s cannot be placed."
+    ),
+    "too_large": gettext_noop(
+        "The largest %(gpu_model)s cluster%(where)s is smaller than %(cards)s cards."
+    ),
+    "no_capacity": gettext_noop(
+        "%(cards)s × %(gpu_model)s are not free together%(where)s right now."
+    ),
+}
 
-    def __init__(self, unplaceable: topology.Unplaceable, earliest: datetime | None) -> None:
-        super().__init__(unplaceable.reason)
+
+class NoCapacity(DomainError):
+    """The request cannot be placed now: the allocator's code and facts, the earliest time, and
+    the alternatives that can start now. The message is rendered in the reader's language."""
+
+    code = ErrorCode.NO_CAPACITY
+    http_status = 409
+
+    def __init__(
+        self,
+        unplaceable: topology.Unplaceable,
+        earliest: datetime | None,
+        *,
+        gpu_model: str = "",
+        cards: int = 0,
+        region: str | None = None,
+    ) -> None:
+        reason = unplaceable.code
+        if reason == "no_cluster" and "InfiniBand" in unplaceable.reason:
+            reason = "no_slices"
+        names = region_names()
+        self.region = region
         self.unplaceable = unplaceable
-        self.code = unplaceable.code
-        self.reason = unplaceable.reason
+        self.reason_code = reason
         self.earliest = earliest
         self.alternatives = [
             {
                 "kind": a.kind,
                 "region": a.region,
+                "region_name": names.get(a.region, a.region),
                 "gpu_model": a.gpu_model,
                 "gpus": a.gpus,
                 "cluster": a.cluster,
             }
             for a in unplaceable.alternatives
         ]
+        super().__init__(
+            PLACEMENT_TEXT.get(reason, PLACEMENT_TEXT["no_capacity"]),
+            gpu_model=gpu_model,
+            cards=cards,
+            reason=reason,
+            earliest=earliest.isoformat() if earliest else None,
+            alternatives=self.alternatives,
+        )
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "code": self.code,
-            "reason": self.reason,
-            "earliest": self.earliest.isoformat() if self.earliest else None,
-            "alternatives": self.alternatives,
-        }
+    def message(self) -> str:
+        params = dict(self.params)
+        params["where"] = ""
+        if self.region:
+            name = region_names().get(self.region, self.region)
+            params["where"] = " " + gettext("in %(region)s") % {"region": name}
+        return gettext(self.template) % params
+
+    @property
+    def reason(self) -> str:
+        return self.message()
+
+
+def region_names() -> dict[str, str]:
+    """Region codes → names in the current language (银川, not yinchuan)."""
+    return {r.code: r.display_name for r in Region.objects.all()}
 
 
 class _LostRace(Exception):
@@ -106,16 +160,19 @@ def allocate(
             whole, _nodes = build_fleet(None)
             why = whole.explain(req) or planned
             earliest = datetime.fromtimestamp(why.earliest, tz=now.tzinfo) if why.earliest else None
-            raise NoCapacity(why, earliest)
+            raise NoCapacity(why, earliest, gpu_model=gpu_model, cards=gpus, region=region)
         try:
             return _commit(owner, planned, nodes, ends_at, label)
         except _LostRace:
             continue  # another order took some of these GPUs: plan again on the new state
     raise NoCapacity(
         topology.Unplaceable(
-            "", "no_capacity", _("The fleet is too busy right now; please try again.")
+            "", "no_capacity", "The fleet is too busy right now; please try again."
         ),
         None,
+        gpu_model=gpu_model,
+        cards=gpus,
+        region=region,
     )
 
 
@@ -162,7 +219,7 @@ def preview_allocation(
         whole, _nodes = build_fleet(None)
         why = whole.explain(req) or planned
         earliest = datetime.fromtimestamp(why.earliest, tz=now.tzinfo) if why.earliest else None
-        raise NoCapacity(why, earliest)
+        raise NoCapacity(why, earliest, gpu_model=gpu_model, cards=gpus, region=region)
     structural = None
     if not planned.at_structural_minimum:
         t = fleet.earliest_start(req, structural=True)

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.http import Http404
+from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from slices import topology
+from billing import services as billing
+from console.models import SshKey
+from slices import lifecycle, topology
+from slices.choices import BillingMode
+from slices.drivers import get_driver
+from slices.models import Cluster, Instance
 from slices.services.allocation import NoCapacity, Preview, preview_allocation
 from slices.services.fleet import Availability, availability
+from slices.services.instances import OrderRequest, check_funds, order_instance, price_name
 
 # ---------------------------------------------------------------------------------------------
 # Order preview: what an order would get and cost now, before anything is reserved
@@ -121,17 +129,18 @@ def preview_order(
         no_capacity = exc
 
     # The price book names models by product name ("RTX 4090"), the fleet by code ("RTX4090").
-    names = {topology.gpu_model_key(p.gpu_model): p.gpu_model for p, _t in billing.price_list()}
-    price_name = names.get(topology.gpu_model_key(gpu_model))
+    book_name = price_name(gpu_model)
     quote, price_error, insufficient = None, "", ""
-    if price_name is None:
-        price_error = _("No price is set for %(model)s yet.") % {"model": gpu_model}
+    if book_name is None:
+        price_error = _("%(model)s is not available to order yet: no price is set.") % {
+            "model": gpu_model
+        }
     else:
-        quote = billing.quote_for(user, price_name, cards, disk_gb)
+        quote = billing.quote_for(user, book_name, cards, disk_gb)
         try:
-            billing.ensure_affordable(user, price_name, cards, disk_gb)
+            check_funds(user, book_name, OrderRequest(gpu_model=gpu_model, cards=cards))
         except billing.InsufficientFunds as exc:
-            insufficient = str(exc)
+            insufficient = exc.message()
 
     version = marketplace.get_image_version(image) if image else None
     image_warning = ""
@@ -157,3 +166,118 @@ def preview_order(
         mounts,
         mount_error,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The order form's choices and ordering from it
+# ---------------------------------------------------------------------------------------------
+
+
+def priced_models() -> dict[str, Any]:
+    """Fleet GPU model code → its GpuPrice, for models with a real (non-placeholder) price."""
+    out = {}
+    for price, _terms in billing.price_list():
+        if getattr(price, "is_placeholder", False):
+            continue
+        out[topology.gpu_model_key(price.gpu_model)] = price
+    return out
+
+
+def default_order(choices: OrderChoices) -> dict[str, str]:
+    """Open the form on a sensible, cheap, available configuration: the cheapest priced model
+    that can start a host now, with the smallest host."""
+    prices = priced_models()
+    best: tuple[Any, str, int] | None = None
+    for row in choices.availability:
+        price = prices.get(topology.gpu_model_key(row.gpu_model))
+        if price is None or not row.host_sizes:
+            continue
+        key = (price.on_demand_per_card_hour, row.gpu_model, row.host_sizes[0])
+        if best is None or key < best:
+            best = key
+    if best is None:
+        return {"gpu_model": choices.gpu_models[0], "cards": "1"} if choices.gpu_models else {}
+    return {"gpu_model": best[1], "cards": str(best[2])}
+
+
+def card_choices(choices: OrderChoices, gpu_model: str, region: str) -> list[tuple[int, str]]:
+    """Card counts that can run for this model (and region): hosts up to a node's GPUs, slices
+    only where the model has an InfiniBand cluster, up to its size."""
+    rows = [
+        r
+        for r in choices.availability
+        if r.gpu_model == gpu_model and (not region or r.region == region)
+    ]
+    gpn = 8
+    clusters = Cluster.objects.filter(gpu_model__code=gpu_model)
+    if region:
+        clusters = clusters.filter(region__code=region)
+    gpns = list(clusters.values_list("gpus_per_node", flat=True))
+    if gpns:
+        gpn = max(gpns)
+    out = [(n, str(n)) for n in topology.HOST_SIZES if n <= gpn]
+    if any(r.slices for r in rows):
+        biggest = max(
+            (c.nodes.count() * c.gpus_per_node for c in clusters if c.slices_allowed), default=0
+        )
+        out += [
+            (n, str(n))
+            for n in range(topology.SLICE_UNIT_GPUS, biggest + 1, topology.SLICE_UNIT_GPUS)
+        ]
+    return out
+
+
+@dataclass(frozen=True)
+class SshKeyChoices:
+    choices: list[tuple[str, str]]
+    default: str
+
+
+def ssh_key_choices(user: Any) -> SshKeyChoices:
+    keys = list(SshKey.objects.for_owner(user).order_by("-is_default", "name"))
+    default = next((str(k.public_id) for k in keys if k.is_default), "")
+    return SshKeyChoices([(str(k.public_id), k.name) for k in keys], default)
+
+
+def term_days_for(gpu_model: str) -> list[int]:
+    key = topology.gpu_model_key(gpu_model or "")
+    return sorted(
+        {
+            t.days
+            for p, terms in billing.price_list()
+            if topology.gpu_model_key(p.gpu_model) == key
+            for t in terms
+        }
+    )
+
+
+def order_from_forms(
+    user: Any, preview: dict[str, Any], order: dict[str, Any], asset_ids: list[str]
+) -> Instance:
+    hours = order.get("auto_release_hours")
+    req = OrderRequest(
+        gpu_model=preview["gpu_model"],
+        cards=int(preview["cards"]),
+        name=order.get("name") or "",
+        region=preview.get("region") or "",
+        image=preview.get("image") or "",
+        asset_ids=tuple(asset_ids),
+        ssh_key=order.get("ssh_key") or "",
+        billing_mode=order.get("billing_mode") or BillingMode.ON_DEMAND,
+        term_days=order.get("term_days"),
+        auto_release_at=timezone.now() + timedelta(hours=float(hours)) if hours else None,
+    )
+    instance, _created = order_instance(user, req)
+    return instance
+
+
+def provisioning_eta(instance: Instance, steps: list[str | None]) -> int:
+    """Seconds until running, from the driver's expected step times (nodes in parallel)."""
+    try:
+        expected = get_driver(instance.driver or None).step_seconds()
+    except ValueError:
+        return 0
+    eta = lifecycle.eta_seconds(steps, expected)
+    if instance.is_slice:
+        eta += expected.get("allreduce", 0.0)
+    return int(eta)

@@ -49,3 +49,24 @@ regions:
 
 def load_small_fleet(text: str = SMALL_FLEET) -> None:
     load_fleet(parse_fleet(text))
+
+
+def make_instance(owner, **fields):  # noqa: ANN001, ANN201 - a bare row for isolation tests
+    """An instance row owned by ``owner`` (no GPUs held): for pages and isolation checks."""
+    from decimal import Decimal
+
+    from slices.models import GpuModel, Instance
+
+    if not GpuModel.objects.exists():
+        load_small_fleet()
+    values = {
+        "name": "box",
+        "kind": "host",
+        "gpu_model": GpuModel.objects.get(code="RTX4090"),
+        "cards": 1,
+        "quoted_per_hour": Decimal("1.90"),
+        "state": "running",
+        "driver": "sim",
+        **fields,
+    }
+    return Instance.objects.create(owner=owner, **values)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from slices.models import Node
-from tests.slices.factories import load_small_fleet
+from tests.slices.factories import load_small_fleet, make_instance
 
 
 def _node(owner: Any) -> dict[str, Any]:
@@ -14,7 +14,24 @@ def _node(owner: Any) -> dict[str, Any]:
     return {"public_id": Node.objects.order_by("pk").values_list("public_id", flat=True).first()}
 
 
-OBJECT_ROUTES: dict = {}
+def _instance(owner: Any) -> dict[str, Any]:
+    return {"public_id": make_instance(owner).public_id}
+
+
+OBJECT_ROUTES: dict = {
+    "slices:instance-detail": _instance,
+    "slices:instance-release": _instance,
+    "instance-detail": _instance,
+    "instance-release": _instance,
+    "instance-events": _instance,
+    "instance-logs": _instance,
+}
+
+def _instance_ws(owner: Any) -> str:
+    return f"/ws/instances/{make_instance(owner).public_id}/"
+
+
+WEBSOCKET_ROUTES: dict = {"ws/instances/<uuid:public_id>/": _instance_ws}
 
 # Operator pages: a customer never gets a 2xx (the node is fleet inventory, not a customer object).
 STAFF_ROUTES = {"slices:ops-node": _node}

@@ -57,7 +57,7 @@ def test_parallel_slices_for_the_last_capacity_exactly_as_many_win_as_fit(alice,
     _assert_no_double_booking()
     for exc in lost:
         assert exc.code == "no_capacity"
-        assert any(alt["gpu_model"] == "A800" for alt in exc.alternatives), exc.as_dict()
+        assert any(alt["gpu_model"] == "A800" for alt in exc.alternatives), exc.as_body()
 
 
 def test_parallel_hosts_share_nodes_without_double_booking(alice, bob) -> None:

@@ -79,10 +79,10 @@ def test_affordability_is_checked_against_the_balance(alice, alice_client: Clien
     assert preview.orderable
 
 
-def test_htmx_request_gets_only_the_summary(alice_client: Client, world) -> None:
+def test_htmx_request_gets_only_the_form_and_summary(alice_client: Client, world) -> None:
     response = alice_client.get(URL, {"gpu_model": "RTX4090", "cards": 1}, HTTP_HX_REQUEST="true")
     html = response.content.decode()
-    assert html.lstrip().startswith('<div id="order-summary"')
+    assert html.lstrip().startswith('<form method="get"') and 'id="order-summary"' in html
     assert "<html" not in html
 
 

@@ -61,7 +61,7 @@ def test_no_capacity_answers_reason_earliest_time_and_alternatives(fleet, alice)
     assert err.value.code == "no_capacity"
     assert "H800" in err.value.reason
     assert err.value.earliest is not None and abs((err.value.earliest - ends).total_seconds()) < 1
-    assert {"kind": "gpu_model", "region": "yinchuan", "gpu_model": "A800", "gpus": 64,
+    assert {"kind": "gpu_model", "region": "yinchuan", "region_name": "银川", "gpu_model": "A800", "gpus": 64,
             "cluster": "yc-a800"} in err.value.alternatives  # fmt: skip
     assert Allocation.objects.count() == 2
 

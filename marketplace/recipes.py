@@ -1,0 +1,184 @@
+"""Recipes of the catalogue: a workload ready to run, such as the one-click LLaMA-7B demo.
+
+Each recipe is a directory of ``marketplace/recipes/`` with a ``manifest.yaml`` (the image, the
+model and dataset it mounts, the cards, the time limit, the entrypoint, the environment) and the
+files the image runs (``train.py``...). This module only reads and checks them: no Django, no money.
+The demo page (``slices.services.recipes``) prices a recipe on the current price book and orders it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from marketplace.catalogue import CatalogueError, gpu_code, is_valid_hub_id, is_valid_slug
+
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+MANIFEST = "manifest.yaml"
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
+BUDGETS = {"trial_credit"}
+MAX_TIME_LIMIT_MINUTES = 24 * 60
+
+
+@dataclass(frozen=True)
+class Recipe:
+    slug: str
+    demo: str  # the demo page's name: /demo/<demo>/
+    name: str
+    name_zh: str
+    summary: str
+    summary_zh: str
+    image: str  # an image version slug
+    model: str  # a model hub id
+    dataset: str  # a dataset hub id
+    gpu_model: str  # a fleet GPU model code ("RTX4090")
+    cards: int
+    time_limit_minutes: int
+    budget: str
+    entrypoint: str
+    directory: Path
+    alternatives: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+
+    def checkpoint_path(self, run: str, step: int) -> str:
+        """Where step ``step`` of run ``run`` is saved, relative to the user's /pfs."""
+        return self.outputs["checkpoints"].format(run=run, step=step)
+
+    def adapter_path(self, run: str) -> str:
+        return self.outputs["adapter"].format(run=run)
+
+    def localized_name(self, language: str) -> str:
+        return self.name_zh if language.startswith("zh") and self.name_zh else self.name
+
+    def localized_summary(self, language: str) -> str:
+        return self.summary_zh if language.startswith("zh") and self.summary_zh else self.summary
+
+
+def _text(data: dict[str, Any], key: str, where: str, *, required: bool = True) -> str:
+    value = data.get(key, "")
+    if value is None:
+        value = ""
+    if not isinstance(value, (str, int, float)):
+        raise CatalogueError(f"{where}: {key} must be text")
+    value = " ".join(str(value).split())
+    if required and not value:
+        raise CatalogueError(f"{where}: {key} is missing")
+    return value
+
+
+def _positive_int(data: dict[str, Any], key: str, where: str) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise CatalogueError(f"{where}: {key} must be a positive whole number, not {value!r}")
+    return value
+
+
+def read_recipe(directory: Path) -> Recipe:
+    """One recipe directory; ``CatalogueError`` names the file and the field it cannot use."""
+    path = directory / MANIFEST
+    where = str(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise CatalogueError(f"{where}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CatalogueError(f"{where}: not a mapping")
+    slug = _text(data, "slug", where)
+    if not is_valid_slug(slug) or slug != directory.name:
+        raise CatalogueError(f"{where}: slug {slug!r} must be valid and name its directory")
+    demo = _text(data, "demo", where)
+    if not is_valid_slug(demo):
+        raise CatalogueError(f"{where}: demo {demo!r} is not a valid slug")
+    for key in ("model", "dataset"):
+        if not is_valid_hub_id(_text(data, key, where)):
+            raise CatalogueError(f"{where}: {key} {data[key]!r} is not a hub id")
+    image = _text(data, "image", where)
+    if not is_valid_slug(image):
+        raise CatalogueError(f"{where}: image {image!r} is not an image version slug")
+    minutes = _positive_int(data, "time_limit_minutes", where)
+    if minutes > MAX_TIME_LIMIT_MINUTES:
+        raise CatalogueError(f"{where}: time_limit_minutes above {MAX_TIME_LIMIT_MINUTES}")
+    gpu_model = gpu_code(_text(data, "gpu_model", where))
+    alternatives = tuple(gpu_code(str(a)) for a in data.get("alternatives") or ())
+    if not gpu_model or "" in alternatives:
+        raise CatalogueError(f"{where}: gpu_model and alternatives must be known GPU models")
+    budget = _text(data, "budget", where)
+    if budget not in BUDGETS:
+        raise CatalogueError(f"{where}: budget must be one of {sorted(BUDGETS)}")
+    files = tuple(str(f) for f in data.get("files") or ())
+    for name in files:
+        if "/" in name or name.startswith(".") or not (directory / name).is_file():
+            raise CatalogueError(f"{where}: file {name!r} is not in the recipe's directory")
+    env_data = data.get("env") or {}
+    if not isinstance(env_data, dict):
+        raise CatalogueError(f"{where}: env must map names to values")
+    env: dict[str, str] = {}
+    for key, value in env_data.items():
+        if not isinstance(key, str) or not ENV_NAME.match(key) or isinstance(value, (dict, list)):
+            raise CatalogueError(f"{where}: env {key!r} is not NAME: value")
+        env[key] = str(value)
+    outputs = data.get("outputs") or {}
+    if not isinstance(outputs, dict) or {"checkpoints", "adapter"} - set(outputs):
+        raise CatalogueError(f"{where}: outputs needs checkpoints and adapter")
+    for key, template in outputs.items():
+        text = str(template)
+        if text.startswith("/") or ".." in text.split("/"):
+            raise CatalogueError(f"{where}: outputs.{key} must stay inside /pfs")
+    return Recipe(
+        slug=slug,
+        demo=demo,
+        name=_text(data, "name", where),
+        name_zh=_text(data, "name_zh", where, required=False),
+        summary=_text(data, "summary", where),
+        summary_zh=_text(data, "summary_zh", where, required=False),
+        image=image,
+        model=str(data["model"]),
+        dataset=str(data["dataset"]),
+        gpu_model=gpu_model,
+        cards=_positive_int(data, "cards", where),
+        time_limit_minutes=minutes,
+        budget=budget,
+        entrypoint=_text(data, "entrypoint", where),
+        directory=directory,
+        alternatives=alternatives,
+        files=files,
+        env=env,
+        outputs={str(k): str(v) for k, v in outputs.items()},
+    )
+
+
+def read_recipes(root: Path = RECIPES_DIR) -> list[Recipe]:
+    """Every recipe under ``root``, by slug; slugs and demo names are unique."""
+    recipes = [read_recipe(d) for d in sorted(root.iterdir()) if (d / MANIFEST).is_file()]
+    for attr in ("slug", "demo"):
+        seen: set[str] = set()
+        for recipe in recipes:
+            value = getattr(recipe, attr)
+            if value in seen:
+                raise CatalogueError(f"{root}: two recipes share the {attr} {value!r}")
+            seen.add(value)
+    return recipes
+
+
+@lru_cache(maxsize=1)
+def _shipped() -> tuple[Recipe, ...]:
+    return tuple(read_recipes())
+
+
+def get_recipe(slug: str) -> Recipe | None:
+    return next((r for r in _shipped() if r.slug == slug), None)
+
+
+def get_demo(demo: str) -> Recipe | None:
+    return next((r for r in _shipped() if r.demo == demo), None)
+
+
+def shipped_recipes() -> list[Recipe]:
+    return list(_shipped())

@@ -1,0 +1,1 @@
+"""The node agent (standard library + pynvml only); see ``nvml_agent``."""

@@ -1,0 +1,189 @@
+"""The one interface to the nodes: small dataclasses in and out, no ORM (Horizon's api/nova.py).
+
+A driver runs one provisioning step on one node per call; the service calls it from worker
+threads, one thread per node, and records what it returns. Errors say whether retrying can help
+(``DriverError.permanent``), as Healthchecks' transports do.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# Log sink: the driver calls it with each line it wants the user to see (thread-safe in services).
+LogFn = Callable[[str], None]
+
+# Names that reach a node's shell (environment variable names) must match this; values are quoted.
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A read-only mount: a marketplace asset served from the parallel file system."""
+
+    source: (
+        str  # path relative to the asset root on the PFS, e.g. "models/meta-llama/Llama-2-7b-hf"
+    )
+    target: str  # absolute path in the instance, e.g. "/models/Llama-2-7b-hf"
+
+
+@dataclass(frozen=True)
+class DiskMount:
+    """A persistent cloud disk attached to the instance (network block storage in its region)."""
+
+    disk_id: str  # the disk's public id (the volume's name on the storage side)
+    target: str  # /data/disk-<short id>
+    read_only: bool
+    size_gb: int
+
+
+@dataclass(frozen=True)
+class NodeTarget:
+    """One node of an instance, as the driver needs it."""
+
+    hostname: str
+    address: str
+    port: int
+    host_key: str  # pinned: the host key line or its SHA256 fingerprint
+    rank: int
+    gpus: tuple[int, ...]
+    workdir: str = "/var/lib/gpu-console"
+    runtime: str = "docker"  # docker | enroot | process (no container runtime: the test hosts)
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """What every node of one instance is prepared with."""
+
+    instance_id: str  # the public UUID
+    slug: str  # gpc-<short id>: directory and container name on the nodes
+    name: str  # the user's name for it (free text: only ever passed quoted)
+    owner: str  # the account's public id (the PFS directory)
+    image: str  # container image reference ("" = bare host)
+    entrypoint: str  # the image's entrypoint command ("" = sleep)
+    env: dict[str, str]
+    mounts: tuple[Mount, ...]
+    ssh_public_key: str
+    nodes: tuple[NodeTarget, ...]
+    gpus_per_node: int
+    partition_key: int | None = None
+    master_port: int = 29500
+    sim_fail: str = ""  # sim driver only: "<step>" or "<step>@<rank>" fails that step
+    disks: tuple[DiskMount, ...] = ()
+    system_disk_gb: int = 0
+
+    @property
+    def master_addr(self) -> str:
+        return self.nodes[0].address if self.nodes else ""
+
+    def job_env(self, node: NodeTarget) -> dict[str, str]:
+        """The environment a distributed job needs on ``node`` (RunPod Instant Clusters' names)."""
+        env = {
+            "INSTANCE_ID": self.instance_id,
+            "INSTANCE_NAME": self.name,
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "NODE_RANK": str(node.rank),
+            "NNODES": str(len(self.nodes)),
+            "WORLD_SIZE": str(len(self.nodes) * self.gpus_per_node),
+            "NPROC_PER_NODE": str(self.gpus_per_node),
+            "NCCL_IB_HCA": "mlx5",
+            "NCCL_SOCKET_IFNAME": "^lo,docker",
+            "PFS": "/pfs",
+        }
+        if self.partition_key is not None:
+            env["NCCL_IB_PKEY"] = str(self.partition_key)
+        env.update(self.env)
+        return env
+
+    def hostfile(self) -> str:
+        return "".join(f"{n.address} slots={len(n.gpus)}\n" for n in self.nodes)
+
+
+@dataclass
+class StepResult:
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class DriverError(Exception):
+    """A step failed. ``permanent`` = retrying cannot help (bad host key, missing image...)."""
+
+    def __init__(self, code: str, detail: str = "", *, permanent: bool = False) -> None:
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code = code
+        self.detail = detail
+        self.permanent = permanent
+
+
+class TelemetrySource(Protocol):
+    """One node's GPU samples while an instance runs: the agent's stream (ssh) or the workload
+    model (sim). ``read`` is called by the relay once a second and never blocks."""
+
+    simulated: bool
+
+    def read(self, now: float) -> dict[str, Any] | None:
+        """The node's latest sample in the agent's line format (``slices.agent.nvml_agent``), or
+        None when nothing new arrived since the last call."""
+        ...
+
+    def close(self) -> None:
+        """Stop sampling (the agent process ends with its SSH channel); idempotent."""
+        ...
+
+
+class TelemetryDriver(Protocol):
+    """A driver that can sample the GPUs of a running instance's nodes."""
+
+    def telemetry(
+        self, spec: InstanceSpec, node: NodeTarget, gpu_model: str
+    ) -> TelemetrySource: ...
+
+
+class NodeDriver(Protocol):
+    """One method per operation. ``simulated`` drivers are labelled as such in the UI."""
+
+    name: str
+    simulated: bool
+
+    def step_seconds(self) -> dict[str, float]:
+        """Expected seconds per step (for the ETA)."""
+        ...
+
+    def isolate(self, spec: InstanceSpec, log: LogFn) -> StepResult:
+        """Put the instance's nodes in their own fabric partition (``spec.partition_key``)."""
+        ...
+
+    def connect(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult: ...
+
+    def prepare(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult: ...
+
+    def mount(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult: ...
+
+    def start(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult: ...
+
+    def health(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult: ...
+
+    def allreduce_check(self, spec: InstanceSpec, log: LogFn) -> StepResult:
+        """A slice's all-reduce across its nodes; data: busbw_gbps, latency_us (or measured=False)."""
+        ...
+
+    def teardown(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
+        """Stop what the instance started on the node and remove its mounts; idempotent."""
+        ...
+
+
+class StopDriver(Protocol):
+    """关机/开机: stop an instance's container keeping its system disk (the instance directory),
+    and move that disk to another node when it starts elsewhere."""
+
+    def stop(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
+        """Stop what runs for the instance on the node; keep its directory; idempotent."""
+        ...
+
+    def move_disk(
+        self, spec: InstanceSpec, src: NodeTarget, dst: NodeTarget, log: LogFn
+    ) -> StepResult:
+        """Copy the instance's system disk from ``src`` to ``dst`` (start on another host)."""
+        ...

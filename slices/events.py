@@ -1,0 +1,76 @@
+"""Typed broadcasts of instance changes to browsers, sent on commit (the database is the truth).
+
+Group ``instance.<uuid>`` (the instance page) gets every event; the owner's user group gets state
+changes (the list page, notifications). A browser that reconnects reloads from the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from console.events import notify_user
+
+if TYPE_CHECKING:
+    from slices.models import Instance, InstanceEvent
+
+logger = logging.getLogger(__name__)
+
+
+def instance_group(public_id: object) -> str:
+    return f"instance.{public_id}"
+
+
+def _send(group: str, message: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(group, message)
+    except Exception:  # the channel layer may drop messages; pages reload from the database
+        logger.debug("broadcast to %s dropped", group, exc_info=True)
+
+
+def broadcast_event_on_commit(instance: Instance, event: InstanceEvent) -> None:
+    payload = {
+        "id": event.pk,
+        "kind": event.kind,
+        "level": event.level,
+        "step": event.step,
+        "node": event.node,
+        "code": event.code,
+        "params": event.params,
+        "text": event.text,
+        "at": event.at.isoformat(),
+    }
+    group = instance_group(instance.public_id)
+    transaction.on_commit(
+        lambda: _send(group, {"type": "instance.message", "kind": "event", "payload": payload})
+    )
+
+
+def broadcast_progress_on_commit(instance: Instance) -> None:
+    group = instance_group(instance.public_id)
+    transaction.on_commit(
+        lambda: _send(group, {"type": "instance.message", "kind": "progress", "payload": {}})
+    )
+
+
+def broadcast_state_on_commit(instance: Instance) -> None:
+    group = instance_group(instance.public_id)
+    payload = {"instance": str(instance.public_id), "state": instance.state, "name": instance.name}
+    owner = getattr(instance.owner, "public_id", None)
+
+    def send() -> None:
+        _send(group, {"type": "instance.message", "kind": "state", "payload": payload})
+        if owner is not None:
+            try:
+                notify_user(owner, "instance.state", payload)
+            except Exception:  # best effort, like every broadcast
+                logger.debug("notification dropped", exc_info=True)
+
+    transaction.on_commit(send)

@@ -1,0 +1,102 @@
+"""What instance events and placement refusals say, per code, in the reader's language.
+
+Services store a code and its parameters (``InstanceEvent.code/params``, ``Instance.failure_code``);
+these templates render them where they are shown, so a Chinese reader sees Chinese and an
+English reader English, whatever language the worker ran in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.functional import Promise
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+
+EVENT_TEXT: dict[str, Promise] = {
+    "ordered": _("Ordered %(cards)s × %(gpu_model)s by %(user)s."),
+    "allocating": _("Reserving GPUs."),
+    "allocated": _("Reserved %(cards)s GPU(s) on %(nodes)s node(s) in %(cluster)s."),
+    "provisioning": _("Provisioning %(nodes)s node(s) in parallel."),
+    "isolated": _("Fabric partition %(pkey)s isolates this instance's nodes."),
+    "step_done": _("%(step)s done."),
+    "step_retry": _("%(step)s failed (%(error)s); retrying in %(delay)s s (attempt %(attempt)s)."),
+    "step_failed": _("%(step)s failed: %(error)s"),
+    "allreduce": _(
+        "All-reduce check: %(busbw)s GB/s bus bandwidth, %(latency)s µs (expected %(expected_busbw)s GB/s, %(expected_latency)s µs)."
+    ),
+    "allreduce_not_measured": _("All-reduce check not measured: %(why)s"),
+    "running": _("Running. Connect with: %(ssh)s"),
+    "billing_started": _("Billing started at %(rate)s 元 per hour."),
+    "term_started": _("Paid %(days)s-day term up front: %(total)s 元."),
+    "release_requested": _("Release requested by %(by)s."),
+    "auto_release": _("Released automatically at the time chosen when ordering."),
+    "billing_stopped": _("Stopped by billing: %(reason)s"),
+    "billing_closed": _("Billing stopped: %(seconds)s s charged, %(amount)s 元."),
+    "teardown_failed": _(
+        "Could not clean %(node)s (%(error)s); the node is held back for an operator."
+    ),
+    "released": _("Released; all GPUs are free again."),
+    "failed": _("Failed: %(reason)s"),
+    "resources_freed": _("GPUs freed after the failure; nothing more is charged."),
+    "redriven": _(
+        "A worker stopped while driving this instance; another one resumes it (attempt %(attempt)s)."
+    ),
+    "gave_up": _("Provisioning was interrupted %(attempts)s times; giving up."),
+    "leaked_allocation": _("Found GPUs held by no live instance; freed them."),
+    "idle_warning": _(
+        "Idle: all %(gpus)s GPU(s) stayed below %(threshold)s %% utilisation for %(minutes)s minutes (busiest %(peak_gpu)s peaked at %(peak)s %%); %(mem_gib)s GiB of GPU memory still held."
+    ),
+    "idle_release": _("Released automatically: its GPUs were idle, as chosen when ordering."),
+}
+
+FAILURE_TEXT: dict[str, Promise] = {
+    "driver_error": _("a node step failed: %(error)s"),
+    "sim_failure": _("simulated failure: %(error)s"),
+    "host_key_mismatch": _("the node's SSH host key does not match the pinned key (%(node)s)"),
+    "unreachable": _("a node could not be reached (%(node)s): %(error)s"),
+    "interrupted": _("provisioning was interrupted too many times"),
+    "insufficient_funds": _("the balance could not pay for the term"),
+    "no_price": _("no price is set for this GPU model"),
+    "stuck": _("no worker made progress for too long"),
+    "internal": _("an internal error (%(error)s); everything was freed"),
+}
+
+STEP_TEXT: dict[str, Promise] = {
+    "reserve": _("Reserve GPUs"),
+    "isolate": _("Isolate on the fabric"),
+    "connect": _("Connect"),
+    "prepare": _("Prepare directory and user"),
+    "mount": _("Mount storage and assets"),
+    "start": _("Start the image"),
+    "health": _("Health check"),
+    "ready": _("Ready"),
+}
+
+
+def render(table: dict[str, Promise], code: str, params: dict[str, Any]) -> str:
+    template = table.get(code)
+    if template is None:
+        return code
+    params = dict(params)
+    if "step" in params:
+        params["step"] = str(STEP_TEXT.get(str(params["step"]), params["step"]))
+    if "reason" in params and isinstance(params["reason"], dict):
+        r = params["reason"]
+        params["reason"] = render(FAILURE_TEXT, r.get("code", ""), r.get("params", {}))
+    try:
+        return gettext(str(template)) % params
+    except (KeyError, TypeError, ValueError):
+        return str(template)
+
+
+def event_text(code: str, params: dict[str, Any]) -> str:
+    return render(EVENT_TEXT, code, params)
+
+
+def failure_text(code: str, params: dict[str, Any]) -> str:
+    return render(FAILURE_TEXT, code, params)
+
+
+def step_label(step: str) -> str:
+    return str(STEP_TEXT.get(step, step))

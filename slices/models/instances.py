@@ -1,0 +1,198 @@
+"""Instances (what a customer orders and uses), their nodes, their append-only event log, quotas.
+
+An instance holds one allocation (its GPUs) while it lives. Rows are written only by
+``slices.services.instances`` and ``slices.services.provisioning``; every state change is a
+compare-and-set there and writes an ``InstanceEvent`` in the same transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from slices.choices import (
+    INSTANCE_STATE_BADGES,
+    AllocationKind,
+    BillingMode,
+    EventKind,
+    EventLevel,
+    InstanceState,
+    NoReplacement,
+)
+from slices.models.allocations import Allocation
+from slices.models.fleet import GpuModel, Node, Region
+from slices.querysets import InstanceQuerySet
+
+
+class Instance(models.Model):
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="instances"
+    )
+    name = models.CharField(_("name"), max_length=63)
+    kind = models.CharField(_("kind"), max_length=8, choices=AllocationKind.choices)
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="instances")
+    cards = models.PositiveIntegerField(_("cards"))
+    region = models.ForeignKey(
+        Region, on_delete=models.PROTECT, null=True, blank=True, related_name="instances"
+    )
+    image = models.CharField(_("image version"), max_length=120, blank=True)
+    container = models.CharField(_("container image"), max_length=255, blank=True)
+    entrypoint = models.CharField(_("entrypoint"), max_length=500, blank=True)
+    mounts = models.JSONField(_("read-only mounts"), default=list, blank=True)
+    env = models.JSONField(_("environment"), default=dict, blank=True)
+    ssh_key_name = models.CharField(_("SSH key"), max_length=100, blank=True)
+    ssh_public_key = models.TextField(_("SSH public key"), blank=True)
+    billing_mode = models.CharField(
+        _("billing mode"), max_length=10, choices=BillingMode.choices, default=BillingMode.ON_DEMAND
+    )
+    term_days = models.PositiveIntegerField(_("term (days)"), null=True, blank=True)
+    quoted_per_hour = models.DecimalField(
+        _("quoted price per hour"), max_digits=14, decimal_places=2
+    )
+    auto_release_at = models.DateTimeField(_("release automatically at"), null=True, blank=True)
+    state = models.CharField(
+        _("state"), max_length=16, choices=InstanceState.choices, default=InstanceState.PENDING
+    )
+    allocation = models.OneToOneField(
+        Allocation, on_delete=models.PROTECT, null=True, blank=True, related_name="instance"
+    )
+    driver = models.CharField(_("node driver"), max_length=16, blank=True)
+    partition_key = models.PositiveIntegerField(_("fabric partition key"), null=True, blank=True)
+    allreduce = models.JSONField(_("measured all-reduce"), default=dict, blank=True)
+    failure_code = models.CharField(_("failure"), max_length=64, blank=True)
+    failure_params = models.JSONField(default=dict, blank=True)
+    ssh_host = models.CharField(_("SSH host"), max_length=255, blank=True)
+    ssh_port = models.PositiveIntegerField(_("SSH port"), null=True, blank=True)
+    ssh_user = models.CharField(_("SSH user"), max_length=32, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_fingerprint = models.CharField(max_length=64, blank=True)
+    # A worker holds the lease while it drives the instance; the reconciler re-drives expired ones.
+    lease_until = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    resources_freed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    running_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    # Storage and resilience (slices.services.disks / migration): the system disk kept while
+    # stopped (billed as storage), 无卡模式, the latest checkpoint seen on the PFS, and what a
+    # migrating instance does when no replacement node is free.
+    system_disk_gb = models.PositiveIntegerField(_("system disk (GB)"), default=50)
+    stopped_at = models.DateTimeField(_("stopped at"), null=True, blank=True)
+    stop_warnings = models.PositiveSmallIntegerField(default=0)
+    gpuless = models.BooleanField(_("started without GPUs"), default=False)
+    checkpoint = models.JSONField(_("latest checkpoint"), default=dict, blank=True)
+    on_no_replacement = models.CharField(
+        _("without a replacement node"),
+        max_length=8,
+        choices=NoReplacement.choices,
+        default=NoReplacement.WAIT,
+    )
+
+    objects = InstanceQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("instance")
+        verbose_name_plural = _("instances")
+        ordering = ("-created_at", "-id")
+        indexes = (models.Index(fields=("state", "lease_until"), name="slices_inst_state_lease"),)
+        constraints = (
+            models.UniqueConstraint(
+                fields=("owner", "idempotency_key"), name="slices_instance_idempotency_key"
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.short_id})"
+
+    @property
+    def short_id(self) -> str:
+        return str(self.public_id)[:8]
+
+    @property
+    def slug(self) -> str:
+        """The name used on the nodes (directories, containers): never the user's free text."""
+        return f"gpc-{self.short_id}"
+
+    @property
+    def state_badge(self) -> str:
+        return INSTANCE_STATE_BADGES[InstanceState(self.state)]
+
+    @property
+    def is_slice(self) -> bool:
+        return self.kind == AllocationKind.SLICE
+
+    @property
+    def ssh_command(self) -> str:
+        if not self.ssh_host:
+            return ""
+        port = f" -p {self.ssh_port}" if self.ssh_port and self.ssh_port != 22 else ""
+        return f"ssh{port} {self.ssh_user or 'root'}@{self.ssh_host}"
+
+
+class InstanceNode(models.Model):
+    """One node of an instance and how far its provisioning got (the last step done)."""
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="nodes")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="instance_parts")
+    rank = models.PositiveIntegerField(_("node rank"))
+    hostname = models.CharField(_("hostname"), max_length=63)
+    gpu_mask = models.PositiveIntegerField(_("GPU mask"))
+    step = models.CharField(_("last step done"), max_length=16, blank=True)
+    step_started_at = models.DateTimeField(null=True, blank=True)
+    failed = models.BooleanField(default=False)
+    message = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ("instance", "rank")
+        constraints = (
+            models.UniqueConstraint(fields=("instance", "rank"), name="slices_instnode_rank"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}#{self.rank} {self.hostname}"
+
+
+class InstanceEvent(models.Model):
+    """Append-only: one row per state change, step, log line or error, never updated."""
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(db_index=True)
+    kind = models.CharField(max_length=8, choices=EventKind.choices)
+    level = models.CharField(max_length=8, choices=EventLevel.choices, default=EventLevel.INFO)
+    step = models.CharField(max_length=16, blank=True)
+    node = models.CharField(max_length=63, blank=True)
+    # State changes and errors carry a code and parameters, rendered in the reader's language;
+    # log lines carry the node's own text.
+    code = models.CharField(max_length=64, blank=True)
+    params = models.JSONField(default=dict, blank=True)
+    text = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ("instance", "id")
+        indexes = (models.Index(fields=("instance", "kind", "id"), name="slices_event_inst_kind"),)
+
+    def __str__(self) -> str:
+        return f"{self.at:%H:%M:%S} {self.kind} {self.code or self.text[:40]}"
+
+
+class GpuQuota(models.Model):
+    """How many cards an account may hold at once (operators raise it; default in settings)."""
+
+    owner = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="gpu_quota"
+    )
+    max_gpus = models.PositiveIntegerField(_("cards at once"))
+    note = models.CharField(_("operator note"), max_length=255, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = _("GPU quota")
+        verbose_name_plural = _("GPU quotas")
+
+    def __str__(self) -> str:
+        return f"{self.owner}: {self.max_gpus}"

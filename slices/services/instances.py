@@ -1,0 +1,649 @@
+"""Instances: ordering, state changes, release, failure, billing hooks.
+
+Every state change is a compare-and-set on ``Instance.state`` (``transition``) that writes an
+``InstanceEvent`` in the same transaction and broadcasts it on commit (Zulip's do_* actions with
+RealmAuditLog). The provisioning driver loop lives in ``slices.services.provisioning``; what runs
+it is ``slices.tasks``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import unicodedata
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import ROUND_UP, Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.http import Http404
+from django.utils import timezone
+from django.utils.translation import gettext_noop
+
+from billing import services as billing
+from console import services as console_services
+from console.errors import ErrorCode
+from marketplace import services as marketplace
+from slices import events, lifecycle, topology
+from slices.choices import AllocationKind, BillingMode, EventKind, EventLevel, InstanceState
+from slices.drivers.base import ENV_NAME
+from slices.errors import OrderRefused, quota_exceeded
+from slices.models import (
+    Allocation,
+    GpuModel,
+    GpuQuota,
+    Instance,
+    InstanceEvent,
+    InstanceNode,
+    Region,
+)
+from slices.services import disks as disk_service
+from slices.services.allocation import allocate, release_allocation
+
+logger = logging.getLogger(__name__)
+
+# Usage sessions that bill an instance carry this kind and the instance's public id.
+INSTANCE_RESOURCE = "instance"
+MAX_ENV_VARS = 32
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fetchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse_uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def get_instance_for_user(user: Any, public_id: Any) -> Instance:
+    """The caller's instance, or 404 (another customer's instance does not exist for them)."""
+    pid = _parse_uuid(public_id)
+    if pid is None:
+        raise Http404
+    instance = (
+        Instance.objects.for_owner(user)
+        .select_related("gpu_model", "region", "allocation", "allocation__cluster")
+        .filter(public_id=pid)
+        .first()
+    )
+    if instance is None:
+        raise Http404
+    return instance
+
+
+def get_instance_for_operator(public_id: Any) -> Instance:
+    pid = _parse_uuid(public_id)
+    instance = Instance.objects.filter(public_id=pid).first() if pid else None
+    if instance is None:
+        raise Http404
+    return instance
+
+
+# ---------------------------------------------------------------------------------------------
+# Events and transitions
+# ---------------------------------------------------------------------------------------------
+
+
+def record_event(
+    instance: Instance,
+    kind: str,
+    *,
+    code: str = "",
+    params: dict[str, Any] | None = None,
+    text: str = "",
+    step: str = "",
+    node: str = "",
+    level: str = EventLevel.INFO,
+    at: datetime | None = None,
+) -> InstanceEvent:
+    """Append one event (never updated) and broadcast it once the transaction commits."""
+    event = InstanceEvent.objects.create(
+        instance=instance,
+        at=at or timezone.now(),
+        kind=kind,
+        code=code,
+        params=params or {},
+        text=text[:4000],
+        step=step,
+        node=node,
+        level=level,
+    )
+    events.broadcast_event_on_commit(instance, event)
+    return event
+
+
+def record_logs(instance: Instance, lines: list[tuple[str, str, str]]) -> None:
+    """Append node log lines (node, step, text) in one INSERT and broadcast them on commit."""
+    if not lines:
+        return
+    now = timezone.now()
+    rows = InstanceEvent.objects.bulk_create(
+        [
+            InstanceEvent(
+                instance=instance, at=now, kind=EventKind.LOG, node=n, step=s, text=t[:4000]
+            )
+            for n, s, t in lines
+        ]
+    )
+    for row in rows:
+        events.broadcast_event_on_commit(instance, row)
+
+
+def transition(
+    instance: Instance,
+    dst: str,
+    *,
+    code: str,
+    params: dict[str, Any] | None = None,
+    level: str = EventLevel.INFO,
+    **fields: Any,
+) -> bool:
+    """Move ``instance`` to ``dst`` if its state allows it (compare-and-set); True if this call won.
+
+    The event row is written in the caller's transaction; the loser writes nothing.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        won = (
+            Instance.objects.filter(pk=instance.pk, state__in=lifecycle.sources_of(dst)).update(
+                state=dst, state_changed_at=now, **fields
+            )
+            == 1
+        )
+        if not won:
+            return False
+        instance.refresh_from_db()
+        record_event(instance, EventKind.STATE, code=code, params=params or {}, level=level, at=now)
+        events.broadcast_state_on_commit(instance)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Ordering
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OrderRequest:
+    """An order as the form or the API gives it (validated by ``order_instance``)."""
+
+    gpu_model: str
+    cards: int
+    name: str = ""
+    region: str = ""
+    image: str = ""
+    asset_ids: tuple[str, ...] = ()
+    ssh_key: str = ""  # an SSH key's public id; "" = the account's default key
+    billing_mode: str = BillingMode.ON_DEMAND
+    term_days: int | None = None
+    auto_release_at: datetime | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    # Cloud disks to attach: (disk public id, "rw" | "ro"); they pin the order to their region.
+    disks: tuple[tuple[str, str], ...] = ()
+
+    def fingerprint(self) -> str:
+        body = {
+            "gpu_model": topology.gpu_model_key(self.gpu_model),
+            "cards": self.cards,
+            "name": self.name,
+            "region": self.region,
+            "image": self.image,
+            "assets": sorted(self.asset_ids),
+            "ssh_key": self.ssh_key,
+            "billing_mode": self.billing_mode,
+            "term_days": self.term_days,
+            "auto_release_at": self.auto_release_at.isoformat() if self.auto_release_at else None,
+            "env": self.env,
+            **({"disks": sorted(map(list, self.disks))} if self.disks else {}),
+        }
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def resolve_gpu_model(value: str) -> GpuModel:
+    """One code everywhere ("RTX4090"); input may also be the product name ("RTX 4090")."""
+    key = topology.gpu_model_key(value or "")
+    for model in GpuModel.objects.all():
+        if topology.gpu_model_key(model.code) == key:
+            return model
+    raise OrderRefused(gettext_noop("Unknown GPU model %(gpu_model)s."), gpu_model=value)
+
+
+def price_name(gpu_model: str) -> str | None:
+    """The price book's name for a fleet GPU model code (they may differ in spacing)."""
+    names = {
+        topology.gpu_model_key(p.gpu_model): p.gpu_model
+        for p, _t in billing.price_list()
+        if not p.is_placeholder  # placeholder prices are for operators: not orderable
+    }
+    return names.get(topology.gpu_model_key(gpu_model))
+
+
+def _clean_name(name: str, fallback: str) -> str:
+    name = (name or "").strip()
+    if not name:
+        return fallback
+    if len(name) > 63:
+        raise OrderRefused(gettext_noop("The name is longer than 63 characters."))
+    if _CONTROL.search(name) or any(
+        unicodedata.category(ch) in ("Cf", "Cc", "Co", "Cs") for ch in name
+    ):
+        raise OrderRefused(gettext_noop("The name contains control or invisible characters."))
+    return name
+
+
+def _clean_env(env: dict[str, Any]) -> dict[str, str]:
+    if not isinstance(env, dict):
+        raise OrderRefused(gettext_noop("The environment must map names to values."))
+    if len(env) > MAX_ENV_VARS:
+        raise OrderRefused(gettext_noop("At most %(max)d environment variables."), max=MAX_ENV_VARS)
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_NAME.match(key):
+            raise OrderRefused(
+                gettext_noop(
+                    "Environment variable names use A–Z, 0–9 and _ and start with a letter or _ "
+                    "(%(name)s)."
+                ),
+                name=str(key)[:64],
+            )
+        if (
+            not isinstance(value, (str, int, float))
+            or "\x00" in str(value)
+            or len(str(value)) > 4096
+        ):
+            raise OrderRefused(
+                gettext_noop("The value of %(name)s must be text of at most 4096 characters."),
+                name=key,
+            )
+        out[key] = str(value)
+    return out
+
+
+def min_runway_seconds() -> int:
+    return int(settings.ORDER_MIN_RUNWAY_SECONDS)
+
+
+def check_funds(user: Any, price: str, req: OrderRequest) -> tuple[Any, Decimal]:
+    """The quote, and the per-hour price; refuses an order the balance cannot run long enough."""
+    quote = billing.quote_for(user, price, req.cards)
+    balance = billing.get_wallet_summary(user).spendable
+    if req.billing_mode == BillingMode.TERM:
+        term = next((t for t in quote.terms if t.days == req.term_days), None)
+        if term is None:
+            raise OrderRefused(
+                gettext_noop("No %(days)s-day term is offered for %(gpu_model)s."),
+                days=req.term_days,
+                gpu_model=price,
+            )
+        needed = Decimal(term.total)
+    else:
+        needed = (quote.per_hour * min_runway_seconds() / Decimal(3600)).quantize(
+            Decimal("0.01"), rounding=ROUND_UP
+        )
+    if balance < needed:
+        raise billing.InsufficientFunds(
+            gettext_noop(
+                "This order needs at least %(needed)s 元 (%(hours)s h at %(per_hour)s 元/h); your "
+                "balance is %(balance)s 元. Top up %(shortfall)s 元 to order it."
+            ),
+            needed=needed,
+            hours=Decimal(min_runway_seconds()) / 3600,
+            per_hour=quote.per_hour,
+            balance=balance,
+            shortfall=needed - balance,
+            top_up_url="/billing/",
+        )
+    return quote, quote.per_hour
+
+
+def quota_for(user: Any) -> int:
+    row = GpuQuota.objects.filter(owner=user).first()
+    return row.max_gpus if row else int(settings.SLICES_DEFAULT_GPU_QUOTA)
+
+
+def cards_in_use(user: Any) -> int:
+    return int(Instance.objects.for_owner(user).live().aggregate(n=Sum("cards"))["n"] or 0)
+
+
+def _lock_quota(user: Any) -> int:
+    """Serialise one account's orders (the quota row is the lock) and return its limit."""
+    row, _created = GpuQuota.objects.get_or_create(
+        owner=user, defaults={"max_gpus": int(settings.SLICES_DEFAULT_GPU_QUOTA)}
+    )
+    row = GpuQuota.objects.select_for_update().get(pk=row.pk)
+    return row.max_gpus
+
+
+def _ssh_key(user: Any, ref: str) -> tuple[str, str]:
+    key = (
+        console_services.get_ssh_key_for_user(user, ref)
+        if ref
+        else console_services.get_default_ssh_key(user)
+    )
+    if key is None:
+        return "", ""
+    return key.name, key.public_key
+
+
+def order_instance(
+    user: Any, req: OrderRequest, *, idempotency_key: str | None = None
+) -> tuple[Instance, bool]:
+    """Accept an order: check it, reserve its GPUs and start provisioning on commit.
+
+    Returns (instance, created). The same ``idempotency_key`` with the same order returns the
+    instance created the first time; with another order it is refused. Raises ``OrderRefused``,
+    ``QuotaExceeded``, billing's ``InsufficientFunds``/``PriceNotSet``, marketplace's
+    ``MountRefused`` or ``NoCapacity``; nothing is reserved or charged then.
+    """
+    fingerprint = req.fingerprint()
+    if idempotency_key:
+        existing = _replay(user, idempotency_key, fingerprint)
+        if existing is not None:
+            return existing, False
+    model = resolve_gpu_model(req.gpu_model)
+    region_code, order_disks = disk_service.resolve_for_order(user, req.disks, req.region)
+    region = None
+    if region_code:
+        region = Region.objects.filter(code=region_code).first()
+        if region is None:
+            raise OrderRefused(gettext_noop("Unknown region %(region)s."), region=region_code)
+    if req.cards not in topology.HOST_SIZES and (
+        req.cards <= 0 or req.cards % topology.SLICE_UNIT_GPUS
+    ):
+        raise OrderRefused(
+            gettext_noop(
+                "A host has 1, 2, 4 or 8 cards and a slice a multiple of 64, not %(cards)s."
+            ),
+            cards=req.cards,
+        )
+    if req.billing_mode not in BillingMode.values:
+        raise OrderRefused(gettext_noop("Unknown billing mode %(mode)s."), mode=req.billing_mode)
+    now = timezone.now()
+    if req.auto_release_at is not None and req.auto_release_at <= now + timedelta(minutes=1):
+        raise OrderRefused(gettext_noop("The automatic release time must be in the future."))
+    name = _clean_name(req.name, f"{model.code}-{req.cards}")
+    env = _clean_env(req.env)
+    price = price_name(model.code)
+    if price is None:
+        raise billing.PriceNotSet(
+            gettext_noop("No price is set for %(gpu_model)s yet; it cannot be ordered."),
+            gpu_model=model.code,
+        )
+    _quote, per_hour = check_funds(user, price, req)
+    version = marketplace.get_image_version(req.image) if req.image else None
+    if version is not None and not version.supports(model.code):
+        raise OrderRefused(
+            gettext_noop("The image %(image)s is not built for %(gpu_model)s."),
+            image=str(version),
+            gpu_model=model.code,
+        )
+    mounts = [m.as_dict() for m in marketplace.build_mount_specs(user, list(req.asset_ids))]
+    key_name, public_key = _ssh_key(user, req.ssh_key)
+    auto_release_at = req.auto_release_at
+    if req.billing_mode == BillingMode.TERM and req.term_days:
+        auto_release_at = None  # set when the term starts (at running)
+    launch = (version.launch or {}) if version is not None else {}
+    try:
+        with transaction.atomic():
+            created = _create_and_allocate(
+                user,
+                req,
+                model=model,
+                region=region,
+                name=name,
+                env=env,
+                per_hour=per_hour,
+                image=version.slug if version else "",
+                container=version.container if version else "",
+                entrypoint=str(launch.get("command", "")),
+                mounts=mounts,
+                ssh=(key_name, public_key),
+                auto_release_at=auto_release_at,
+                idempotency_key=idempotency_key,
+                fingerprint=fingerprint,
+            )
+            disk_service.attach_for_order(created, order_disks)
+            return created, True
+    except IntegrityError:
+        # The same Idempotency-Key committed by a concurrent request first: answer with its result.
+        if idempotency_key:
+            existing = _replay(user, idempotency_key, fingerprint)
+            if existing is not None:
+                return existing, False
+        raise
+
+
+def _replay(user: Any, key: str, fingerprint: str) -> Instance | None:
+    existing = Instance.objects.filter(owner=user, idempotency_key=key).first()
+    if existing is None:
+        return None
+    if existing.request_fingerprint != fingerprint:
+        raise OrderRefused(
+            gettext_noop("This Idempotency-Key was used for a different order."),
+            code=ErrorCode.IDEMPOTENCY_MISMATCH,
+            http_status=422,
+        )
+    return existing
+
+
+def _create_and_allocate(
+    user: Any,
+    req: OrderRequest,
+    *,
+    model: GpuModel,
+    region: Region | None,
+    name: str,
+    env: dict[str, str],
+    per_hour: Decimal,
+    image: str,
+    container: str,
+    entrypoint: str,
+    mounts: list[dict[str, Any]],
+    ssh: tuple[str, str],
+    auto_release_at: datetime | None,
+    idempotency_key: str | None,
+    fingerprint: str,
+) -> Instance:
+    limit = _lock_quota(user)  # concurrent orders of one account queue here
+    used = cards_in_use(user)
+    if used + req.cards > limit:
+        raise quota_exceeded(limit, used, req.cards)
+    instance = Instance.objects.create(
+        owner=user,
+        name=name,
+        kind=AllocationKind.HOST if req.cards in topology.HOST_SIZES else AllocationKind.SLICE,
+        gpu_model=model,
+        cards=req.cards,
+        region=region,
+        image=image,
+        container=container,
+        entrypoint=entrypoint,
+        mounts=mounts,
+        env=env,
+        ssh_key_name=ssh[0],
+        ssh_public_key=ssh[1],
+        billing_mode=req.billing_mode,
+        term_days=req.term_days if req.billing_mode == BillingMode.TERM else None,
+        quoted_per_hour=per_hour,
+        auto_release_at=auto_release_at,
+        driver=settings.SLICES_DRIVER,
+        idempotency_key=idempotency_key,
+        request_fingerprint=fingerprint,
+    )
+    record_event(
+        instance,
+        EventKind.STATE,
+        code="ordered",
+        params={"cards": req.cards, "gpu_model": model.code, "user": user.get_username()},
+    )
+    transition(instance, InstanceState.ALLOCATING, code="allocating")
+    # NoCapacity propagates and rolls the whole order back: a loser keeps nothing.
+    allocation = allocate(
+        user,
+        req.cards,
+        model.code,
+        region.code if region else None,
+        ends_at=auto_release_at,
+        label=f"instance {instance.public_id}",
+    )
+    parts = list(allocation.nodes.select_related("node").order_by("rank"))
+    InstanceNode.objects.bulk_create(
+        [
+            InstanceNode(
+                instance=instance,
+                node=p.node,
+                rank=p.rank,
+                hostname=p.node.hostname,
+                gpu_mask=p.gpu_mask,
+                step=lifecycle.Step.RESERVE,
+            )
+            for p in parts
+        ]
+    )
+    pkey = (0x1000 + instance.pk % 0x6FFF) if allocation.kind == AllocationKind.SLICE else None
+    transition(
+        instance,
+        InstanceState.PROVISIONING,
+        code="allocated",
+        params={"cards": req.cards, "nodes": len(parts), "cluster": allocation.cluster.code},
+        allocation=allocation,
+        region=allocation.cluster.region,
+        partition_key=pkey,
+    )
+    _enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
+    return instance
+
+
+def _enqueue_on_commit(task_name: str, instance_id: int) -> None:
+    def send() -> None:
+        # Imported here: slices.tasks imports these services (a cycle at module level).
+        from slices import tasks
+
+        getattr(tasks, task_name.rsplit(".", 1)[1]).delay(instance_id)
+
+    transaction.on_commit(send)
+
+
+def instance_cost(instance: Instance) -> Decimal:
+    """What the instance has cost so far at its quoted rate, to the second (on demand)."""
+    if not instance.running_at:
+        return Decimal("0.00")
+    end = instance.ended_at or timezone.now()
+    seconds = max(0, int((end - instance.running_at).total_seconds()))
+    return (instance.quoted_per_hour * seconds / Decimal(3600)).quantize(Decimal("0.01"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Release and failure
+# ---------------------------------------------------------------------------------------------
+
+
+def _close_billing(instance: Instance, reason: str) -> None:
+    session = billing.close_usage_session(INSTANCE_RESOURCE, str(instance.public_id), reason=reason)
+    if session is not None:
+        record_event(
+            instance,
+            EventKind.STATE,
+            code="billing_closed",
+            params={"seconds": session.settled_seconds, "amount": str(session.charged)},
+        )
+
+
+@transaction.atomic
+def release_instance(instance: Instance, *, by: str, code: str = "release_requested") -> bool:
+    """Release with one click: billing stops now, the nodes are cleaned and the GPUs freed by a
+    worker. Idempotent: True only for the call that started the release."""
+    if instance.state == InstanceState.FAILED:
+        # Its resources were freed when it failed: releasing only archives it.
+        return transition(
+            instance,
+            InstanceState.RELEASED,
+            code=code,
+            params={"by": by},
+            ended_at=instance.ended_at or timezone.now(),
+        )
+    if not transition(instance, InstanceState.RELEASING, code=code, params={"by": by}):
+        return False
+    _close_billing(instance, "released")
+    _storage_released(instance)
+    _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
+    return True
+
+
+@transaction.atomic
+def fail_instance(instance: Instance, code: str, params: dict[str, Any] | None = None) -> bool:
+    """Mark failed with a reason (code + parameters); billing stops and a worker frees the nodes."""
+    reason = {"code": code, "params": params or {}}
+    if not transition(
+        instance,
+        InstanceState.FAILED,
+        code="failed",
+        params={"reason": reason},
+        level=EventLevel.ERROR,
+        failure_code=code,
+        failure_params=params or {},
+        ended_at=timezone.now(),
+    ):
+        return False
+    _close_billing(instance, "failed")
+    _storage_released(instance)
+    _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
+    return True
+
+
+def _storage_released(instance: Instance) -> None:
+    """The instance's disks stay (detached) and a kept system disk stops being billed."""
+    disk_service.detach_all(instance)
+    disk_service.sync_storage_billing(instance.owner)
+
+
+@transaction.atomic
+def finish_teardown(instance: Instance) -> bool:
+    """After the nodes were cleaned: free the GPUs once, and end a release."""
+    won = (
+        Instance.objects.filter(pk=instance.pk, resources_freed_at__isnull=True).update(
+            resources_freed_at=timezone.now()
+        )
+        == 1
+    )
+    if won and instance.allocation_id:
+        release_allocation(Allocation.objects.get(pk=instance.allocation_id))
+    instance.refresh_from_db()
+    if instance.state == InstanceState.RELEASING:
+        return transition(
+            instance, InstanceState.RELEASED, code="released", ended_at=timezone.now()
+        )
+    if won and instance.state == InstanceState.FAILED:
+        record_event(instance, EventKind.STATE, code="resources_freed")
+        events.broadcast_state_on_commit(instance)
+    return won
+
+
+def stop_for_billing(resource_kind: str, resource_id: str, reason: str) -> bool:
+    """Billing stopped an instance's usage (balance ran out): release it through the same service."""
+    pid = _parse_uuid(resource_id)
+    instance = Instance.objects.filter(public_id=pid).first() if pid else None
+    if instance is None:
+        return False
+    with transaction.atomic():
+        if not transition(
+            instance,
+            InstanceState.RELEASING,
+            code="billing_stopped",
+            params={"reason": reason},
+            level=EventLevel.WARNING,
+        ):
+            return False
+        _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
+    return True

@@ -1,0 +1,519 @@
+"""Driving an instance's nodes: provisioning in parallel, running, teardown.
+
+One worker holds an instance's lease (``Instance.lease_until``, compare-and-set) while it drives
+it; the reconciler re-drives an instance whose lease expired (its worker died). Per node, the
+steps of ``slices.lifecycle`` run in order in a thread of their own (driver calls are I/O); only
+the calling thread touches the database: it records each finished step, the log lines and the
+state changes, renews the lease and notices a release requested meanwhile. Every step is
+idempotent on the node (the instance's directory and container are named after it), so a
+re-driven instance resumes each node after its last recorded step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from billing import services as billing
+from slices import events, lifecycle
+from slices.choices import BillingMode, EventKind, EventLevel, InstanceState, NodeHealth
+from slices.drivers import DriverError, InstanceSpec, Mount, NodeDriver, NodeTarget, get_driver
+from slices.drivers.base import DiskMount
+from slices.models import Instance, InstanceNode, Node
+from slices.services.instances import (
+    INSTANCE_RESOURCE,
+    fail_instance,
+    finish_teardown,
+    price_name,
+    record_event,
+    record_logs,
+    transition,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_STEP_ATTEMPTS = 3
+LOG_FLUSH_SECONDS = 0.5
+
+
+def lease_seconds() -> int:
+    return int(settings.SLICES_LEASE_SECONDS)
+
+
+def acquire_lease(instance: Instance) -> bool:
+    """Take the instance for this worker unless another live worker holds it (compare-and-set)."""
+    now = timezone.now()
+    won = Instance.objects.filter(pk=instance.pk).filter(lease_until__isnull=True).update(
+        lease_until=now + timedelta(seconds=lease_seconds())
+    ) or Instance.objects.filter(pk=instance.pk, lease_until__lt=now).update(
+        lease_until=now + timedelta(seconds=lease_seconds())
+    )
+    return won == 1
+
+
+def renew_lease(instance: Instance) -> None:
+    Instance.objects.filter(pk=instance.pk).update(
+        lease_until=timezone.now() + timedelta(seconds=lease_seconds())
+    )
+
+
+def drop_lease(instance: Instance) -> None:
+    Instance.objects.filter(pk=instance.pk).update(lease_until=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the driver gets
+# ---------------------------------------------------------------------------------------------
+
+
+def node_target(node: Node, rank: int, gpu_mask: int) -> NodeTarget:
+    layout = node.layout or {}
+    return NodeTarget(
+        hostname=node.hostname,
+        address=node.address,
+        port=node.ssh_port,
+        host_key=node.host_key_fingerprint,
+        rank=rank,
+        gpus=tuple(i for i in range(node.gpus_per_node) if gpu_mask >> i & 1),
+        workdir=str(layout.get("workdir") or settings.SLICES_NODE_WORKDIR),
+        runtime=str(layout.get("runtime") or settings.SLICES_NODE_RUNTIME),
+    )
+
+
+def build_spec(instance: Instance) -> InstanceSpec:
+    parts = list(instance.nodes.select_related("node").order_by("rank"))
+    targets = tuple(node_target(p.node, p.rank, p.gpu_mask) for p in parts)
+    disks = tuple(
+        DiskMount(str(a.disk.public_id), a.disk.mount_path, a.mode == "ro", a.disk.size_gb)
+        for a in instance.disk_attachments.filter(detached_at__isnull=True).select_related("disk")
+    )
+    return InstanceSpec(
+        instance_id=str(instance.public_id),
+        slug=instance.slug,
+        name=instance.name,
+        owner=str(getattr(instance.owner, "public_id", instance.owner_id)),
+        image=instance.container,
+        entrypoint=instance.entrypoint,
+        env=dict(instance.env),
+        mounts=tuple(Mount(str(m["source"]), str(m["target"])) for m in instance.mounts),
+        ssh_public_key=instance.ssh_public_key,
+        nodes=targets,
+        gpus_per_node=len(targets[0].gpus) if targets else 0,
+        partition_key=instance.partition_key,
+        sim_fail=str(instance.env.get("SIM_FAIL", "")),
+        disks=disks,
+        system_disk_gb=instance.system_disk_gb,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Provisioning
+# ---------------------------------------------------------------------------------------------
+
+
+class _Logs:
+    """Log lines from the node threads, collected for the database thread (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lines: list[tuple[str, str, str]] = []
+
+    def sink(self, node: str, step: str) -> Any:
+        def log(text: str) -> None:
+            with self._lock:
+                self._lines.append((node, step, text))
+
+        return log
+
+    def drain(self) -> list[tuple[str, str, str]]:
+        with self._lock:
+            lines, self._lines = self._lines, []
+        return lines
+
+
+@dataclass
+class _NodeRun:
+    part: InstanceNode
+    target: NodeTarget
+    attempts: int = 0
+
+
+def _still_provisioning(instance: Instance) -> bool:
+    return Instance.objects.filter(pk=instance.pk, state=InstanceState.PROVISIONING).exists()
+
+
+def provision_instance(instance_id: int, driver: NodeDriver | None = None) -> str:
+    """Drive a provisioning instance to running (or failed). Safe to call twice: the second call
+    finds the lease taken (returns "busy") or the work done."""
+    instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
+    if instance is None or instance.state != InstanceState.PROVISIONING:
+        return "nothing to do"
+    if not acquire_lease(instance):
+        return "busy"
+    driver = driver or get_driver(instance.driver or None)
+    try:
+        return _provision(instance, driver)
+    except Exception as exc:  # a bug or the database: fail cleanly, free everything
+        logger.exception("provisioning %s crashed", instance.public_id)
+        fail_instance(instance, "internal", {"error": type(exc).__name__})
+        return "failed"
+    finally:
+        drop_lease(instance)
+
+
+def _provision(instance: Instance, driver: NodeDriver) -> str:
+    spec = build_spec(instance)
+    logs = _Logs()
+    if instance.attempts == 0 or not instance.events.filter(code="provisioning").exists():
+        record_event(
+            instance, EventKind.STATE, code="provisioning", params={"nodes": len(spec.nodes)}
+        )
+    if not instance.events.filter(code="isolated").exists():
+        try:
+            driver.isolate(spec, logs.sink("", lifecycle.Step.ISOLATE))
+        except DriverError as exc:
+            record_logs(instance, logs.drain())
+            fail_instance(
+                instance,
+                exc.code if exc.code in _KNOWN else "driver_error",
+                {"error": exc.detail or exc.code, "node": ""},
+            )
+            return "failed"
+        record_logs(instance, logs.drain())
+        if spec.partition_key is not None:
+            record_event(
+                instance,
+                EventKind.STEP,
+                code="isolated",
+                step="isolate",
+                params={"pkey": f"{spec.partition_key:#06x}"},
+            )
+        else:
+            record_event(
+                instance, EventKind.STEP, code="isolated", step="isolate", params={"pkey": "—"}
+            )
+    runs = {
+        p.rank: _NodeRun(p, t)
+        for p, t in zip(
+            instance.nodes.select_related("node").order_by("rank"), spec.nodes, strict=True
+        )
+    }
+    failure = _run_nodes(instance, driver, spec, runs, logs)
+    record_logs(instance, logs.drain())
+    if failure is not None:
+        code, params = failure
+        fail_instance(instance, code, params)
+        return "failed"
+    if not _still_provisioning(instance):
+        return "cancelled"
+    if spec.nodes and len(spec.nodes) > 1:
+        _allreduce(instance, driver, spec, logs)
+    return "running" if mark_running(instance, spec) else "cancelled"
+
+
+_KNOWN = {"host_key_mismatch", "unreachable", "sim_failure"}
+
+
+def _run_nodes(
+    instance: Instance,
+    driver: NodeDriver,
+    spec: InstanceSpec,
+    runs: dict[int, _NodeRun],
+    logs: _Logs,
+) -> tuple[str, dict[str, Any]] | None:
+    """Every node's remaining steps, nodes in parallel; the first permanent failure stops it."""
+    ops = {
+        lifecycle.Step.CONNECT: driver.connect,
+        lifecycle.Step.PREPARE: driver.prepare,
+        lifecycle.Step.MOUNT: driver.mount,
+        lifecycle.Step.START: driver.start,
+        lifecycle.Step.HEALTH: driver.health,
+    }
+    backoff = float(settings.SLICES_RETRY_BACKOFF_SECONDS)
+    pending: dict[Future[Any], tuple[int, lifecycle.Step]] = {}
+    workers = max(1, min(len(runs), int(settings.SLICES_PROVISION_THREADS)))
+    failure: tuple[str, dict[str, Any]] | None = None
+    last_renew = time.monotonic()
+
+    def submit(pool: ThreadPoolExecutor, rank: int, delay: float = 0.0) -> None:
+        run = runs[rank]
+        step = lifecycle.next_step(run.part.step)
+        while step is not None and step not in ops:
+            # "ready" has no node work: record it with the last real step
+            _record_step(instance, run, step)
+            step = lifecycle.next_step(run.part.step)
+        if step is None:
+            return
+        sink = logs.sink(run.target.hostname, step)
+
+        def call() -> Any:
+            if delay:
+                time.sleep(delay)
+            return ops[step](spec, run.target, sink)
+
+        pending[pool.submit(call)] = (rank, step)
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="provision") as pool:
+        for rank in sorted(runs):
+            submit(pool, rank)
+        while pending:
+            done, _ = wait(list(pending), timeout=LOG_FLUSH_SECONDS, return_when=FIRST_COMPLETED)
+            record_logs(instance, logs.drain())
+            if time.monotonic() - last_renew > lease_seconds() / 3:
+                renew_lease(instance)
+                last_renew = time.monotonic()
+            for fut in done:
+                rank, step = pending.pop(fut)
+                run = runs[rank]
+                try:
+                    fut.result()
+                except DriverError as exc:
+                    run.attempts += 1
+                    if not exc.permanent and run.attempts < MAX_STEP_ATTEMPTS and failure is None:
+                        delay = backoff * 2 ** (run.attempts - 1)
+                        record_event(
+                            instance,
+                            EventKind.STEP,
+                            code="step_retry",
+                            step=step,
+                            node=run.target.hostname,
+                            level=EventLevel.WARNING,
+                            params={
+                                "step": step,
+                                "error": exc.detail or exc.code,
+                                "delay": round(delay, 2),
+                                "attempt": run.attempts + 1,
+                            },
+                        )
+                        submit(pool, rank, delay)
+                        continue
+                    _node_failed(instance, run, step, exc)
+                    if failure is None:
+                        code = exc.code if exc.code in _KNOWN else "driver_error"
+                        failure = (
+                            code,
+                            {"error": exc.detail or exc.code, "node": run.target.hostname},
+                        )
+                    continue
+                run.attempts = 0
+                _record_step(instance, run, step)
+                if failure is None and _still_provisioning(instance):
+                    submit(pool, rank)
+                elif failure is None:
+                    failure = None  # released meanwhile: stop quietly, teardown is queued
+    return failure
+
+
+def _record_step(instance: Instance, run: _NodeRun, step: lifecycle.Step) -> None:
+    prev = run.part.step
+    with transaction.atomic():
+        won = (
+            InstanceNode.objects.filter(pk=run.part.pk, step=prev).update(
+                step=step, step_started_at=timezone.now(), message=""
+            )
+            == 1
+        )
+        if won:
+            run.part.step = step
+            if step != lifecycle.Step.READY:
+                record_event(
+                    instance,
+                    EventKind.STEP,
+                    code="step_done",
+                    step=step,
+                    node=run.target.hostname,
+                    params={"step": step},
+                )
+            events.broadcast_progress_on_commit(instance)
+
+
+def _node_failed(instance: Instance, run: _NodeRun, step: str, exc: DriverError) -> None:
+    InstanceNode.objects.filter(pk=run.part.pk).update(failed=True, message=str(exc)[:255])
+    record_event(
+        instance,
+        EventKind.ERROR,
+        code="step_failed",
+        step=step,
+        node=run.target.hostname,
+        level=EventLevel.ERROR,
+        params={"step": step, "error": exc.detail or exc.code},
+    )
+
+
+def _allreduce(instance: Instance, driver: NodeDriver, spec: InstanceSpec, logs: _Logs) -> None:
+    """A slice's all-reduce check; the figures are stored beside the expected ones."""
+    expected = (instance.allocation.performance if instance.allocation else {}) or {}
+    try:
+        result = driver.allreduce_check(spec, logs.sink("", "health")).data
+    except DriverError as exc:
+        result = {"measured": False, "why": exc.detail or exc.code}
+    record_logs(instance, logs.drain())
+    if result.get("measured") and result.get("simulated"):
+        # The simulated fabric reports what the α–β model expects for this placement.
+        result = {
+            **result,
+            "busbw_gbps": expected.get("busbw_gbps"),
+            "latency_us": expected.get("allreduce_small_us"),
+        }
+    Instance.objects.filter(pk=instance.pk).update(allreduce=result)
+    if result.get("measured"):
+        record_event(
+            instance,
+            EventKind.STEP,
+            code="allreduce",
+            step="health",
+            params={
+                "busbw": result.get("busbw_gbps"),
+                "latency": result.get("latency_us"),
+                "expected_busbw": expected.get("busbw_gbps"),
+                "expected_latency": expected.get("allreduce_small_us"),
+            },
+        )
+    else:
+        record_event(
+            instance,
+            EventKind.STEP,
+            code="allreduce_not_measured",
+            step="health",
+            level=EventLevel.WARNING,
+            params={"why": str(result.get("why", ""))},
+        )
+
+
+def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
+    """Provisioning → running, and billing starts, in one transaction (one billing start)."""
+    first = spec.nodes[0]
+    now = timezone.now()
+    port = int(settings.SLICES_INSTANCE_SSH_PORT or first.port)
+    user = settings.SLICES_INSTANCE_SSH_USER
+    ssh = f"ssh -p {port} {user}@{first.address}" if port != 22 else f"ssh {user}@{first.address}"
+    unpaid = False
+    with transaction.atomic():
+        if not transition(
+            instance,
+            InstanceState.RUNNING,
+            code="running",
+            params={"ssh": ssh},
+            running_at=now,
+            ssh_host=first.address,
+            ssh_port=port,
+            ssh_user=user,
+        ):
+            return False
+        price = price_name(instance.gpu_model.code) or instance.gpu_model.code
+        if instance.billing_mode == BillingMode.TERM and instance.term_days:
+            try:
+                with transaction.atomic():
+                    rental = billing.purchase_term(
+                        instance.owner,
+                        gpu_model=price,
+                        cards=instance.cards,
+                        days=instance.term_days,
+                        resource_kind=INSTANCE_RESOURCE,
+                        resource_id=str(instance.public_id),
+                        label=instance.name,
+                    )
+            except billing.BillingError:
+                unpaid = True
+            else:
+                Instance.objects.filter(pk=instance.pk).update(
+                    auto_release_at=now + timedelta(days=instance.term_days)
+                )
+                record_event(
+                    instance,
+                    EventKind.STATE,
+                    code="term_started",
+                    params={"days": instance.term_days, "total": str(rental.total)},
+                )
+        else:
+            session = billing.open_usage_session(
+                instance.owner,
+                resource_kind=INSTANCE_RESOURCE,
+                resource_id=str(instance.public_id),
+                gpu_model=price,
+                cards=instance.cards,
+                label=instance.name,
+                at=now,
+            )
+            record_event(
+                instance,
+                EventKind.STATE,
+                code="billing_started",
+                params={"rate": str(session.rate * session.cards)},
+            )
+    if unpaid:
+        fail_instance(instance, "insufficient_funds", {})
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Teardown
+# ---------------------------------------------------------------------------------------------
+
+
+def teardown_instance(instance_id: int, driver: NodeDriver | None = None) -> str:
+    """Clean every node of a releasing or failed instance in parallel, then free its GPUs.
+
+    A node that cannot be cleaned (unreachable) is held back from scheduling for an operator
+    rather than given to the next customer with our container on it; its GPUs are still freed
+    from this instance and billing already stopped at the decision.
+    """
+    instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
+    if instance is None or instance.resources_freed_at is not None:
+        return "nothing to do"
+    if instance.state not in (InstanceState.RELEASING, InstanceState.FAILED):
+        return "not releasing"
+    if not acquire_lease(instance):
+        return "busy"
+    driver = driver or get_driver(instance.driver or None)
+    try:
+        spec = build_spec(instance)
+        logs = _Logs()
+        started = [
+            p for p in instance.nodes.select_related("node") if p.step not in ("", "reserve")
+        ]
+        targets = {t.hostname: t for t in spec.nodes}
+        errors: dict[str, DriverError] = {}
+        if started:
+            with ThreadPoolExecutor(max_workers=max(1, min(len(started), 32))) as pool:
+                futs = {
+                    pool.submit(
+                        driver.teardown,
+                        spec,
+                        targets[p.hostname],
+                        logs.sink(p.hostname, "teardown"),
+                    ): p
+                    for p in started
+                }
+                for fut, p in futs.items():
+                    try:
+                        fut.result()
+                    except DriverError as exc:
+                        errors[p.hostname] = exc
+        record_logs(instance, logs.drain())
+        for hostname, err in errors.items():
+            Node.objects.filter(hostname=hostname).update(
+                health=NodeHealth.DEGRADED, note=f"teardown of {instance.slug} failed"[:255]
+            )
+            record_event(
+                instance,
+                EventKind.ERROR,
+                code="teardown_failed",
+                node=hostname,
+                level=EventLevel.WARNING,
+                params={"node": hostname, "error": err.detail or err.code},
+            )
+        finish_teardown(instance)
+        return "done"
+    finally:
+        drop_lease(instance)

@@ -1,0 +1,163 @@
+"""The reconciler (Celery beat): nothing stuck, nothing leaked, nothing billed that does not run.
+
+- An instance in a transitional state whose worker lease expired (the worker died, the broker lost
+  the message) is driven on again, a bounded number of times, then failed cleanly.
+- A running instance past its automatic release time is released.
+- An active allocation that no live instance holds (older than a grace period) is freed.
+- A running instance whose usage session billing closed is released.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from billing.models import UsageSession  # through billing's queryset (open sessions)
+from slices import lifecycle
+from slices.choices import AllocationState, BillingMode, EventKind, EventLevel, InstanceState
+from slices.models import Allocation, Instance
+from slices.services.allocation import release_allocation
+from slices.services.instances import (
+    INSTANCE_RESOURCE,
+    _enqueue_on_commit,
+    fail_instance,
+    record_event,
+    release_instance,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileReport:
+    redriven: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    auto_released: list[str] = field(default_factory=list)
+    leaked: list[str] = field(default_factory=list)
+    unbilled: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return (
+            f"redriven {len(self.redriven)}, failed {len(self.failed)}, auto-released "
+            f"{len(self.auto_released)}, leaked allocations freed {len(self.leaked)}, "
+            f"stopped by billing {len(self.unbilled)}"
+        )
+
+
+def reconcile(now=None) -> ReconcileReport:  # noqa: ANN001 - a datetime for tests
+    now = now or timezone.now()
+    report = ReconcileReport()
+    _redrive(now, report)
+    _auto_release(now, report)
+    _free_leaks(now, report)
+    _billing_closed(report)
+    return report
+
+
+def _redrive(now, report: ReconcileReport) -> None:  # noqa: ANN001
+    max_attempts = int(settings.SLICES_MAX_DRIVE_ATTEMPTS)
+    stuck = Instance.objects.filter(
+        state__in=[s.value for s in lifecycle.TRANSITIONAL],
+    ).filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+    grace = timedelta(seconds=int(settings.SLICES_LEASE_SECONDS))
+    for instance in stuck.filter(state_changed_at__lt=now - grace):
+        # Compare-and-set on the attempt counter: two reconcilers re-drive once.
+        won = (
+            Instance.objects.filter(pk=instance.pk, attempts=instance.attempts)
+            .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+            .update(attempts=instance.attempts + 1, state_changed_at=now)
+        )
+        if not won:
+            continue
+        attempt = instance.attempts + 1
+        if instance.state in (InstanceState.PENDING, InstanceState.ALLOCATING):
+            # Orders allocate in the ordering transaction, so these cannot outlive a crash
+            # holding GPUs; fail them cleanly.
+            fail_instance(instance, "stuck", {})
+            report.failed.append(str(instance.public_id))
+        elif instance.state == InstanceState.RELEASING:
+            record_event(
+                instance,
+                EventKind.STATE,
+                code="redriven",
+                params={"attempt": attempt},
+                level=EventLevel.WARNING,
+            )
+            _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
+            report.redriven.append(str(instance.public_id))
+        elif attempt > max_attempts:
+            record_event(
+                instance,
+                EventKind.STATE,
+                code="gave_up",
+                params={"attempts": attempt - 1},
+                level=EventLevel.ERROR,
+            )
+            fail_instance(instance, "interrupted", {})
+            report.failed.append(str(instance.public_id))
+        else:
+            record_event(
+                instance,
+                EventKind.STATE,
+                code="redriven",
+                params={"attempt": attempt},
+                level=EventLevel.WARNING,
+            )
+            _enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
+            report.redriven.append(str(instance.public_id))
+    # Failed instances whose teardown never ran (worker died after the failure).
+    for instance in Instance.objects.filter(
+        state=InstanceState.FAILED,
+        resources_freed_at__isnull=True,
+        state_changed_at__lt=now - grace,
+    ).filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now)):
+        _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
+        report.redriven.append(str(instance.public_id))
+
+
+def _auto_release(now, report: ReconcileReport) -> None:  # noqa: ANN001
+    due = Instance.objects.filter(
+        state__in=[InstanceState.RUNNING, InstanceState.PROVISIONING], auto_release_at__lte=now
+    )
+    for instance in due:
+        if release_instance(instance, by="auto", code="auto_release"):
+            report.auto_released.append(str(instance.public_id))
+
+
+def _free_leaks(now, report: ReconcileReport) -> None:  # noqa: ANN001
+    grace = timedelta(seconds=int(settings.SLICES_LEAK_GRACE_SECONDS))
+    live = Instance.objects.filter(
+        state__in=[s.value for s in lifecycle.LIVE], allocation__isnull=False
+    ).values("allocation_id")
+    leaked = Allocation.objects.filter(
+        state=AllocationState.ACTIVE, created_at__lt=now - grace
+    ).exclude(pk__in=live)
+    for allocation in leaked:
+        if release_allocation(allocation):
+            logger.warning("freed allocation %s held by no live instance", allocation.public_id)
+            report.leaked.append(str(allocation.public_id))
+
+
+def _billing_closed(report: ReconcileReport) -> None:
+    """Running on-demand instances with no open usage session (billing stopped them): release."""
+    running = Instance.objects.filter(
+        state=InstanceState.RUNNING, billing_mode=BillingMode.ON_DEMAND
+    )
+    ids = [str(i.public_id) for i in running]
+    if not ids:
+        return
+    open_ids = set(
+        UsageSession.objects.open()
+        .filter(resource_kind=INSTANCE_RESOURCE, resource_id__in=ids)
+        .values_list("resource_id", flat=True)
+    )
+    for instance in running:
+        if str(instance.public_id) not in open_ids and release_instance(
+            instance, by="billing", code="billing_stopped"
+        ):
+            report.unbilled.append(str(instance.public_id))

@@ -1,0 +1,319 @@
+"""The relay: once a second, every running instance's GPU samples go to the browsers, the ring and
+the minute rollups.
+
+For each running instance it holds one telemetry source per node from the instance's driver (the
+agent's stream over SSH, or the simulated workload), reads the latest sample of each, and
+
+- appends one compact entry per instance to its ring (the last hour at 1 s),
+- sends it to the channel-layer group ``telemetry.instance.<uuid>`` (the instance page), and one
+  message per cluster to ``telemetry.cluster.<code>`` (the operators' heat map and node pages),
+- publishes the latest full sample per instance (what ``/metrics`` exports),
+- folds it into 1-minute rollups, written to the database when each minute ends (one row per GPU
+  per minute, never per second).
+
+The embedded default runs it as a thread of the web process (``start_relay_thread``); production
+runs ``manage.py relay_telemetry`` as its own process (the Procfile's ``telemetry``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import close_old_connections
+
+from slices.choices import InstanceState
+from slices.drivers import get_driver
+from slices.drivers.base import TelemetrySource
+from slices.models import Instance
+from slices.services.provisioning import build_spec
+from slices.telemetry.ring import MemoryRing, RedisRing, Ring
+from slices.telemetry.rollup import MinuteAccumulator
+from slices.telemetry.samples import ROW_COLUMNS, SampleError, gpu_row, parse_sample
+
+logger = logging.getLogger(__name__)
+
+# Instances with more GPUs than this get no per-GPU detail in live messages (the table would be
+# unreadable and the message large); their charts still get every GPU's row.
+DETAIL_MAX_GPUS = 64
+REFRESH_EVERY_TICKS = 5
+
+
+def instance_group(public_id: object) -> str:
+    return f"telemetry.instance.{public_id}"
+
+
+def cluster_group(code: str) -> str:
+    return f"telemetry.cluster.{code}"
+
+
+@lru_cache(maxsize=1)
+def get_ring() -> Ring:
+    """The process's ring: Redis streams in production, memory in the embedded default."""
+    maxlen = max(60, int(settings.TELEMETRY_RING_SECONDS / settings.TELEMETRY_INTERVAL))
+    if settings.REDIS_URL:
+        import redis  # only production has a Redis to connect to
+
+        return RedisRing(
+            redis.Redis.from_url(settings.REDIS_URL),
+            maxlen=maxlen,
+            ttl_seconds=settings.TELEMETRY_RING_SECONDS,
+        )
+    return MemoryRing(maxlen=maxlen)
+
+
+@dataclass
+class _NodeFeed:
+    rank: int
+    host: str
+    cluster: str
+    source: TelemetrySource
+    last_xid: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class _InstanceFeed:
+    public_id: str
+    hosts: list[str]
+    nodes: list[_NodeFeed]
+    simulated: bool
+
+
+@dataclass
+class TickStats:
+    instances: int = 0
+    gpus: int = 0
+    bad_samples: int = 0
+    rollups_written: int = 0
+
+
+class Relay:
+    def __init__(self, ring: Ring | None = None, *, layer: Any = None) -> None:
+        self.ring = ring if ring is not None else get_ring()
+        self.layer = layer if layer is not None else get_channel_layer()
+        self.feeds: dict[str, _InstanceFeed] = {}
+        self.rollups = MinuteAccumulator()
+        self.seq = 0
+        self._minute: int | None = None
+
+    # -- which instances -----------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Start sources for newly running instances; stop those of instances no longer running."""
+        running = {
+            str(i.public_id): i
+            for i in Instance.objects.filter(state=InstanceState.RUNNING).select_related(
+                "gpu_model"
+            )
+        }
+        for public_id in list(self.feeds):
+            if public_id not in running:
+                self._stop(public_id)
+        for public_id, instance in running.items():
+            if public_id not in self.feeds:
+                try:
+                    self.feeds[public_id] = self._start(instance)
+                except Exception:  # one instance's driver trouble must not stop the fleet's feed
+                    logger.exception("telemetry for %s could not start", public_id)
+
+    def _start(self, instance: Instance) -> _InstanceFeed:
+        spec = build_spec(instance)
+        driver: Any = get_driver(instance.driver or None)
+        clusters = dict(
+            instance.nodes.select_related("node__cluster").values_list(
+                "rank", "node__cluster__code"
+            )
+        )
+        nodes = [
+            _NodeFeed(
+                rank=n.rank,
+                host=n.hostname,
+                cluster=str(clusters.get(n.rank, "")),
+                source=driver.telemetry(spec, n, instance.gpu_model.code),
+            )
+            for n in spec.nodes
+        ]
+        return _InstanceFeed(
+            public_id=str(instance.public_id),
+            hosts=[n.hostname for n in spec.nodes],
+            nodes=nodes,
+            simulated=bool(getattr(driver, "simulated", False)),
+        )
+
+    def _stop(self, public_id: str) -> None:
+        feed = self.feeds.pop(public_id)
+        for node in feed.nodes:
+            try:
+                node.source.close()
+            except Exception:
+                logger.debug("closing a telemetry source failed", exc_info=True)
+        self.ring.drop(public_id)
+
+    def close(self) -> None:
+        for public_id in list(self.feeds):
+            self._stop(public_id)
+
+    # -- one second ------------------------------------------------------------------------------
+    def tick(self, now: float | None = None) -> TickStats:
+        now = time.time() if now is None else now
+        self.seq += 1
+        stats = TickStats(instances=len(self.feeds))
+        entries: dict[str, dict[str, Any]] = {}
+        latest: dict[str, dict[str, Any]] = {}
+        sends: list[tuple[str, dict[str, Any]]] = []
+        clusters: dict[str, dict[str, list[list[Any]]]] = {}
+        for feed in self.feeds.values():
+            rows: list[list[Any]] = []
+            detail: list[dict[str, Any]] = []
+            full: list[dict[str, Any]] = []
+            problems: list[dict[str, str]] = []
+            for node in feed.nodes:
+                try:
+                    raw = node.source.read(now)
+                    if raw is None:
+                        continue
+                    sample = parse_sample(raw, simulated=node.source.simulated)
+                except SampleError as exc:
+                    stats.bad_samples += 1
+                    logger.debug("bad sample from %s: %s", node.host, exc)
+                    continue
+                except Exception:
+                    stats.bad_samples += 1
+                    logger.exception("telemetry source of %s failed", node.host)
+                    continue
+                if sample.state != "ok":
+                    problems.append(
+                        {"host": node.host, "state": sample.state, "error": sample.error}
+                    )
+                    continue
+                heat = clusters.setdefault(node.cluster, {}).setdefault(node.host, [])
+                for gpu in sample.gpus:
+                    row = gpu_row(node.rank, gpu)
+                    rows.append(row)
+                    heat.append([gpu.index, row[2], row[4], row[5], row[3]])
+                    self.rollups.add(feed.public_id, node.host, gpu, now, feed.simulated)
+                    if gpu.xid:
+                        node.last_xid[gpu.index] = gpu.xid[-1]
+                    d = gpu.detail()
+                    detail.append({"node": node.rank, **d})
+                    full.append(
+                        {
+                            **d,
+                            "host": node.host,
+                            "util": gpu.util_gpu,
+                            "mem_used": gpu.mem_used_mib,
+                            "temp": gpu.temp_c,
+                            "power": gpu.power_w,
+                            "last_xid": node.last_xid.get(gpu.index, 0),
+                        }
+                    )
+            stats.gpus += len(rows)
+            entry: dict[str, Any] = {"ts": round(now, 3), "seq": self.seq, "g": rows}
+            if feed.simulated:
+                entry["sim"] = True
+            if problems:
+                entry["problems"] = problems
+            entries[feed.public_id] = entry
+            latest[feed.public_id] = {"ts": round(now, 3), "sim": feed.simulated, "gpus": full}
+            live = dict(entry)
+            if len(rows) <= DETAIL_MAX_GPUS:
+                live["detail"] = detail
+            sends.append(
+                (instance_group(feed.public_id), {"type": "telemetry.sample", "payload": live})
+            )
+        for code, nodes in clusters.items():
+            payload = {"ts": round(now, 3), "seq": self.seq, "nodes": nodes}
+            sends.append((cluster_group(code), {"type": "telemetry.sample", "payload": payload}))
+        if entries:
+            self.ring.append_many(entries)
+            self.ring.publish_latest(latest)
+        if sends and self.layer is not None:
+            async_to_sync(self._send_all)(sends)
+        minute = int(now // 60)
+        if self._minute is not None and minute != self._minute:
+            stats.rollups_written = self.flush_rollups(now)
+        self._minute = minute
+        return stats
+
+    async def _send_all(self, sends: list[tuple[str, dict[str, Any]]]) -> None:
+        results = await asyncio.gather(
+            *(self.layer.group_send(group, message) for group, message in sends),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, Exception):  # the layer may drop; the ring has it
+                logger.debug("telemetry broadcast dropped: %r", result)
+
+    def flush_rollups(self, now: float | None = None) -> int:
+        """Write the finished minutes (all of them when ``now`` is None)."""
+        from slices.services.telemetry import write_rollups  # services import this module
+
+        records = self.rollups.flush(now)
+        return write_rollups(records) if records else 0
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self, stop: threading.Event, interval: float | None = None) -> None:
+        """Tick every ``interval`` seconds on a steady cadence until ``stop`` is set."""
+        interval = interval or settings.TELEMETRY_INTERVAL
+        next_at = time.monotonic()
+        ticks = 0
+        while not stop.is_set():
+            try:
+                if ticks % REFRESH_EVERY_TICKS == 0:
+                    close_old_connections()
+                    self.refresh()
+                self.tick()
+            except Exception:  # keep sampling: a database hiccup must not end live charts
+                logger.exception("telemetry tick failed")
+            ticks += 1
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay < 0:
+                next_at = time.monotonic()  # fell behind: skip ticks, never burst
+                delay = 0
+            stop.wait(delay)
+        try:
+            self.flush_rollups()
+        finally:
+            self.close()
+            close_old_connections()
+
+
+_thread_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_stop = threading.Event()
+
+
+def start_relay_thread() -> bool:
+    """The embedded default: run the relay as a daemon thread of this process (once)."""
+    global _thread
+    if not settings.TELEMETRY_RELAY:
+        return False
+    with _thread_lock:
+        if _thread is not None:
+            return False
+        _stop.clear()
+        _thread = threading.Thread(
+            target=lambda: Relay().run(_stop), name="telemetry-relay", daemon=True
+        )
+        _thread.start()
+    logger.info("telemetry relay started (%s s interval)", settings.TELEMETRY_INTERVAL)
+    return True
+
+
+__all__ = [
+    "ROW_COLUMNS",
+    "Relay",
+    "TickStats",
+    "cluster_group",
+    "get_ring",
+    "instance_group",
+    "start_relay_thread",
+]

@@ -1,0 +1,81 @@
+// Instance page: follow the instance over its websocket; the server renders, this only asks.
+// A message (state, progress, event) makes the page re-fetch its live region (throttled) and
+// append log lines. If the websocket is down, it polls the live region until the state settles.
+(function () {
+  "use strict";
+  var FINAL = { running: 1, released: 1, failed: 1 };
+  function init() {
+    var page = document.getElementById("instance-page");
+    if (!page) return;
+    var liveUrl = page.dataset.liveUrl;
+    var pending = false, lastFetch = 0, pollTimer = null;
+    function refresh() {
+      var now = Date.now();
+      if (pending) return;
+      var wait = Math.max(0, 700 - (now - lastFetch));
+      pending = true;
+      setTimeout(function () {
+        lastFetch = Date.now();
+        window.htmx.ajax("GET", liveUrl, { target: "#instance-live", swap: "outerHTML", select: "#instance-live" })
+          .then(function () { pending = false; }, function () { pending = false; });
+      }, wait);
+    }
+    function appendEvent(p) {
+      if (p.kind === "log") {
+        var pre = document.getElementById("instance-logs");
+        if (!pre) return;
+        var t = new Date(p.at).toTimeString().slice(0, 8);
+        pre.appendChild(document.createTextNode(t + " " + (p.node ? "[" + p.node + "] " : "") + p.text + "\n"));
+        pre.scrollTop = pre.scrollHeight;
+        return;
+      }
+      refreshEvents();
+    }
+    var eventsPending = false;
+    function refreshEvents() {
+      if (eventsPending) return;
+      eventsPending = true;
+      setTimeout(function () {
+        window.htmx.ajax("GET", liveUrl, { target: "#instance-events", swap: "outerHTML", select: "#instance-events" })
+          .then(function () { eventsPending = false; }, function () { eventsPending = false; });
+      }, 500);
+    }
+    function state() {
+      var live = document.getElementById("instance-live");
+      return live ? live.dataset.state : "";
+    }
+    function poll() {
+      if (pollTimer) return;
+      pollTimer = setInterval(function () {
+        if (FINAL[state()]) { clearInterval(pollTimer); pollTimer = null; return; }
+        refresh();
+        refreshEvents();
+      }, 2000);
+    }
+    if (!("WebSocket" in window)) { poll(); return; }
+    var scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    var ws;
+    function connect() {
+      ws = new WebSocket(scheme + location.host + page.dataset.ws);
+      ws.onopen = function () { if (pollTimer) { clearInterval(pollTimer); pollTimer = null; } refresh(); refreshEvents(); };
+      ws.onmessage = function (msg) {
+        var data;
+        try { data = JSON.parse(msg.data); } catch (e) { return; }
+        if (data.kind === "event") appendEvent(data.payload);
+        if (data.kind === "state" || data.kind === "progress" || (data.kind === "event" && data.payload.kind !== "log")) refresh();
+      };
+      ws.onclose = function (e) {
+        if (e.code === 4401 || e.code === 4404 || e.code === 4403) return;
+        poll();
+        setTimeout(connect, 5000);
+      };
+    }
+    connect();
+  }
+  document.addEventListener("DOMContentLoaded", init);
+})();
+// Release buttons ask first (data-confirm); without JavaScript the release page asks instead.
+document.addEventListener("submit", function (e) {
+  var button = e.submitter;
+  if (button && button.dataset.confirm && !window.confirm(button.dataset.confirm)) e.preventDefault();
+});

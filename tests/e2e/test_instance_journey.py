@@ -1,0 +1,171 @@
+"""Rent a GPU host in a real browser: top up, order 8 × RTX 4090 from the order form, watch it come
+up live (websocket, no reload), release it with one click, and find the charge, to the second, in
+billing.
+
+The console runs as a real process here (uvicorn, SQLite, the embedded Celery worker, websockets),
+not Django's live server: in-process tests run tasks inline, which would provision the host inside
+the order request and leave nothing to watch. ``SIM_TIME_SCALE=0.1`` makes the simulated host take
+about eight seconds, long enough to see the page in its provisioning state on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from tests.support import servers
+
+pytestmark = pytest.mark.e2e
+
+DEMO_PASSWORD = "demo-password-2026"
+NAME = "browser-host"
+# Waits for server-side progress: generous for a 2-core machine shared with the whole suite.
+SETTLE_MS = 120_000
+# Where the screenshots go when asked for (SCREENSHOT_DIR); otherwise the test's tmp folder.
+SHOTS = os.environ.get("SCREENSHOT_DIR", "")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
+    tmp = tmp_path_factory.mktemp("instance-journey")
+    env = servers.embedded_env(tmp)
+    env.update(SIM_TIME_SCALE="0.1", SLICES_DRIVER="sim")
+    servers.manage(env, "migrate", "--noinput", "-v", "0")
+    servers.manage(env, "demo_setup")
+    server = servers.Stack(env=env, port=servers.free_port(), tmp=tmp)
+    try:
+        server.start_web()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def customer(browser: Browser, stack: servers.Stack) -> Iterator[Page]:
+    """The demo customer, logged in, in a Chinese-speaking browser."""
+    context = browser.new_context(
+        base_url=stack.url, locale="zh-CN", viewport={"width": 1280, "height": 900}
+    )
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    page.goto("/accounts/login/")
+    page.fill("input[name=login]", "demo")
+    page.fill("input[name=password]", DEMO_PASSWORD)
+    page.click("#login-form button[type=submit]")
+    expect(page).to_have_url(re.compile(r"/$"))
+    yield page
+    context.close()
+
+
+def _wait_until_billed(page: Page, url: str, seconds: int) -> None:
+    """Poll the instance until the server says it has run ``seconds`` (a condition, not a sleep)."""
+    deadline = time.monotonic() + SETTLE_MS / 1000
+    while time.monotonic() < deadline:
+        body = json.loads(page.request.get(url).text())
+        if body["running_at"]:
+            ran = datetime.now(UTC) - _when(body["running_at"])
+            if ran.total_seconds() >= seconds:
+                return
+        page.wait_for_timeout(250)
+    raise AssertionError(f"{url} did not run {seconds} s in time")
+
+
+def _when(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def test_customer_orders_watches_releases_and_pays_to_the_second(
+    customer: Page, stack: servers.Stack, tmp_path: Path
+) -> None:
+    page = customer
+    shots = Path(SHOTS) if SHOTS else tmp_path
+
+    # Top up 100 元 through the sandbox checkout (the trial credit does not cover an hour of 8 cards).
+    page.goto("/billing/")
+    page.fill("#id_amount", "100")
+    page.click("#topup-form button[type=submit]")
+    expect(page).to_have_url(re.compile(r"/billing/sandbox/checkout/"))
+    page.click("#sandbox-pay button[value=pay]")
+    expect(page).to_have_url(re.compile(r"/billing/$"))
+    expect(page.locator("#balance-cash")).to_contain_text("100.00")
+
+    # The order form: choose the GPU model, then 8 cards (each change re-renders the form).
+    page.goto("/instances/new/")
+    # (Wait for each re-render: the response to the first change replaces the whole form.)
+    page.select_option("#id_gpu_model", "RTX4090")
+    expect(page).to_have_url(re.compile(r"[?&]gpu_model=RTX4090"))
+    page.select_option("#id_cards", "8")
+    expect(page).to_have_url(re.compile(r"[?&]cards=8(&|$)"))
+    expect(page.locator("#order-placement h2")).to_contain_text("8 × RTX4090")
+    expect(page.locator("#id_cards")).to_have_value("8")
+    page.fill("#id_name", NAME)
+    expect(page.locator("#order-button")).to_be_enabled()
+    page.click("#order-button")
+
+    # The instance page: it opens while the host is still coming up.
+    expect(page).to_have_url(re.compile(r"/instances/[0-9a-f-]{36}/$"))
+    public_id = page.url.rstrip("/").rsplit("/", 1)[1]
+    badge = page.locator("#instance-state")
+    first_state = badge.get_attribute("data-state")
+    assert first_state in {"pending", "allocating", "provisioning"}, first_state
+    # A marker that a reload (or any navigation) would wipe out.
+    page.evaluate("window.__sameDocument = 'not reloaded'")
+    expect(page.locator("#instance-progress .progress-bar").first).to_be_visible()
+    page.screenshot(path=str(shots / "instance-provisioning.png"))
+
+    # Running, reached by the live region alone: the same document, the SSH command shown.
+    expect(badge).to_have_attribute("data-state", "running", timeout=SETTLE_MS)
+    assert page.evaluate("window.__sameDocument") == "not reloaded"
+    expect(page.locator("#instance-ssh code")).to_contain_text("ssh ")
+    expect(page.locator("#instance-progress")).to_contain_text("100 %")
+    expect(page.locator("#instance-logs")).not_to_be_empty()  # log lines pushed as they came
+    page.screenshot(path=str(shots / "instance-running.png"))
+
+    # Let it run a couple of seconds (by its running_at; the page does not tick its cost).
+    _wait_until_billed(page, f"/api/v1/instances/{public_id}/", seconds=2)
+
+    # One-click release, confirmed in the dialog.
+    dialogs: list[str] = []
+
+    def accept(dialog) -> None:  # noqa: ANN001 - Playwright's Dialog
+        dialogs.append(dialog.message)
+        dialog.accept()
+
+    page.once("dialog", accept)
+    page.click("#release-button")
+    expect(badge).to_have_attribute("data-state", re.compile("releasing|released"))
+    assert dialogs and NAME in dialogs[0]
+    expect(badge).to_have_attribute("data-state", "released", timeout=SETTLE_MS)
+    expect(page.locator("#release-button")).to_have_count(0)
+
+    # Billing: the usage row of this instance, closed, with its seconds.
+    page.goto("/billing/")
+    row = page.locator("#billing-usage tbody tr", has_text=NAME)
+    expect(row).to_have_count(1)
+    sessions = json.loads(page.request.get("/api/v1/billing/usage-sessions/").text())["results"]
+    bill = next(s for s in sessions if s["resource_id"] == public_id)
+    assert bill["state"] == "closed" and bill["cards"] == 8
+    expect(row.locator("td").nth(5)).to_contain_text(str(bill["settled_seconds"]))
+    expect(row.locator("td").nth(6)).to_contain_text(bill["charged"])
+
+    # To the second: running → release request, by the server's own event times.
+    instance = json.loads(page.request.get(f"/api/v1/instances/{public_id}/").text())
+    events = json.loads(page.request.get(f"/api/v1/instances/{public_id}/events/").text())
+    release_at = _when(next(e["at"] for e in events if e["code"] == "release_requested"))
+    ran = (release_at - _when(instance["running_at"])).total_seconds()
+    assert bill["settled_seconds"] >= 2
+    assert abs(bill["settled_seconds"] - ran) <= 1.5, (bill, ran)
+    expected = (Decimal(bill["rate"]) * 8 * bill["settled_seconds"] / 3600).quantize(
+        Decimal("0.01")
+    )
+    assert abs(Decimal(bill["charged"]) - expected) <= Decimal("0.01")
+    assert Decimal(bill["charged"]) > 0

@@ -1,0 +1,261 @@
+"""Real SSH test hosts: Debian's OpenSSH server, one process per host on a loopback port.
+
+Each host has its own generated ed25519 host key, its own ``AuthorizedKeysFile`` holding the
+client key generated for the run, and its own node directory; it runs as root (the suite does)
+with ``UsePAM no`` and ``StrictModes no``, its pid file and config in its own directory.
+
+    pool = SshHostPool(tmp_dir)        # or the session fixture ``ssh_hosts`` below
+    hosts = pool.get(8)                # started on first use, reused afterwards
+    configure_ssh_fleet(settings, hosts, nodes, tmp_path)   # point Node rows at them
+    pool.stop()
+
+The bench imports this module before Django is set up, so Django is imported inside the helper
+that needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+SSHD = "/usr/sbin/sshd"
+ADDRESS = "127.0.0.1"
+START_TIMEOUT = 15.0
+
+SSHD_CONFIG = """\
+Port {port}
+ListenAddress {address}
+HostKey {dir}/ssh_host_ed25519_key
+AuthorizedKeysFile {dir}/authorized_keys
+PidFile {dir}/sshd.pid
+UsePAM no
+StrictModes no
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AllowUsers root
+UseDNS no
+Subsystem sftp internal-sftp
+MaxStartups 256
+MaxSessions 64
+LogLevel INFO
+# The development machine's root ~/.bashrc (pyenv init: ~0.3 s a command) is not part of a node:
+# bash sources it for sshd's commands only at SHLVL 0, so start them at 1.
+SetEnv SHLVL=1
+"""
+
+
+def sshd_available() -> bool:
+    return os.access(SSHD, os.X_OK) and os.geteuid() == 0
+
+
+def generate_key(path: Path, comment: str) -> str:
+    """Write an ed25519 private key (OpenSSH format, mode 600) and return its public key line."""
+    key = Ed25519PrivateKey.generate()
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    line = f"{public.decode()} {comment}"
+    Path(f"{path}.pub").write_text(line + "\n")
+    return line
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((ADDRESS, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_banner(port: int, deadline: float, process: subprocess.Popen[bytes] | None) -> None:
+    """Until the port answers with an SSH banner (or the server died, or the deadline passed)."""
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"sshd on port {port} exited with {process.returncode}")
+        try:
+            with socket.create_connection((ADDRESS, port), timeout=1.0) as sock:
+                sock.settimeout(2.0)
+                if sock.recv(64).startswith(b"SSH-"):
+                    return
+        except OSError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise RuntimeError(f"sshd on port {port} did not answer with a banner ({last})")
+
+
+@dataclass
+class SshHost:
+    index: int
+    port: int
+    directory: Path  # config, keys, pid file, log
+    node_dir: Path  # the host's own node directory (a default workdir)
+    host_key_line: str
+    process: subprocess.Popen[bytes]
+    address: str = ADDRESS
+
+    @property
+    def host_key_file(self) -> Path:
+        return self.directory / "ssh_host_ed25519_key"
+
+    def log_text(self) -> str:
+        """What the server logged (INFO: one "Accepted publickey" line per login)."""
+        return (self.directory / "sshd.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+@dataclass
+class SshHostPool:
+    """Test hosts started on demand and kept for reuse (one pool per test session)."""
+
+    base: Path
+    hosts: list[SshHost] = field(default_factory=list)
+    client_key: Path = field(init=False)
+    client_public: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.client_key = self.base / "console_ed25519"
+        self.client_public = generate_key(self.client_key, "console@tests")
+        self._lock = threading.Lock()
+
+    def get(self, count: int) -> list[SshHost]:
+        """The first ``count`` hosts, starting the missing ones (in parallel)."""
+        with self._lock:
+            missing = range(len(self.hosts), count)
+            if missing:
+                with ThreadPoolExecutor(max_workers=8) as pool:
+                    self.hosts.extend(pool.map(self._start, missing))
+            return self.hosts[:count]
+
+    def _start(self, index: int) -> SshHost:
+        directory = self.base / f"host{index:02d}"
+        node_dir = directory / "node"
+        node_dir.mkdir(parents=True, exist_ok=True)
+        host_key_line = generate_key(directory / "ssh_host_ed25519_key", f"host{index}")
+        (directory / "authorized_keys").write_text(self.client_public + "\n")
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+        for _attempt in range(5):
+            port = _free_port()
+            config = directory / "sshd_config"
+            config.write_text(SSHD_CONFIG.format(port=port, address=ADDRESS, dir=directory))
+            with open(directory / "sshd.log", "ab") as errors:
+                process = subprocess.Popen(
+                    [SSHD, "-D", "-e", "-f", str(config), "-p", str(port)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=errors,
+                    stderr=errors,
+                )
+            try:
+                wait_for_banner(port, time.monotonic() + START_TIMEOUT, process)
+            except RuntimeError:
+                if process.poll() is None:
+                    process.kill()
+                process.wait()
+                continue  # the port was taken meanwhile: another one
+            return SshHost(index, port, directory, node_dir, host_key_line, process)
+        log = (directory / "sshd.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"could not start sshd test host {index}: {log}")
+
+    def stop(self) -> None:
+        for host in self.hosts:
+            host.stop()
+        self.hosts.clear()
+
+
+_shared: SshHostPool | None = None
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHostPool]:
+    """The session's SSH test hosts: ``ssh_hosts.get(n)``. One pool per session even when
+    several test modules import this fixture."""
+    global _shared
+    if not sshd_available():
+        pytest.fail(f"the SSH tests need {SSHD} (Debian's openssh-server) and root")
+    owner = _shared is None
+    if _shared is None:
+        _shared = SshHostPool(tmp_path_factory.mktemp("sshd"))
+    try:
+        yield _shared
+    finally:
+        if owner:
+            _shared.stop()
+            _shared = None
+
+
+@dataclass(frozen=True)
+class SshFleet:
+    """Where a test fleet's nodes point after ``configure_ssh_fleet``."""
+
+    pfs_root: Path
+    asset_root: Path
+    workdirs: dict[str, Path]  # hostname -> the node's own workdir
+
+
+def configure_ssh_fleet(
+    settings: Any,
+    hosts: Sequence[SshHost],
+    nodes: Sequence[Any],
+    root: Path,
+    *,
+    client_key: Path,
+) -> SshFleet:
+    """Point ``nodes`` (Node rows) at ``hosts`` (round robin when there are fewer hosts than
+    nodes: each node still gets its own workdir) and switch ``settings`` to the ssh driver."""
+    from slices.models import Node  # Django is set up by now (the bench imports this module first)
+
+    pfs_root = root / "pfs"
+    asset_root = root / "assets"
+    pfs_root.mkdir(parents=True, exist_ok=True)
+    asset_root.mkdir(parents=True, exist_ok=True)
+    workdirs: dict[str, Path] = {}
+    for i, node in enumerate(nodes):
+        host = hosts[i % len(hosts)]
+        workdir = root / "nodes" / node.hostname
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        workdir.mkdir(parents=True)
+        workdirs[node.hostname] = workdir
+        layout = {**(node.layout or {}), "runtime": "process", "workdir": str(workdir)}
+        Node.objects.filter(pk=node.pk).update(
+            address=host.address,
+            ssh_port=host.port,
+            host_key_fingerprint=host.host_key_line,
+            layout=layout,
+        )
+    settings.SLICES_DRIVER = "ssh"
+    settings.SLICES_SSH_USER = "root"
+    settings.SLICES_SSH_KEY_FILE = str(client_key)
+    settings.SLICES_PFS_ROOT = str(pfs_root)
+    settings.SLICES_ASSET_ROOT = str(asset_root)
+    return SshFleet(pfs_root, asset_root, workdirs)
