@@ -1,15 +1,21 @@
-"""Websocket consumers of the slices app: an instance's live progress, events and logs."""
+"""Websocket consumers of the slices app: an instance's live progress, events and logs; live GPU
+telemetry."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import Http404
 
+from console.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, ForwardingJsonConsumer
 from slices.events import instance_group
+from slices.models import Cluster
 from slices.services.instances import get_instance_for_operator, get_instance_for_user
+from slices.telemetry.groups import cluster_group as telemetry_cluster_group
+from slices.telemetry.groups import instance_group as telemetry_instance_group
 
 
 class InstanceConsumer(AsyncJsonWebsocketConsumer):
@@ -49,3 +55,79 @@ class InstanceConsumer(AsyncJsonWebsocketConsumer):
 
     async def instance_message(self, event: dict[str, Any]) -> None:
         await self.send_json({"kind": event["kind"], "payload": event["payload"]})
+
+
+@database_sync_to_async
+def _may_see_instance(user: Any, public_id: str) -> bool:
+    """The owner sees their instance; operators see the fleet; anyone else gets "not found"."""
+    try:
+        if user.is_staff:
+            get_instance_for_operator(public_id)
+        else:
+            get_instance_for_user(user, public_id)
+    except Http404:
+        return False
+    return True
+
+
+class TelemetryConsumer(ForwardingJsonConsumer):
+    """Live GPU samples of one instance (``telemetry.instance.<uuid>``) or, for operators, of one
+    cluster (``telemetry.cluster.<code>``). Permission is checked before joining, on every
+    connect (so also on every reconnect); then it only forwards.
+
+    Back-pressure: samples are not queued per client. The newest waits in one slot and a writer
+    task sends it when the previous send has finished, so a slow browser gets the latest sample
+    (with ``skipped``: how many it missed) and memory stays flat whatever the client's speed.
+    """
+
+    writer: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        kwargs = self.scope["url_route"]["kwargs"]
+        if "code" in kwargs:
+            if not (user.is_staff and await self._cluster_exists(kwargs["code"])):
+                await self.close(code=CLOSE_NOT_FOUND)
+                return
+            self.group = telemetry_cluster_group(kwargs["code"])
+        else:
+            if not await _may_see_instance(user, kwargs["public_id"]):
+                await self.close(code=CLOSE_NOT_FOUND)
+                return
+            self.group = telemetry_instance_group(kwargs["public_id"])
+        self._latest: dict[str, Any] | None = None
+        self._skipped = 0
+        self._ready = asyncio.Event()
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self.send_json({"kind": "hello", "payload": {}})
+        self.writer = asyncio.create_task(self._write())
+
+    @database_sync_to_async
+    def _cluster_exists(self, code: str) -> bool:
+        return Cluster.objects.filter(code=code).exists()
+
+    async def disconnect(self, code: int) -> None:
+        if self.writer is not None:
+            self.writer.cancel()
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def telemetry_sample(self, event: dict[str, Any]) -> None:
+        if self._latest is not None:
+            self._skipped += 1  # the client has not taken the previous one yet: replace it
+        self._latest = event["payload"]
+        self._ready.set()
+
+    async def _write(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            payload, skipped = self._latest, self._skipped
+            self._latest, self._skipped = None, 0
+            if payload is None:
+                continue
+            await self.send_json({"kind": "sample", "skipped": skipped, "payload": payload})

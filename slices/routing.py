@@ -10,4 +10,6 @@ from slices import consumers
 
 websocket_urlpatterns: list[Any] = [
     path("ws/instances/<uuid:public_id>/", consumers.InstanceConsumer.as_asgi()),
+    path("ws/telemetry/instances/<uuid:public_id>/", consumers.TelemetryConsumer.as_asgi()),
+    path("ws/telemetry/clusters/<slug:code>/", consumers.TelemetryConsumer.as_asgi()),
 ]

@@ -35,6 +35,7 @@ from slices.drivers import get_driver
 from slices.drivers.base import TelemetrySource
 from slices.models import Instance
 from slices.services.provisioning import build_spec
+from slices.telemetry.groups import cluster_group, instance_group
 from slices.telemetry.ring import MemoryRing, RedisRing, Ring
 from slices.telemetry.rollup import MinuteAccumulator
 from slices.telemetry.samples import ROW_COLUMNS, SampleError, gpu_row, parse_sample
@@ -45,14 +46,6 @@ logger = logging.getLogger(__name__)
 # unreadable and the message large); their charts still get every GPU's row.
 DETAIL_MAX_GPUS = 64
 REFRESH_EVERY_TICKS = 5
-
-
-def instance_group(public_id: object) -> str:
-    return f"telemetry.instance.{public_id}"
-
-
-def cluster_group(code: str) -> str:
-    return f"telemetry.cluster.{code}"
 
 
 @lru_cache(maxsize=1)
