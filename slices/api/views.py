@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
@@ -142,7 +143,7 @@ class InstanceViewSet(viewsets.GenericViewSet):
     lookup_value_regex = "[0-9a-fA-F-]{32,36}"
     serializer_class = InstanceSerializer
 
-    def get_queryset(self):  # noqa: ANN201 - DRF's signature
+    def get_queryset(self) -> QuerySet[Instance]:
         return (
             Instance.objects.for_owner(self.request.user)
             .select_related("gpu_model", "region", "allocation")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Q
@@ -49,7 +49,7 @@ class ReconcileReport:
         )
 
 
-def reconcile(now=None) -> ReconcileReport:  # noqa: ANN001 - a datetime for tests
+def reconcile(now: datetime | None = None) -> ReconcileReport:
     now = now or timezone.now()
     report = ReconcileReport()
     _redrive(now, report)
@@ -59,7 +59,7 @@ def reconcile(now=None) -> ReconcileReport:  # noqa: ANN001 - a datetime for tes
     return report
 
 
-def _redrive(now, report: ReconcileReport) -> None:  # noqa: ANN001
+def _redrive(now: datetime, report: ReconcileReport) -> None:
     max_attempts = int(settings.SLICES_MAX_DRIVE_ATTEMPTS)
     stuck = Instance.objects.filter(
         state__in=[s.value for s in lifecycle.TRANSITIONAL],
@@ -120,7 +120,7 @@ def _redrive(now, report: ReconcileReport) -> None:  # noqa: ANN001
         report.redriven.append(str(instance.public_id))
 
 
-def _auto_release(now, report: ReconcileReport) -> None:  # noqa: ANN001
+def _auto_release(now: datetime, report: ReconcileReport) -> None:
     due = Instance.objects.filter(
         state__in=[InstanceState.RUNNING, InstanceState.PROVISIONING], auto_release_at__lte=now
     )
@@ -129,7 +129,7 @@ def _auto_release(now, report: ReconcileReport) -> None:  # noqa: ANN001
             report.auto_released.append(str(instance.public_id))
 
 
-def _free_leaks(now, report: ReconcileReport) -> None:  # noqa: ANN001
+def _free_leaks(now: datetime, report: ReconcileReport) -> None:
     grace = timedelta(seconds=int(settings.SLICES_LEAK_GRACE_SECONDS))
     live = Instance.objects.filter(
         state__in=[s.value for s in lifecycle.LIVE], allocation__isnull=False

@@ -51,7 +51,7 @@ def load_small_fleet(text: str = SMALL_FLEET) -> None:
     load_fleet(parse_fleet(text))
 
 
-def make_instance(owner, **fields):  # noqa: ANN001, ANN201 - a bare row for isolation tests
+def make_instance(owner, **fields):
     """An instance row owned by ``owner`` (no GPUs held): for pages and isolation checks."""
     from decimal import Decimal
 

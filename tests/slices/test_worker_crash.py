@@ -29,7 +29,7 @@ print(i.public_id)
 
 
 @pytest.fixture
-def stack(tmp_path) -> Iterator[tuple[servers.Stack, str]]:  # noqa: ANN001
+def stack(tmp_path) -> Iterator[tuple[servers.Stack, str]]:
     database_url = servers.create_postgres_database(os.environ["DATABASE_URL"])
     env = servers.production_env(database_url, os.environ["REDIS_URL"])
     env.update(SIM_TIME_SCALE="0.15", SLICES_LEASE_SECONDS="3", SLICES_RETRY_BACKOFF_SECONDS="0")
@@ -48,7 +48,7 @@ def _query(url: str, sql: str, *args: object) -> list[tuple]:
         return conn.execute(sql, args).fetchall()
 
 
-def _wait(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+def _wait(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -57,7 +57,7 @@ def _wait(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_worker_killed_mid_provisioning_finishes_cleanly(stack) -> None:  # noqa: ANN001
+def test_worker_killed_mid_provisioning_finishes_cleanly(stack) -> None:
     stack, url = stack
     stack.start_worker()
     public_id = servers.manage(stack.env, "shell", "-c", ORDER).strip().splitlines()[-1]
