@@ -55,10 +55,20 @@ def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
     choices = services.order_choices()
     for key, value in {**services.default_order(choices), **defaults}.items():
         data.setdefault(key, value)
+    # Only models that have a cluster in the chosen region (a combination that cannot run is
+    # not offered; a shared URL with one gets the allocator's reason instead).
+    region = data.get("region", "")
+    models = [
+        m
+        for m in choices.gpu_models
+        if not region or any(r.gpu_model == m and r.region == region for r in choices.availability)
+    ]
+    if data.get("gpu_model") and data.get("gpu_model") not in models:
+        models.append(data["gpu_model"])
     form = OrderPreviewForm(
         data,
         regions=choices.regions,
-        gpu_models=choices.gpu_models,
+        gpu_models=models,
         images=choices.images,
         cards=services.card_choices(choices, data.get("gpu_model", ""), data.get("region", "")),
     )
@@ -332,3 +342,62 @@ def ops_instances(request: HttpRequest) -> HttpResponse:
         i.failure = failure_text(i.failure_code, i.failure_params) if i.failure_code else ""  # type: ignore[attr-defined]
     context = {"instances": instances, "state": state, "states": InstanceState.choices}
     return render(request, "slices/ops_instances.html", context)
+
+
+# ---------------------------------------------------------------------------------------------
+# The one-click demo: a recipe of the catalogue on a page of its own
+# ---------------------------------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def demo(request: HttpRequest, name: str) -> HttpResponse:
+    """What the demo runs, for how long, the most it can cost (from the price book), what the user
+    gets, the licence of the weights to accept here, and one launch button."""
+    from django.http import Http404
+
+    from marketplace import recipes as catalogue_recipes
+    from slices.services import recipes
+
+    recipe = catalogue_recipes.get_demo(name)
+    if recipe is None:
+        raise Http404
+    error: Any = None
+    if request.method == "POST":
+        try:
+            instance = recipes.launch_recipe(
+                request.user,
+                recipe,
+                accept_license=request.POST.get("accept_license") == "on",
+                gpu_model=request.POST.get("gpu_model") or None,
+            )
+        except (DomainError, NoCapacity) as exc:
+            error = exc
+        else:
+            messages.success(
+                request,
+                _("The demo is starting: follow it here; it is released automatically."),
+            )
+            return redirect("slices:instance-detail", public_id=instance.public_id)
+    offer = recipes.demo_offer(request.user, recipe)
+    runs = list(
+        Instance.objects.for_owner(request.user)
+        .filter(env__RECIPE=recipe.slug)
+        .select_related("gpu_model")
+        .order_by("-created_at")[:5]
+    )
+    for run in runs:
+        run.cost = instance_cost(run)  # type: ignore[attr-defined]
+        run.progress = recipes.run_progress(run)  # type: ignore[attr-defined]
+    context = {
+        "recipe": recipe,
+        "offer": offer,
+        "error": error,
+        "runs": runs,
+        "recipe_name": recipe.localized_name(request.LANGUAGE_CODE),
+        "recipe_summary": recipe.localized_summary(request.LANGUAGE_CODE),
+        "adapter_path": "/pfs/" + recipe.adapter_path("<run>"),
+        "checkpoint_path": "/pfs/" + recipe.checkpoint_path("<run>", 0).replace("step-0", "step-N"),
+        "minutes": offer.choice.time_limit_s // 60 if offer.choice else recipe.time_limit_minutes,
+    }
+    return render(request, "slices/demo.html", context, status=409 if error else 200)

@@ -77,3 +77,26 @@ def test_posting_the_form_orders_and_opens_the_instance(
     page = alice_client.get(r["Location"]).content.decode()
     assert "订单 &lt;b&gt;$(x)&lt;/b&gt;" in page
     assert instance.ssh_command in page
+
+
+def test_models_are_offered_only_in_regions_that_have_them(alice_client: Client, world):
+    html = alice_client.get(URL, {"region": "yinchuan"}).content.decode()
+    assert 'value="H800"' not in html  # the small fleet has H800 only in Xiamen
+
+
+def test_fabric_map_names_the_instance_holding_a_node(
+    alice, operator, world, django_capture_on_commit_callbacks
+):
+    from slices import services
+
+    billing.grant_voucher(alice, Decimal("500"), reason="test", valid_days=30)
+    with django_capture_on_commit_callbacks(execute=True):
+        instance, _ = services.order_instance(
+            alice, services.OrderRequest(gpu_model="RTX4090", cards=8, name="fabric-holder")
+        )
+    client = Client()
+    client.force_login(operator)
+    cluster = instance.allocation.cluster.code
+    html = client.get(f"/ops/clusters/{cluster}/").content.decode()
+    assert "fabric-holder" in html
+    assert "fabric-holder" in client.get("/ops/instances/").content.decode()
