@@ -10,6 +10,8 @@ from __future__ import annotations
 from celery import shared_task
 
 from slices.services import provisioning, reconcile, telemetry
+from slices.services.migration import drive_migration
+from slices.services.power import drive_start, drive_stop
 
 
 @shared_task(acks_late=True, ignore_result=True)
@@ -20,6 +22,24 @@ def provision_instance_task(instance_id: int) -> str:
 @shared_task(acks_late=True, ignore_result=True)
 def teardown_instance_task(instance_id: int) -> str:
     return provisioning.teardown_instance(instance_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def stop_instance_task(instance_id: int) -> str:
+    """关机: stop the node's container, keep the system disk, free the GPUs."""
+    return drive_stop(instance_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def start_instance_task(instance_id: int) -> str:
+    """开机: move the system disk if the host changed, then provision as usual."""
+    return drive_start(instance_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def migrate_instance_task(instance_id: int) -> str:
+    """A node of a running instance failed: allocate a replacement and restart from the checkpoint."""
+    return drive_migration(instance_id)
 
 
 @shared_task(acks_late=True, ignore_result=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.http import Http404
 from django.utils import timezone
 from django.utils.translation import gettext_noop
@@ -109,7 +109,10 @@ def storage_gb(user: Any) -> tuple[int, int]:
     disks = Disk.objects.for_owner(user).live().aggregate(n=Sum("size_gb"))["n"] or 0
     system = (
         Instance.objects.for_owner(user)
-        .filter(state__in=DISK_KEPT_STATES, gpuless=False)
+        .filter(
+            Q(state__in=DISK_KEPT_STATES)
+            | Q(gpuless=True, state__in=(InstanceState.PROVISIONING, InstanceState.RUNNING))
+        )
         .aggregate(n=Sum("system_disk_gb"))["n"]
         or 0
     )

@@ -28,7 +28,9 @@ from slices import events, lifecycle
 from slices.choices import BillingMode, EventKind, EventLevel, InstanceState, NodeHealth
 from slices.drivers import DriverError, InstanceSpec, Mount, NodeDriver, NodeTarget, get_driver
 from slices.drivers.base import DiskMount
+from slices.drivers.base import DiskMount
 from slices.models import Instance, InstanceNode, Node
+from slices.services import storage
 from slices.services.instances import (
     INSTANCE_RESOURCE,
     fail_instance,
@@ -103,7 +105,7 @@ def build_spec(instance: Instance) -> InstanceSpec:
         owner=str(getattr(instance.owner, "public_id", instance.owner_id)),
         image=instance.container,
         entrypoint=instance.entrypoint,
-        env=dict(instance.env),
+        env={**storage.checkpoint_env(instance), **dict(instance.env)},
         mounts=tuple(Mount(str(m["source"]), str(m["target"])) for m in instance.mounts),
         ssh_public_key=instance.ssh_public_key,
         nodes=targets,
@@ -160,6 +162,7 @@ def provision_instance(instance_id: int, driver: NodeDriver | None = None) -> st
     if not acquire_lease(instance):
         return "busy"
     driver = driver or get_driver(instance.driver or None)
+    storage.ensure_pfs(instance.owner)  # the account's /pfs directory exists before any mount
     try:
         return _provision(instance, driver)
     except Exception as exc:  # a bug or the database: fail cleanly, free everything
@@ -410,7 +413,12 @@ def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
         ):
             return False
         price = price_name(instance.gpu_model.code) or instance.gpu_model.code
-        if instance.billing_mode == BillingMode.TERM and instance.term_days:
+        if instance.gpuless:
+            # 无卡模式: no GPU charge; the system disk stays billed as storage.
+            record_event(instance, EventKind.STATE, code="gpuless_running")
+        elif instance.events.filter(code="term_started").exists():
+            pass  # restarted after a migration: the term was paid once, up front
+        elif instance.billing_mode == BillingMode.TERM and instance.term_days:
             try:
                 with transaction.atomic():
                     rental = billing.purchase_term(

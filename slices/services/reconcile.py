@@ -21,6 +21,7 @@ from billing.models import UsageSession  # through billing's queryset (open sess
 from slices import lifecycle
 from slices.choices import AllocationState, BillingMode, EventKind, EventLevel, InstanceState
 from slices.models import Allocation, Instance
+from slices.services import migration, power
 from slices.services.allocation import release_allocation
 from slices.services.instances import (
     INSTANCE_RESOURCE,
@@ -40,6 +41,11 @@ class ReconcileReport:
     auto_released: list[str] = field(default_factory=list)
     leaked: list[str] = field(default_factory=list)
     unbilled: list[str] = field(default_factory=list)
+    # Storage and resilience: failed nodes, migrations started or retried, long-stopped instances.
+    nodes_failed: list[str] = field(default_factory=list)
+    migrations: list[str] = field(default_factory=list)
+    stop_warned: list[str] = field(default_factory=list)
+    stop_released: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return (
@@ -56,6 +62,9 @@ def reconcile(now: datetime | None = None) -> ReconcileReport:
     _auto_release(now, report)
     _free_leaks(now, report)
     _billing_closed(report)
+    report.nodes_failed = migration.check_node_health(now)
+    report.migrations = migration.retry_waiting_migrations(now)
+    report.stop_warned, report.stop_released = power.release_long_stopped(now)
     return report
 
 
@@ -89,6 +98,9 @@ def _redrive(now: datetime, report: ReconcileReport) -> None:
                 level=EventLevel.WARNING,
             )
             _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
+            report.redriven.append(str(instance.public_id))
+        elif instance.state == InstanceState.STOPPING:
+            _enqueue_on_commit("slices.tasks.stop_instance_task", instance.pk)
             report.redriven.append(str(instance.public_id))
         elif attempt > max_attempts:
             record_event(
@@ -146,7 +158,7 @@ def _free_leaks(now: datetime, report: ReconcileReport) -> None:
 def _billing_closed(report: ReconcileReport) -> None:
     """Running on-demand instances with no open usage session (billing stopped them): release."""
     running = Instance.objects.filter(
-        state=InstanceState.RUNNING, billing_mode=BillingMode.ON_DEMAND
+        state=InstanceState.RUNNING, billing_mode=BillingMode.ON_DEMAND, gpuless=False
     )
     ids = [str(i.public_id) for i in running]
     if not ids:

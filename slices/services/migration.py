@@ -1,0 +1,395 @@
+"""Node health and hot migration (README "Storage and resilience").
+
+Node health: agents send heartbeats and health signals (a GPU Xid error, NVML failing, the console
+losing SSH). A bad signal not cleared within ``SLICES_NODE_FAIL_GRACE_SECONDS``, or a node whose
+heartbeats stop for that long, is marked failed: it leaves the pool (the allocator only takes
+ready/allocated nodes with health ok) until an operator returns it.
+
+Hot migration: when a node under a running instance fails, the instance goes ``migrating``. Its
+GPU charge closes at that second; a replacement node is taken in the same cluster, in the same
+scalable unit when one is free there (so a slice stays one hop apart on every rail); the instance
+is provisioned again with the same image, mounts, disks and environment plus
+``RESUME_FROM=/pfs/checkpoints/<run>/step-<N>`` (the latest whole checkpoint); the GPU charge
+opens again when it is running, so the downtime is not billed. An operator-configured voucher
+(``SLICES_MIGRATION_VOUCHER``) compensates the interruption. With no replacement free the owner is
+told and the instance waits (the reconciler retries) or is released, as the owner chose.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from billing import services as billing
+from billing.choices import CloseReason
+from slices.choices import (
+    SCHEDULABLE_STATES,
+    AllocationKind,
+    EventKind,
+    EventLevel,
+    InstanceState,
+    NodeHealth,
+    NodeSignal,
+    NodeState,
+    NoReplacement,
+)
+from slices.models import GPU, AllocationNode, Instance, InstanceNode, Node, NodeWatch
+from slices.services import storage
+from slices.services.instances import (
+    INSTANCE_RESOURCE,
+    _enqueue_on_commit,
+    record_event,
+    release_instance,
+    transition,
+)
+
+logger = logging.getLogger(__name__)
+
+BAD_SIGNALS = (NodeSignal.XID, NodeSignal.NVML, NodeSignal.SSH_LOST)
+
+
+# ---------------------------------------------------------------------------------------------
+# Node health
+# ---------------------------------------------------------------------------------------------
+
+
+def _watch(node: Node) -> NodeWatch:
+    watch, _created = NodeWatch.objects.get_or_create(node=node)
+    return watch
+
+
+def record_heartbeat(node: Node, at: datetime | None = None) -> None:
+    """The node's agent is alive (called for each heartbeat or telemetry sample)."""
+    _watch(node)
+    NodeWatch.objects.filter(node=node).update(last_heartbeat_at=at or timezone.now())
+
+
+def report_node_signal(
+    node: Node, signal: str, detail: str = "", at: datetime | None = None
+) -> None:
+    """A health signal: a bad one starts the grace (the first one is kept); ``recovered`` clears
+    it before the grace ends."""
+    signal = NodeSignal(signal)
+    at = at or timezone.now()
+    watch = _watch(node)
+    if signal == NodeSignal.HEARTBEAT:
+        record_heartbeat(node, at)
+    elif signal == NodeSignal.RECOVERED:
+        NodeWatch.objects.filter(pk=watch.pk, failed_at__isnull=True).update(
+            bad_since=None, bad_signal="", bad_detail=""
+        )
+    else:
+        NodeWatch.objects.filter(pk=watch.pk, bad_since__isnull=True).update(
+            bad_since=at, bad_signal=signal, bad_detail=detail[:255]
+        )
+        Node.objects.filter(pk=node.pk, health=NodeHealth.OK).update(health=NodeHealth.DEGRADED)
+
+
+def check_node_health(now: datetime | None = None) -> list[str]:
+    """Fail the nodes whose bad signal or silence outlived the grace; hostnames failed."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=int(settings.SLICES_NODE_FAIL_GRACE_SECONDS))
+    failed: list[str] = []
+    # A node an operator returned to service starts with a clean watch.
+    NodeWatch.objects.filter(failed_at__isnull=False, node__state__in=SCHEDULABLE_STATES).update(
+        failed_at=None, bad_since=None, bad_signal="", bad_detail="", last_heartbeat_at=None
+    )
+    due = NodeWatch.objects.filter(failed_at__isnull=True).filter(
+        Q(bad_since__lte=cutoff) | Q(last_heartbeat_at__lte=cutoff)
+    )
+    for watch in due.select_related("node"):
+        if watch.bad_since is not None and watch.bad_since <= cutoff:
+            signal, detail = watch.bad_signal, watch.bad_detail
+        else:
+            signal, detail = (
+                NodeSignal.SSH_LOST,
+                "no heartbeat since " + watch.last_heartbeat_at.isoformat(),
+            )
+        if fail_node(watch.node, signal, detail, now=now):
+            failed.append(watch.node.hostname)
+    return failed
+
+
+@transaction.atomic
+def fail_node(node: Node, signal: str, detail: str = "", *, now: datetime | None = None) -> bool:
+    """Take a node out of the pool and migrate the running instances on it (compare-and-set)."""
+    now = now or timezone.now()
+    won = (
+        Node.objects.filter(pk=node.pk)
+        .exclude(state=NodeState.FAILED)
+        .update(
+            state=NodeState.FAILED,
+            health=NodeHealth.UNREACHABLE,
+            state_changed_at=now,
+            note=f"{signal}: {detail}"[:255],
+        )
+    )
+    _watch(node)
+    NodeWatch.objects.filter(node=node).update(
+        failed_at=now, bad_signal=signal, bad_detail=detail[:255], bad_since=F("bad_since")
+    )
+    if not won:
+        return False
+    logger.warning("node %s failed (%s: %s)", node.hostname, signal, detail)
+    for instance in instances_on(node):
+        start_migration(instance, node, signal=signal)
+    return True
+
+
+def instances_on(node: Node) -> list[Instance]:
+    ids = InstanceNode.objects.filter(node=node).values("instance_id")
+    return list(Instance.objects.filter(pk__in=ids, state=InstanceState.RUNNING))
+
+
+# ---------------------------------------------------------------------------------------------
+# Migration
+# ---------------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def start_migration(instance: Instance, node: Node, *, signal: str = "") -> bool:
+    """running → migrating: the GPU charge stops now; a worker finds a replacement node."""
+    if not transition(
+        instance,
+        InstanceState.MIGRATING,
+        code="migrating",
+        level=EventLevel.WARNING,
+        params={"node": node.hostname, "signal": signal},
+    ):
+        return False
+    InstanceNode.objects.filter(instance=instance, node=node).update(
+        failed=True, message=f"node failed: {signal}"[:255]
+    )
+    session = billing.close_usage_session(
+        INSTANCE_RESOURCE, str(instance.public_id), reason=CloseReason.MIGRATED
+    )
+    if session is not None:
+        record_event(
+            instance,
+            EventKind.STATE,
+            code="billing_paused",
+            params={"seconds": session.settled_seconds, "amount": str(session.charged)},
+        )
+    _enqueue_on_commit("slices.tasks.migrate_instance_task", instance.pk)
+    return True
+
+
+def _claim_replacement(instance: Instance, part: InstanceNode) -> Node | None:
+    """A healthy node in the instance's cluster with the cards this part needs, same SU first;
+    taken with a compare-and-set on its free mask (as the allocator commits)."""
+    failed = part.node
+    cards = bin(part.gpu_mask).count("1")
+    whole = instance.kind == AllocationKind.SLICE
+    used = InstanceNode.objects.filter(instance=instance).values("node_id")
+    candidates = (
+        Node.objects.filter(
+            cluster_id=failed.cluster_id,
+            state__in=SCHEDULABLE_STATES,
+            health=NodeHealth.OK,
+        )
+        .exclude(pk__in=used)
+        .select_related("su")
+    )
+    ranked = sorted(candidates, key=lambda n: (n.su_id != failed.su_id, n.su.index, n.index))
+    for node in ranked:
+        free = [i for i in range(node.gpus_per_node) if node.free_mask >> i & 1]
+        if whole and node.free_mask != node.full_mask:
+            continue
+        if len(free) < cards:
+            continue
+        take = free[:cards]
+        mask = sum(1 << i for i in take)
+        won = Node.objects.filter(
+            pk=node.pk,
+            free_mask=node.free_mask,
+            state__in=SCHEDULABLE_STATES,
+            health=NodeHealth.OK,
+        ).update(free_mask=node.free_mask & ~mask, state=NodeState.ALLOCATED)
+        if won == 1:
+            node.refresh_from_db()
+            node._taken_mask = mask  # type: ignore[attr-defined]
+            return node
+    return None
+
+
+def _voucher(instance: Instance, count: int) -> Decimal:
+    try:
+        amount = Decimal(str(settings.SLICES_MIGRATION_VOUCHER))
+    except InvalidOperation:
+        return Decimal("0")
+    if amount <= 0:
+        return Decimal("0")
+    billing.grant_voucher(
+        instance.owner,
+        amount,
+        reason=f"migration of {instance.name} ({instance.short_id})",
+        valid_days=int(settings.SLICES_MIGRATION_VOUCHER_DAYS),
+        key=f"slices-migration-{instance.public_id}-{count}",
+    )
+    return amount
+
+
+def drive_migration(instance_id: int) -> str:
+    """The worker's half: find the checkpoint, take a replacement node, provision again."""
+    instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
+    if instance is None or instance.state != InstanceState.MIGRATING:
+        return "nothing to do"
+    checkpoint = storage.refresh_checkpoint(instance)
+    if (
+        not instance.events.filter(code__in=("checkpoint_found", "no_checkpoint"))
+        .filter(id__gt=_migration_event_id(instance))
+        .exists()
+    ):
+        if checkpoint:
+            record_event(
+                instance,
+                EventKind.STATE,
+                code="checkpoint_found",
+                params={"step": checkpoint["step"], "path": checkpoint["path"]},
+            )
+        else:
+            record_event(
+                instance,
+                EventKind.STATE,
+                code="no_checkpoint",
+                level=EventLevel.WARNING,
+                params={"dir": storage.checkpoint_env(instance)["CHECKPOINT_DIR"]},
+            )
+    with transaction.atomic():
+        locked = Instance.objects.select_for_update().filter(pk=instance.pk).first()
+        if locked is None or locked.state != InstanceState.MIGRATING:
+            return "nothing to do"
+        broken = list(
+            instance.nodes.select_related("node", "node__su").filter(
+                Q(failed=True) | Q(node__state=NodeState.FAILED)
+            )
+        )
+        replaced: list[tuple[InstanceNode, Node]] | None = []
+        for part in broken:
+            new = _claim_replacement(instance, part)
+            if new is None:
+                transaction.set_rollback(True)  # keep no half-taken replacement
+                replaced = None
+                break
+            replaced.append((part, new))
+        if replaced is not None:
+            return _swap_in(instance, replaced)
+    return _no_replacement(instance)
+
+
+def _migration_event_id(instance: Instance) -> int:
+    ev = (
+        instance.events.filter(code="migrating")
+        .order_by("-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    return int(ev or 0)
+
+
+def _swap_in(instance: Instance, replaced: list[tuple[InstanceNode, Node]]) -> str:
+    """Point the failed ranks at their replacements (allocation, GPU rows, instance nodes),
+    redo every node's steps after ``connect`` (the job restarts from the checkpoint), provision."""
+    allocation = instance.allocation
+    moves: list[dict[str, Any]] = []
+    for part, new in replaced:
+        old = part.node
+        mask = new._taken_mask  # type: ignore[attr-defined]
+        if allocation is not None:
+            old_part = AllocationNode.objects.filter(allocation=allocation, node=old).first()
+            if old_part is not None:
+                # The failed node's cards leave this allocation (the node stays failed).
+                Node.objects.filter(pk=old.pk).update(
+                    free_mask=F("free_mask").bitor(old_part.gpu_mask)
+                )
+                GPU.objects.filter(node=old, allocation=allocation).update(allocation=None)
+                AllocationNode.objects.filter(pk=old_part.pk).update(node=new, gpu_mask=mask)
+            taken = [i for i in range(new.gpus_per_node) if mask >> i & 1]
+            GPU.objects.filter(node=new, index__in=taken, allocation__isnull=True).update(
+                allocation=allocation
+            )
+        InstanceNode.objects.filter(pk=part.pk).update(
+            node=new, hostname=new.hostname, gpu_mask=mask, step="reserve", failed=False, message=""
+        )
+        moves.append(
+            {
+                "from": old.hostname,
+                "to": new.hostname,
+                "same_su": new.su_id == old.su_id,
+                "su": new.su.name,
+                "rank": part.rank,
+            }
+        )
+    # The surviving nodes restart the job too (a distributed job restarts on every rank).
+    InstanceNode.objects.filter(instance=instance, step="ready").update(step="connect")
+    count = instance.events.filter(code="replacement_allocated").count() + 1
+    voucher = _voucher(instance, count)
+    transition(
+        instance,
+        InstanceState.PROVISIONING,
+        code="replacement_allocated",
+        params={
+            "moves": moves,
+            "resume_step": (instance.checkpoint or {}).get("step"),
+            "voucher": str(voucher) if voucher else "",
+        },
+    )
+    _enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
+    return "replaced"
+
+
+def _no_replacement(instance: Instance) -> str:
+    instance.refresh_from_db()
+    if instance.on_no_replacement == NoReplacement.RELEASE:
+        record_event(
+            instance,
+            EventKind.STATE,
+            code="no_replacement",
+            level=EventLevel.WARNING,
+            params={"then": "release"},
+        )
+        release_instance(instance, by="migration", code="released_no_replacement")
+        return "released"
+    last = instance.events.filter(code="no_replacement").order_by("-id").first()
+    if last is None or last.id < _migration_event_id(instance):
+        record_event(
+            instance,
+            EventKind.STATE,
+            code="no_replacement",
+            level=EventLevel.WARNING,
+            params={"then": "wait"},
+        )
+    return "waiting"
+
+
+@transaction.atomic
+def set_no_replacement_choice(instance: Instance, choice: str) -> None:
+    """The owner's choice while no node is free: wait, or release now (and from then on)."""
+    choice = NoReplacement(choice)
+    Instance.objects.filter(pk=instance.pk).update(on_no_replacement=choice)
+    instance.on_no_replacement = choice
+    if choice == NoReplacement.RELEASE and instance.state == InstanceState.MIGRATING:
+        release_instance(instance, by="owner", code="released_no_replacement")
+
+
+def retry_waiting_migrations(now: datetime | None = None) -> list[str]:
+    """The reconciler: migrate running instances on nodes failed by an operator, and retry the
+    ones waiting for a node."""
+    started: list[str] = []
+    failed_parts = InstanceNode.objects.filter(
+        instance__state=InstanceState.RUNNING, node__state=NodeState.FAILED
+    ).select_related("instance", "node")
+    for part in failed_parts:
+        if start_migration(part.instance, part.node, signal="operator"):
+            started.append(str(part.instance.public_id))
+    for instance in Instance.objects.filter(state=InstanceState.MIGRATING):
+        _enqueue_on_commit("slices.tasks.migrate_instance_task", instance.pk)
+        started.append(str(instance.public_id))
+    return started

@@ -1,0 +1,399 @@
+"""关机 / 开机: stopping a GPU host keeps its system disk and frees its GPUs; starting takes cards
+again (README "Storage and resilience").
+
+- Stop: the GPU charge closes at once; the node stops the container and keeps the instance's
+  directory (its system disk), which is billed as storage from that second (the account's storage
+  session, ``slices.services.disks``); the GPUs go back to the pool.
+- Start: free cards on the same host when there are enough; otherwise another host in the region
+  (the system disk is copied there first); or, on request, without GPUs (无卡模式: the same host,
+  no cards, no GPU charge, the disk still billed as storage) to fetch or tidy data.
+- A stopped instance stays stopped for at most ``SLICES_STOPPED_RELEASE_DAYS``; its owner is
+  warned ``SLICES_STOPPED_WARN_DAYS`` before, then the reconciler releases it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from django.utils.translation import gettext_noop
+
+from billing import services as billing
+from slices import lifecycle
+from slices.choices import (
+    SCHEDULABLE_STATES,
+    AllocationKind,
+    BillingMode,
+    EventKind,
+    EventLevel,
+    InstanceState,
+    NodeHealth,
+    NodeState,
+)
+from slices.drivers import DriverError, NodeDriver, get_driver
+from slices.errors import InstanceConflict, quota_exceeded
+from slices.models import GPU, Allocation, AllocationNode, Instance, InstanceNode, Node
+from slices.services import disks as disk_service
+from slices.services.allocation import NoCapacity, allocate, release_allocation
+from slices.services.instances import (
+    INSTANCE_RESOURCE,
+    OrderRequest,
+    _enqueue_on_commit,
+    cards_in_use,
+    check_funds,
+    fail_instance,
+    price_name,
+    quota_for,
+    record_event,
+    record_logs,
+    release_instance,
+    transition,
+)
+from slices.services.provisioning import (
+    _Logs,
+    acquire_lease,
+    build_spec,
+    drop_lease,
+    node_target,
+    provision_instance,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class StartMode(StrEnum):
+    AUTO = "auto"  # same host if it has the cards, else another host in the region
+    SAME_HOST = "same"  # only the same host
+    GPULESS = "gpuless"  # 无卡模式
+
+
+# ---------------------------------------------------------------------------------------------
+# Stop
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_stoppable(instance: Instance) -> None:
+    if instance.kind == AllocationKind.SLICE:
+        raise InstanceConflict(
+            gettext_noop(
+                "A cluster slice cannot be stopped (its nodes are placed together); release it "
+                "and keep your data on the PFS or a cloud disk."
+            )
+        )
+    if instance.billing_mode == BillingMode.TERM:
+        raise InstanceConflict(
+            gettext_noop("A locked-price term runs to its end; it cannot be stopped.")
+        )
+    if instance.state not in lifecycle.STOPPABLE:
+        raise InstanceConflict(
+            gettext_noop("Only a running instance can be stopped; this one is %(state)s."),
+            state=instance.get_state_display(),
+        )
+
+
+@transaction.atomic
+def stop_instance(instance: Instance, *, by: str) -> bool:
+    """关机: the GPU charge stops now and the system disk is billed as storage; a worker stops
+    the node and frees the GPUs. True for the call that stopped it."""
+    instance.refresh_from_db()
+    _check_stoppable(instance)
+    per_day = disk_service.kept_disk_per_day(instance)
+    if not transition(
+        instance,
+        InstanceState.STOPPING,
+        code="stopping",
+        params={"by": by, "disk_gb": instance.system_disk_gb, "per_day": str(per_day)},
+    ):
+        return False
+    session = billing.close_usage_session(INSTANCE_RESOURCE, str(instance.public_id))
+    if session is not None:
+        record_event(
+            instance,
+            EventKind.STATE,
+            code="billing_closed",
+            params={"seconds": session.settled_seconds, "amount": str(session.charged)},
+        )
+    disk_service.sync_storage_billing(instance.owner)
+    _enqueue_on_commit("slices.tasks.stop_instance_task", instance.pk)
+    return True
+
+
+def drive_stop(instance_id: int, driver: NodeDriver | None = None) -> str:
+    """The worker's half of a stop: stop the container on the node, free the GPUs, → stopped."""
+    instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
+    if instance is None or instance.state != InstanceState.STOPPING:
+        return "nothing to do"
+    if not acquire_lease(instance):
+        return "busy"
+    driver = driver or get_driver(instance.driver or None)
+    try:
+        spec = build_spec(instance)
+        logs = _Logs()
+        for target in spec.nodes:
+            try:
+                stop = getattr(driver, "stop", None)
+                if stop is None:  # a driver without 关机 support: nothing kept on the node
+                    raise DriverError("unsupported", f"the {driver.name} driver cannot stop")
+                stop(spec, target, logs.sink(target.hostname, "stop"))
+            except DriverError as exc:
+                record_event(
+                    instance,
+                    EventKind.ERROR,
+                    code="stop_failed",
+                    node=target.hostname,
+                    level=EventLevel.WARNING,
+                    params={"node": target.hostname, "error": exc.detail or exc.code},
+                )
+        record_logs(instance, logs.drain())
+        with transaction.atomic():
+            if instance.allocation_id:
+                release_allocation(Allocation.objects.get(pk=instance.allocation_id))
+            if not transition(
+                instance,
+                InstanceState.STOPPED,
+                code="stopped",
+                params={"disk_gb": instance.system_disk_gb},
+                stopped_at=timezone.now(),
+                stop_warnings=0,
+                allocation=None,
+                gpuless=False,
+            ):
+                return "cancelled"
+            disk_service.sync_storage_billing(instance.owner)
+        return "stopped"
+    finally:
+        drop_lease(instance)
+
+
+# ---------------------------------------------------------------------------------------------
+# Start
+# ---------------------------------------------------------------------------------------------
+
+
+def _claim_on_node(instance: Instance, node: Node, cards: int) -> Allocation | None:
+    """Take ``cards`` free GPUs on ``node`` for the instance (compare-and-set), or None."""
+    node.refresh_from_db()
+    if node.state not in SCHEDULABLE_STATES or node.health != NodeHealth.OK:
+        return None
+    free = [i for i in range(node.gpus_per_node) if node.free_mask >> i & 1]
+    if len(free) < cards:
+        return None
+    take = free[:cards]
+    mask = sum(1 << i for i in take)
+    won = Node.objects.filter(
+        pk=node.pk, free_mask=node.free_mask, state__in=SCHEDULABLE_STATES, health=NodeHealth.OK
+    ).update(free_mask=node.free_mask & ~mask, state=NodeState.ALLOCATED)
+    if won != 1:
+        return None
+    allocation = Allocation.objects.create(
+        owner=instance.owner,
+        kind=AllocationKind.HOST,
+        cluster=node.cluster,
+        gpu_model=node.gpu_model,
+        gpu_count=cards,
+        node_count=1,
+        su_count=1,
+        su_min_structural=1,
+        su_min_state=1,
+        hostfile=f"{node.address} slots={cards}\n",
+        label=f"instance {instance.public_id}",
+    )
+    AllocationNode.objects.create(allocation=allocation, node=node, rank=0, gpu_mask=mask)
+    GPU.objects.filter(node=node, index__in=take, allocation__isnull=True).update(
+        allocation=allocation
+    )
+    return allocation
+
+
+@dataclass(frozen=True)
+class StartResult:
+    node: str
+    moved_from: str  # "" when it starts on the same host
+    gpuless: bool
+
+
+@transaction.atomic
+def start_instance(instance: Instance, *, by: str, mode: str = StartMode.AUTO) -> StartResult:
+    """开机: take cards again (same host first), or start without GPUs; a worker provisions.
+
+    Raises ``InstanceConflict`` (not stopped), ``NoCapacity`` (no cards free in the region: the
+    page offers 无卡模式), ``QuotaExceeded`` or billing's ``InsufficientFunds``; nothing changes then.
+    """
+    mode = StartMode(mode)
+    instance.refresh_from_db()
+    if instance.state not in lifecycle.STARTABLE:
+        raise InstanceConflict(
+            gettext_noop("Only a stopped instance can be started; this one is %(state)s."),
+            state=instance.get_state_display(),
+        )
+    part = instance.nodes.select_related("node", "node__cluster").order_by("rank").first()
+    if part is None:
+        raise InstanceConflict(gettext_noop("This instance has no system disk to start from."))
+    old = part.node
+    if not transition(
+        instance, InstanceState.STARTING, code="starting", params={"by": by, "mode": mode}
+    ):
+        raise InstanceConflict(gettext_noop("The instance is already starting."))
+    allocation: Allocation | None = None
+    node = old
+    gpuless = mode == StartMode.GPULESS
+    if not gpuless:
+        limit, used = quota_for(instance.owner), cards_in_use(instance.owner) - instance.cards
+        if used + instance.cards > limit:
+            raise quota_exceeded(limit, used, instance.cards)
+        price = price_name(instance.gpu_model.code) or instance.gpu_model.code
+        check_funds(
+            instance.owner,
+            price,
+            OrderRequest(gpu_model=instance.gpu_model.code, cards=instance.cards),
+        )
+        allocation = _claim_on_node(instance, old, instance.cards)
+        if allocation is None and mode == StartMode.SAME_HOST:
+            raise NoCapacity(
+                _unplaceable(old.hostname),
+                None,
+                gpu_model=instance.gpu_model.code,
+                cards=instance.cards,
+                region=instance.region.code if instance.region else None,
+            )
+        if allocation is None:
+            allocation = allocate(
+                instance.owner,
+                instance.cards,
+                instance.gpu_model.code,
+                instance.region.code if instance.region else None,
+                label=f"instance {instance.public_id}",
+            )
+            node = allocation.nodes.select_related("node").get().node
+    mask = allocation.nodes.get().gpu_mask if allocation else 0
+    InstanceNode.objects.filter(pk=part.pk).update(
+        node=node, hostname=node.hostname, gpu_mask=mask, step="reserve", failed=False, message=""
+    )
+    moved_from = old.hostname if node.pk != old.pk else ""
+    transition(
+        instance,
+        InstanceState.PROVISIONING,
+        code="start_placed",
+        params={
+            "node": node.hostname,
+            "moved_from": moved_from,
+            "gpuless": gpuless,
+            "cards": 0 if gpuless else instance.cards,
+        },
+        allocation=allocation,
+        gpuless=gpuless,
+        stopped_at=None,
+        stop_warnings=0,
+    )
+    disk_service.sync_storage_billing(instance.owner)
+    _enqueue_on_commit("slices.tasks.start_instance_task", instance.pk)
+    return StartResult(node.hostname, moved_from, gpuless)
+
+
+def _unplaceable(hostname: str) -> Any:
+    # The allocator's own "no capacity" record (a dataclass of the pure topology package).
+    from slices import topology
+
+    return topology.Unplaceable("", "no_capacity", f"{hostname} has no free cards")
+
+
+def drive_start(instance_id: int, driver: NodeDriver | None = None) -> str:
+    """The worker's half of a start: copy the system disk when the host changed, then provision."""
+    instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
+    if instance is None or instance.state != InstanceState.PROVISIONING:
+        return "nothing to do"
+    placed = instance.events.filter(code="start_placed").order_by("-id").first()
+    src_host = str((placed.params or {}).get("moved_from") or "") if placed else ""
+    if src_host and not instance.events.filter(code="disk_moved", id__gt=placed.id).exists():
+        driver = driver or get_driver(instance.driver or None)
+        spec = build_spec(instance)
+        src = Node.objects.filter(hostname=src_host).first()
+        dst = spec.nodes[0]
+        logs = _Logs()
+        mover = getattr(driver, "move_disk", None)
+        try:
+            if src is not None and mover is not None:
+                mover(spec, node_target(src, 0, 0), dst, logs.sink(dst.hostname, "prepare"))
+        except DriverError as exc:
+            record_logs(instance, logs.drain())
+            fail_instance(instance, "disk_move_failed", {"error": exc.detail or exc.code})
+            return "failed"
+        record_logs(instance, logs.drain())
+        record_event(
+            instance,
+            EventKind.STATE,
+            code="disk_moved",
+            params={"from": src_host, "to": dst.hostname, "gb": instance.system_disk_gb},
+        )
+    return provision_instance(instance_id, driver)
+
+
+# ---------------------------------------------------------------------------------------------
+# Long-stopped instances (the reconciler)
+# ---------------------------------------------------------------------------------------------
+
+
+def release_at(instance: Instance) -> datetime | None:
+    if instance.stopped_at is None:
+        return None
+    return instance.stopped_at + timedelta(days=int(settings.SLICES_STOPPED_RELEASE_DAYS))
+
+
+def release_long_stopped(now: datetime) -> tuple[list[str], list[str]]:
+    """Warn owners of instances stopped for long, then release them: (warned, released)."""
+    days = int(settings.SLICES_STOPPED_RELEASE_DAYS)
+    warn_days = sorted(
+        {int(d) for d in settings.SLICES_STOPPED_WARN_DAYS if 0 < int(d) < days}, reverse=True
+    )
+    warned: list[str] = []
+    released: list[str] = []
+    for instance in Instance.objects.filter(state=InstanceState.STOPPED, stopped_at__isnull=False):
+        due = instance.stopped_at + timedelta(days=days)
+        if now >= due:
+            if release_instance(instance, by="auto", code="stopped_too_long"):
+                released.append(str(instance.public_id))
+            continue
+        # Warnings due by now that were not sent yet (one per configured day, in order).
+        sent = instance.stop_warnings
+        owed = sum(1 for d in warn_days if now >= due - timedelta(days=d))
+        if owed > sent:
+            won = Instance.objects.filter(pk=instance.pk, stop_warnings=sent).update(
+                stop_warnings=F("stop_warnings") + (owed - sent)
+            )
+            if won:
+                left = max(0, int((due - now).total_seconds() // 3600))
+                record_event(
+                    instance,
+                    EventKind.STATE,
+                    code="stopped_release_warning",
+                    level=EventLevel.WARNING,
+                    params={"hours": left, "release_at": due.isoformat()},
+                )
+                warned.append(str(instance.public_id))
+    return warned, released
+
+
+def stopped_cost_per_day(instance: Instance) -> Decimal:
+    """The daily storage amount a stop adds (shown on the page before and while stopped)."""
+    return disk_service.kept_disk_per_day(instance)
+
+
+__all__ = [
+    "StartMode",
+    "StartResult",
+    "drive_start",
+    "drive_stop",
+    "release_at",
+    "release_long_stopped",
+    "start_instance",
+    "stop_instance",
+    "stopped_cost_per_day",
+]

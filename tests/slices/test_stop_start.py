@@ -1,0 +1,202 @@
+"""关机 / 开机 with the simulated driver: the GPU charge stops at stop and the storage charge runs;
+start on the same host, on another host (the disk moves), and without GPUs; long-stopped release."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from billing import services as billing
+from billing.models import UsageSession
+from slices import services
+from slices.choices import InstanceState
+from slices.errors import InstanceConflict
+from slices.models import Instance, Node
+from slices.services import disks, power
+from slices.services.allocation import NoCapacity
+from slices.services.reconcile import reconcile
+from tests.slices.factories import load_small_fleet
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fleet(settings):
+    settings.SIM_TIME_SCALE = 0
+    settings.SLICES_DRIVER = "sim"
+    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+    settings.SLICES_SYSTEM_DISK_GB = 50
+    load_small_fleet()
+
+
+@pytest.fixture
+def funded(alice):
+    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
+    return alice
+
+
+def _order(user, capture, **kw):
+    req = services.OrderRequest(**{"gpu_model": "RTX4090", "cards": 4, **kw})
+    with capture(execute=True):
+        instance, _created = services.order_instance(user, req)
+    instance.refresh_from_db()
+    return instance
+
+
+def _gpu_sessions(instance):
+    return UsageSession.objects.filter(
+        resource_kind="instance", resource_id=str(instance.public_id)
+    ).order_by("id")
+
+
+def _storage_open(user):
+    return UsageSession.objects.filter(
+        resource_kind="storage", resource_id=str(user.public_id), state="open"
+    ).first()
+
+
+def _stop(instance, capture):
+    with capture(execute=True):
+        assert power.stop_instance(instance, by="alice")
+    instance.refresh_from_db()
+
+
+def _start(instance, capture, mode="auto"):
+    with capture(execute=True):
+        result = power.start_instance(instance, by="alice", mode=mode)
+    instance.refresh_from_db()
+    return result
+
+
+def test_stop_closes_gpu_charge_and_bills_the_system_disk(
+    fleet, funded, django_capture_on_commit_callbacks
+):
+    book = billing.current_price_book()
+    # Fill the free storage quota with a disk, so the system disk is billable.
+    disks.create_disk(funded, name="d", size_gb=book.storage_free_gb, region="xiamen")
+    inst = _order(funded, django_capture_on_commit_callbacks)
+    node = Node.objects.get(pk=inst.nodes.get().node_id)
+    assert node.free_gpus == 4
+    expected_per_day = (book.storage_per_gb_day * 50).quantize(Decimal("0.01"))
+    assert power.stopped_cost_per_day(inst) == expected_per_day
+    _stop(inst, django_capture_on_commit_callbacks)
+    assert inst.state == InstanceState.STOPPED
+    assert inst.allocation is None and inst.stopped_at is not None
+    node.refresh_from_db()
+    assert node.free_gpus == 8  # the GPUs went back
+    [gpu] = _gpu_sessions(inst)
+    assert gpu.state == "closed"
+    storage = _storage_open(funded)
+    assert storage is not None and storage.cards == 50  # the system disk, beyond the free GB
+    stopping = inst.events.get(code="stopping")
+    assert stopping.params["per_day"] == str(expected_per_day)
+    logs = " ".join(inst.events.filter(kind="log").values_list("text", flat=True))
+    assert "kept its system disk" in logs
+
+
+def test_start_on_the_same_host_reopens_gpu_charge(
+    fleet, funded, django_capture_on_commit_callbacks
+):
+    inst = _order(funded, django_capture_on_commit_callbacks)
+    host = inst.nodes.get().hostname
+    _stop(inst, django_capture_on_commit_callbacks)
+    result = _start(inst, django_capture_on_commit_callbacks)
+    assert inst.state == InstanceState.RUNNING, list(inst.events.values_list("code", flat=True))
+    assert result.node == host and not result.moved_from
+    assert [s.state for s in _gpu_sessions(inst)] == ["closed", "open"]
+    assert _storage_open(funded) is None  # the system disk is in use again, not storage
+    assert Node.objects.get(hostname=host).free_gpus == 4
+
+
+def test_start_on_another_host_moves_the_disk(fleet, funded, django_capture_on_commit_callbacks):
+    inst = _order(funded, django_capture_on_commit_callbacks)
+    host = inst.nodes.get().hostname
+    _stop(inst, django_capture_on_commit_callbacks)
+    # Meanwhile an operator drains that host: it takes no new cards.
+    assert services.change_node_state(Node.objects.get(hostname=host), "drain", "disk swap")
+    result = _start(inst, django_capture_on_commit_callbacks)
+    assert inst.state == InstanceState.RUNNING
+    assert result.moved_from == host and result.node != host
+    moved = inst.events.get(code="disk_moved")
+    assert moved.params == {"from": host, "to": result.node, "gb": 50}
+    logs = " ".join(inst.events.filter(kind="log").values_list("text", flat=True))
+    assert f"from {host} to {result.node}" in logs
+    assert inst.ssh_host == Node.objects.get(hostname=result.node).address
+
+
+def test_same_host_only_refuses_when_busy_and_offers_gpuless(
+    fleet, funded, django_capture_on_commit_callbacks
+):
+    inst = _order(funded, django_capture_on_commit_callbacks)
+    host = inst.nodes.get().hostname
+    _stop(inst, django_capture_on_commit_callbacks)
+    _order(funded, django_capture_on_commit_callbacks, cards=8)
+    _order(funded, django_capture_on_commit_callbacks, cards=8)  # both 4090 hosts full now
+    with pytest.raises(NoCapacity):
+        power.start_instance(inst, by="alice", mode="same")
+    with pytest.raises(NoCapacity):
+        power.start_instance(inst, by="alice")
+    inst.refresh_from_db()
+    assert inst.state == InstanceState.STOPPED  # nothing changed
+    result = _start(inst, django_capture_on_commit_callbacks, mode="gpuless")
+    assert inst.state == InstanceState.RUNNING and inst.gpuless
+    assert result.node == host and inst.nodes.get().gpu_mask == 0
+    assert [s.state for s in _gpu_sessions(inst)] == ["closed"]  # no GPU charge in 无卡模式
+    assert "gpuless_running" in inst.events.values_list("code", flat=True)
+    # The reconciler does not mistake the missing GPU session for a billing stop.
+    reconcile()
+    inst.refresh_from_db()
+    assert inst.state == InstanceState.RUNNING
+
+
+def test_only_running_hosts_stop(fleet, funded, django_capture_on_commit_callbacks):
+    inst = _order(funded, django_capture_on_commit_callbacks)
+    _stop(inst, django_capture_on_commit_callbacks)
+    with pytest.raises(InstanceConflict):
+        power.stop_instance(inst, by="alice")
+    slice_ = _order(funded, django_capture_on_commit_callbacks, gpu_model="A800", cards=64)
+    with pytest.raises(InstanceConflict):
+        power.stop_instance(slice_, by="alice")
+
+
+def test_long_stopped_instance_is_warned_then_released(
+    fleet, funded, settings, django_capture_on_commit_callbacks
+):
+    settings.SLICES_STOPPED_RELEASE_DAYS = 7
+    settings.SLICES_STOPPED_WARN_DAYS = [3, 1]
+    inst = _order(funded, django_capture_on_commit_callbacks)
+    _stop(inst, django_capture_on_commit_callbacks)
+    start = inst.stopped_at
+    reconcile(start + timedelta(days=2))
+    assert not inst.events.filter(code="stopped_release_warning").exists()
+    reconcile(start + timedelta(days=4, hours=1))
+    reconcile(start + timedelta(days=4, hours=2))  # once per configured day
+    assert inst.events.filter(code="stopped_release_warning").count() == 1
+    reconcile(start + timedelta(days=6, hours=1))
+    assert inst.events.filter(code="stopped_release_warning").count() == 2
+    with django_capture_on_commit_callbacks(execute=True):
+        reconcile(start + timedelta(days=7, minutes=1))
+    inst.refresh_from_db()
+    assert inst.state == InstanceState.RELEASED
+    assert "stopped_too_long" in inst.events.values_list("code", flat=True)
+    assert _storage_open(funded) is None
+
+
+def test_release_a_stopped_instance_stops_the_storage_charge(
+    fleet, funded, django_capture_on_commit_callbacks
+):
+    book = billing.current_price_book()
+    disks.create_disk(funded, name="d", size_gb=book.storage_free_gb, region="xiamen")
+    inst = _order(funded, django_capture_on_commit_callbacks)
+    _stop(inst, django_capture_on_commit_callbacks)
+    assert _storage_open(funded) is not None
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.release_instance(inst, by="alice")
+    inst.refresh_from_db()
+    assert inst.state == InstanceState.RELEASED
+    assert _storage_open(funded) is None
+    assert Instance.objects.get(pk=inst.pk).resources_freed_at is not None
+    assert timezone.now() >= inst.ended_at
