@@ -329,6 +329,14 @@ SLICES_MIGRATION_VOUCHER: str = _get("SLICES_MIGRATION_VOUCHER", env.str, "0")
 SLICES_MIGRATION_VOUCHER_DAYS: int = _get("SLICES_MIGRATION_VOUCHER_DAYS", env.int, 30)
 if SLICES_STOPPED_RELEASE_DAYS < 1 or SLICES_NODE_FAIL_GRACE_SECONDS < 0:
     raise ConfigError("SLICES_STOPPED_RELEASE_DAYS or SLICES_NODE_FAIL_GRACE_SECONDS out of range")
+# Recipes (the one-click demo): a follower reads a running recipe's output every
+# RECIPE_FOLLOW_INTERVAL seconds, RECIPE_FOLLOW_SECONDS per task run; RECIPE_TIME_LIMIT_SECONDS (0 =
+# the recipe's own) shortens a run's time limit (tests, demonstrations); RECIPE_EXTRA_ENV (JSON
+# object) is added to a run's environment: where a bare test host keeps the recipe and its Python.
+RECIPE_FOLLOW_INTERVAL: float = _get("RECIPE_FOLLOW_INTERVAL", env.float, 1.0)
+RECIPE_FOLLOW_SECONDS: float = _get("RECIPE_FOLLOW_SECONDS", env.float, 300.0)
+RECIPE_TIME_LIMIT_SECONDS: int = _get("RECIPE_TIME_LIMIT_SECONDS", env.int, 0)
+RECIPE_EXTRA_ENV: dict = _get("RECIPE_EXTRA_ENV", env.json, {})
 # Embedded default: run the worker (and beat) inside the ASGI server process.
 EMBEDDED_WORKER: bool = _get("EMBEDDED_WORKER", _strict_bool, EMBEDDED)
 if PRODUCTION and EMBEDDED_WORKER:

@@ -48,6 +48,9 @@ EVENT_TEXT: dict[str, Promise] = {
         "Idle: all %(gpus)s GPU(s) stayed below %(threshold)s %% utilisation for %(minutes)s minutes (busiest %(peak_gpu)s peaked at %(peak)s %%); %(mem_gib)s GiB of GPU memory still held."
     ),
     "idle_release": _("Released automatically: its GPUs were idle, as chosen when ordering."),
+    "recipe_done": _("The recipe finished at step %(step)s; the adapter is saved at %(adapter)s."),
+    "recipe_finished": _("Released automatically: the recipe finished."),
+    "recipe_exited": _("The recipe stopped before finishing; released automatically."),
 }
 
 FAILURE_TEXT: dict[str, Promise] = {

@@ -10,6 +10,7 @@ urlpatterns = [
     path("instances/new/", views.instance_new, name="instance-new"),
     path("instances/<uuid:public_id>/", views.instance_detail, name="instance-detail"),
     path("instances/<uuid:public_id>/release/", views.instance_release, name="instance-release"),
+    path("demo/<slug:name>/", views.demo, name="demo"),
     path("ops/fleet/", views.ops_fleet, name="ops-fleet"),
     path("ops/instances/", views.ops_instances, name="ops-instances"),
     path("ops/clusters/<slug:code>/", views.ops_cluster, name="ops-cluster"),

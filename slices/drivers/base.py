@@ -107,6 +107,15 @@ class StepResult:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class WorkloadOutput:
+    """New lines of what the instance's workload printed on a node (``workload_output``), and
+    whether it is still running."""
+
+    lines: list[str]
+    running: bool
+
+
 class DriverError(Exception):
     """A step failed. ``permanent`` = retrying cannot help (bad host key, missing image...)."""
 

@@ -51,7 +51,15 @@ from typing import Any
 
 import paramiko
 
-from slices.drivers.base import ENV_NAME, DriverError, InstanceSpec, LogFn, NodeTarget, StepResult
+from slices.drivers.base import (
+    ENV_NAME,
+    DriverError,
+    InstanceSpec,
+    LogFn,
+    NodeTarget,
+    StepResult,
+    WorkloadOutput,
+)
 
 # Rough expectations per step on one node (for the ETA); a docker start includes the image pull.
 STEP_SECONDS: dict[str, float] = {
@@ -189,6 +197,17 @@ CMD_STOP_PROCESS = (
     'while alive "$p" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; '
     'kill -KILL -- "-$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; echo "stopped pid $p";; esac; '
     "rm -f -- {pid}"
+)
+# The workload's output from line {start} on, at most {lines} lines / {bytes} bytes; then whether
+# it still runs (a process's pid, a container's state).
+CMD_READ_OUTPUT = (
+    "tail -n +{start} {output} 2>/dev/null | head -n {lines} | head -c {bytes}; "
+    + _PID_ALIVE
+    + " || echo __exited__ >&2"
+)
+CMD_READ_DOCKER_OUTPUT = (
+    "docker logs {name} 2>&1 | tail -n +{start} | head -n {lines} | head -c {bytes}; "
+    's=$(docker container inspect --format {fmt} {name} 2>&1); [ "$s" = true ] || echo __exited__ >&2'
 )
 CMD_STOP_DOCKER = "docker rm -f {name} >/dev/null 2>&1; true"
 CMD_STOP_ENROOT = CMD_STOP_PROCESS + "; enroot remove -f {name} >/dev/null 2>&1; true"
@@ -1036,6 +1055,51 @@ class SshDriver:
             f"{figures['busbw_gbps']:.1f} GB/s, 8-byte latency {figures['latency_us']:.1f} µs"
         )
         return StepResult({"measured": True, **figures})
+
+    def workload_output(
+        self, spec: InstanceSpec, node: NodeTarget, offset: int, elapsed_s: float, limit: int
+    ) -> WorkloadOutput:
+        """Complete lines the instance's workload printed on ``node`` from line ``offset`` (0 =
+        the first), at most ``limit``, and whether it still runs. ``elapsed_s`` is unused here."""
+        paths = self._paths(spec, node)
+        runtime = self._runtime(node)
+        cap = TAIL_BYTES // 2
+        args: dict[str, Arg] = {"start": offset + 1, "lines": max(1, limit), "bytes": cap}
+        with self.session(node) as client:
+            if runtime == "docker":
+                result = self.run(
+                    client,
+                    node,
+                    CMD_READ_DOCKER_OUTPUT,
+                    name=spec.slug,
+                    fmt="{{.State.Running}}",
+                    check=False,
+                    **args,
+                )
+            else:
+                result = self.run(
+                    client,
+                    node,
+                    CMD_READ_OUTPUT,
+                    output=paths.log,
+                    pid=paths.pid,
+                    check=False,
+                    **args,
+                )
+        running = "__exited__" not in result.stderr
+        text = result.stdout
+        parts = text.split("\n")
+        if text.endswith("\n"):
+            lines = parts[:-1]
+        elif not running:
+            lines = parts if text else []  # the workload ended: its last line is complete
+        elif len(parts) > 1:
+            lines = parts[:-1]  # the last line is still being written: read it next time
+        elif len(text.encode()) >= cap:
+            lines = [text]  # one line longer than a read: take it as it is
+        else:
+            lines = []
+        return WorkloadOutput(lines[:limit], running)
 
     def teardown(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         paths = self._paths(spec, node)

@@ -41,7 +41,6 @@ from slices.services.instances import (
 )
 from slices.services.instances import stop_for_billing as _stop_instance_for_billing
 from slices.services.ordering import (
-    ORDER_TEMPLATES,
     OrderChoices,
     OrderPreview,
     card_choices,
@@ -87,7 +86,6 @@ __all__ = [
     "GPU_UUID_NAMESPACE",
     "MAX_PLAN_ATTEMPTS",
     "NODE_ACTIONS",
-    "ORDER_TEMPLATES",
     "Availability",
     "LoadReport",
     "NoCapacity",

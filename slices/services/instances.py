@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 import unicodedata
 import uuid
@@ -191,6 +192,8 @@ class OrderRequest:
     env: dict[str, str] = field(default_factory=dict)
     # Cloud disks to attach: (disk public id, "rw" | "ro"); they pin the order to their region.
     disks: tuple[tuple[str, str], ...] = ()
+    # A recipe's entrypoint (catalogue data, never user input): replaces the image's launch command.
+    entrypoint: str = ""
 
     def fingerprint(self) -> str:
         body = {
@@ -206,6 +209,7 @@ class OrderRequest:
             "auto_release_at": self.auto_release_at.isoformat() if self.auto_release_at else None,
             "env": self.env,
             **({"disks": sorted(map(list, self.disks))} if self.disks else {}),
+            **({"entrypoint": self.entrypoint} if self.entrypoint else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -278,6 +282,7 @@ def check_funds(user: Any, price: str, req: OrderRequest) -> tuple[Any, Decimal]
     """The quote, and the per-hour price; refuses an order the balance cannot run long enough."""
     quote = billing.quote_for(user, price, req.cards)
     balance = billing.get_wallet_summary(user).spendable
+    runway = min_runway_seconds()
     if req.billing_mode == BillingMode.TERM:
         term = next((t for t in quote.terms if t.days == req.term_days), None)
         if term is None:
@@ -288,7 +293,11 @@ def check_funds(user: Any, price: str, req: OrderRequest) -> tuple[Any, Decimal]
             )
         needed = Decimal(term.total)
     else:
-        needed = (quote.per_hour * min_runway_seconds() / Decimal(3600)).quantize(
+        if req.auto_release_at is not None:
+            # Released automatically sooner: the balance only has to last until then.
+            until = (req.auto_release_at - timezone.now()).total_seconds()
+            runway = max(0, min(runway, math.ceil(until)))
+        needed = (quote.per_hour * runway / Decimal(3600)).quantize(
             Decimal("0.01"), rounding=ROUND_UP
         )
     if balance < needed:
@@ -298,7 +307,7 @@ def check_funds(user: Any, price: str, req: OrderRequest) -> tuple[Any, Decimal]
                 "balance is %(balance)s 元. Top up %(shortfall)s 元 to order it."
             ),
             needed=needed,
-            hours=Decimal(min_runway_seconds()) / 3600,
+            hours=Decimal(runway) / 3600,
             per_hour=quote.per_hour,
             balance=balance,
             shortfall=needed - balance,
@@ -406,7 +415,7 @@ def order_instance(
                 per_hour=per_hour,
                 image=version.slug if version else "",
                 container=version.container if version else "",
-                entrypoint=str(launch.get("command", "")),
+                entrypoint=req.entrypoint or str(launch.get("command", "")),
                 mounts=mounts,
                 ssh=(key_name, public_key),
                 auto_release_at=auto_release_at,

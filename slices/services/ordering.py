@@ -53,30 +53,28 @@ class OrderPreview:
         )
 
 
-# One-click presets of the order form (``?template=``): the LLaMA-7B demo runs on one 8-card
-# RTX 4090 host with PyTorch 2.1, the model and a dataset mounted.
-ORDER_TEMPLATES: dict[str, dict[str, Any]] = {
-    "llama-7b-demo": {
-        "fields": {"gpu_model": "RTX4090", "cards": "8", "image": "pytorch-2.1.2-cuda12.1-py3.10"},
-        "assets": (("model", "meta-llama/Llama-2-7b-hf"), ("dataset", "wikitext")),
-    },
-}
-
-
 def resolve_order_template(name: str) -> tuple[dict[str, str], list[str]]:
-    """A preset's form defaults and the public ids of its assets (unknown name: nothing)."""
+    """A recipe of the catalogue as the order form's preset (``?template=`` names the recipe, its
+    demo page or, as the old dashboard link did, ``<demo>-demo``): its GPU model, cards and image,
+    and the public ids of its model and dataset. Unknown name: nothing."""
+    from marketplace import recipes
     from marketplace import services as marketplace
 
-    preset = ORDER_TEMPLATES.get(name)
-    if preset is None:
+    recipe = (
+        recipes.get_recipe(name)
+        or recipes.get_demo(name)
+        or recipes.get_demo(name.removesuffix("-demo"))
+    )
+    if recipe is None:
         return {}, []
     asset_ids = []
-    for kind, hub_id in preset["assets"]:
+    for kind, hub_id in (("model", recipe.model), ("dataset", recipe.dataset)):
         try:
             asset_ids.append(str(marketplace.get_asset_by_hub_id(kind, hub_id).public_id))
         except Http404:
-            continue  # an operator unlisted it; the demo still runs without it
-    return dict(preset["fields"]), asset_ids
+            continue  # an operator unlisted it; the form says what is missing
+    fields = {"gpu_model": recipe.gpu_model, "cards": str(recipe.cards), "image": recipe.image}
+    return fields, asset_ids
 
 
 @dataclass(frozen=True)

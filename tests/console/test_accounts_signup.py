@@ -93,7 +93,7 @@ def test_verification_grants_the_trial_credit_once(django_capture_on_commit_call
     response = _login(client, "dave@startup.example.com", GOOD_PASSWORD)
     assert response.status_code == 302
     html = client.get("/").content.decode()
-    assert "10.00 元" in html and "llama-7b-demo" in html
+    assert "10.00 元" in html and "/demo/llama-7b/" in html
 
 
 def test_an_invalid_confirmation_key_is_refused() -> None:

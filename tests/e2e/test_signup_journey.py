@@ -40,7 +40,7 @@ def test_new_customer_signs_up_verifies_and_uses_the_api(page: Page, live_server
     expect(page).to_have_url(re.compile(r"/$"))
     card = page.locator("#trial-credit-card")
     expect(card.locator("#trial-credit-amount")).to_have_text("10.00 元")
-    expect(card.locator("a[href*='llama-7b-demo']")).to_be_visible()
+    expect(card.locator("a[href*='/demo/llama-7b/']")).to_be_visible()
 
     # Add an SSH key (htmx swaps the panel in place).
     public_key = ed25519_public_key("grace@laptop")

@@ -61,7 +61,7 @@ def test_the_llama_demo_template_presets_host_image_and_gated_model(
 ) -> None:
     load_catalogue()
     html = alice_client.get(URL, {"template": "llama-7b-demo"}).content.decode()
-    assert "pytorch/pytorch:2.1.2-cuda12.1-cudnn8-devel" in html
+    assert "pytorch/pytorch:2.3.1-cuda12.1-cudnn8-devel" in html  # the recipe's DeepSpeed image
     assert 'id="mount-error"' in html and "meta-llama/Llama-2-7b-hf" in html  # license first
     model = get_asset_by_hub_id("model", "meta-llama/Llama-2-7b-hf")
     accept_license(alice, model.license)

@@ -1,0 +1,387 @@
+"""Recipe runs: the one-click demo's offer and launch, and following a running recipe's output.
+
+- ``demo_offer``: what the demo page shows, priced on the current price book: the cards, the time
+  limit cut so the most it can cost stays below the budget (the trial credit), the licence of the
+  weights and whether it is accepted, and whether the cards are free now (else the cheapest
+  8-card model whose cost fits, or when the cards are expected to be free).
+- ``launch_recipe``: accept the licence (when the page's checkbox says so) and order the recipe
+  through ``order_instance``: its image, its model and dataset mounted, its entrypoint, its
+  environment, and an automatic release at the time limit.
+- ``follow_recipe``: while the instance runs, read the recipe's output from the node (the ``sim``
+  driver simulates it), keep each line as a log event, and release the instance when the recipe
+  prints its ``done`` line or exits (the time limit is the reconciler's automatic release).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import ROUND_UP, Decimal
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.http import Http404
+from django.utils import timezone
+from django.utils.translation import gettext_noop
+
+from billing import services as billing
+from marketplace import recipes as catalogue_recipes
+from marketplace import services as marketplace
+from marketplace.recipes import Recipe
+from slices import events, progress
+from slices.choices import EventKind, EventLevel, InstanceState
+from slices.drivers import get_driver
+from slices.errors import OrderRefused
+from slices.models import Instance, InstanceEvent
+from slices.services.allocation import NoCapacity, preview_allocation
+from slices.services.instances import (
+    OrderRequest,
+    order_instance,
+    price_name,
+    record_event,
+    record_logs,
+    release_instance,
+)
+
+logger = logging.getLogger(__name__)
+
+# The instance's environment names its recipe and run; the console reads them back.
+RECIPE_ENV = "RECIPE"
+RUN_ENV = "RUN_NAME"
+# Log events of a recipe's output carry this step (provisioning logs carry theirs).
+RUN_STEP = "run"
+# The recipe must save its adapter before the automatic release: it is told to stop this much
+# before the time limit, after the expected provisioning time.
+RELEASE_MARGIN_SECONDS = 60
+OUTPUT_BATCH_LINES = 200
+
+
+# ---------------------------------------------------------------------------------------------
+# The demo page's offer
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One way to run the recipe now: a GPU model, its price and what the run costs at most."""
+
+    gpu_model: str
+    per_hour: Decimal
+    time_limit_s: int
+    max_cost: Decimal
+    available: bool
+
+
+@dataclass
+class DemoOffer:
+    recipe: Recipe
+    budget: Decimal
+    choice: Choice | None  # what the launch button orders (None: nothing can run now)
+    preferred: Choice | None  # the recipe's own GPU model
+    earliest: datetime | None  # when the preferred cards are expected to be free
+    model: Any  # marketplace Asset or None
+    dataset: Any
+    license: Any  # marketplace License or None
+    license_accepted: bool
+    balance: Decimal
+    trial: Decimal
+    image: Any  # ImageVersion or None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def substitute(self) -> bool:
+        return self.choice is not None and self.choice.gpu_model != self.recipe.gpu_model
+
+    @property
+    def launchable(self) -> bool:
+        return self.choice is not None and not self.problems
+
+
+def budget_for(recipe: Recipe) -> Decimal:
+    """The most a run may cost: the trial credit for the demo (billing's figure, not a copy)."""
+    return billing.TRIAL_CREDIT
+
+
+def time_limit_for(per_hour: Decimal, minutes: int, budget: Decimal) -> int:
+    """The recipe's time limit in seconds, cut to whole minutes so that ``per_hour`` for that long
+    stays below ``budget``; never raised."""
+    if per_hour <= 0:
+        return minutes * 60
+    affordable = math.floor(budget * 60 / per_hour)  # whole minutes the budget pays for
+    if per_hour * affordable / 60 >= budget:
+        affordable -= 1  # strictly below the budget
+    return max(0, min(minutes, affordable)) * 60
+
+
+def max_cost(per_hour: Decimal, seconds: int) -> Decimal:
+    return (per_hour * seconds / Decimal(3600)).quantize(Decimal("0.01"), rounding=ROUND_UP)
+
+
+def _choice(user: Any, recipe: Recipe, gpu_model: str, budget: Decimal) -> Choice | None:
+    book_name = price_name(gpu_model)
+    if book_name is None:
+        return None
+    per_hour = billing.quote_for(user, book_name, recipe.cards).per_hour
+    limit = time_limit_for(per_hour, recipe.time_limit_minutes, budget)
+    if limit < 5 * 60:
+        return None  # the budget pays for less than a useful run on this model
+    try:
+        preview_allocation(recipe.cards, gpu_model)
+        available = True
+    except NoCapacity:
+        available = False
+    return Choice(gpu_model, per_hour, limit, max_cost(per_hour, limit), available)
+
+
+def _asset(kind: str, hub_id: str) -> Any:
+    try:
+        return marketplace.get_asset_by_hub_id(kind, hub_id)
+    except Http404:
+        return None
+
+
+def demo_offer(user: Any, recipe: Recipe) -> DemoOffer:
+    budget = budget_for(recipe)
+    preferred = _choice(user, recipe, recipe.gpu_model, budget)
+    choice = preferred if preferred is not None and preferred.available else None
+    earliest = None
+    if choice is None:
+        alternatives = [
+            c
+            for c in (_choice(user, recipe, m, budget) for m in recipe.alternatives)
+            if c is not None and c.available
+        ]
+        choice = min(alternatives, key=lambda c: (c.max_cost, c.gpu_model), default=None)
+        try:
+            preview_allocation(recipe.cards, recipe.gpu_model)
+        except NoCapacity as exc:
+            earliest = exc.earliest
+    model = _asset("model", recipe.model)
+    dataset = _asset("dataset", recipe.dataset)
+    try:
+        image = marketplace.get_image_version(recipe.image)
+    except Http404:
+        image = None
+    license = model.license if model is not None else None
+    wallet = billing.get_wallet_summary(user)
+    problems = []
+    if model is None or dataset is None or image is None:
+        problems.append(
+            gettext_noop("The recipe's model, dataset or image is not in the catalogue.")
+        )
+    if choice is not None and wallet.spendable < choice.max_cost:
+        problems.append(gettext_noop("Your balance does not cover the most this run can cost."))
+    return DemoOffer(
+        recipe=recipe,
+        budget=budget,
+        choice=choice,
+        preferred=preferred,
+        earliest=earliest,
+        model=model,
+        dataset=dataset,
+        license=license,
+        license_accepted=marketplace.has_accepted_license(user, license),
+        balance=wallet.spendable,
+        trial=getattr(wallet, "trial", Decimal("0")),
+        image=image,
+        problems=problems,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Launching
+# ---------------------------------------------------------------------------------------------
+
+
+def provisioning_allowance_s(driver_name: str | None = None) -> int:
+    """Seconds the instance is expected to take to reach running (the driver's step times)."""
+    try:
+        steps = get_driver(driver_name).step_seconds()
+    except ValueError:
+        return 0
+    return int(sum(v for k, v in steps.items() if k not in ("allreduce", "teardown")))
+
+
+def launch_recipe(
+    user: Any,
+    recipe: Recipe,
+    *,
+    accept_license: bool,
+    gpu_model: str | None = None,
+    idempotency_key: str | None = None,
+) -> Instance:
+    """Order ``recipe`` on the offer's choice (or ``gpu_model`` when the page named one the offer
+    allows). Raises ``OrderRefused`` when the licence is not accepted or nothing fits the budget,
+    or what ``order_instance`` raises."""
+    offer = demo_offer(user, recipe)
+    choices = {c.gpu_model: c for c in (offer.choice, offer.preferred) if c is not None}
+    choice = choices.get(gpu_model or "") or offer.choice
+    if choice is None or not choice.available:
+        raise OrderRefused(
+            gettext_noop("No %(cards)s-card machine that fits the budget is free now."),
+            cards=recipe.cards,
+        )
+    if offer.model is None or offer.dataset is None or offer.image is None:
+        raise OrderRefused(
+            gettext_noop("The recipe's model, dataset or image is not in the catalogue.")
+        )
+    if offer.license is not None and not offer.license_accepted:
+        if not accept_license:
+            raise OrderRefused(
+                gettext_noop("Accept the licence of the weights (%(license)s) to launch the demo."),
+                license=offer.license.name,
+            )
+        marketplace.accept_license(user, offer.license)
+    limit = _override_limit(choice.time_limit_s)
+    run = f"{recipe.demo}-{uuid.uuid4().hex[:6]}"
+    specs = marketplace.build_mount_specs(user, [offer.model.public_id, offer.dataset.public_id])
+    targets = {s.kind: s.target for s in specs}
+    env = {
+        **recipe.env,
+        RECIPE_ENV: recipe.slug,
+        RUN_ENV: run,
+        "MODEL_DIR": targets["model"],
+        "DATASET_DIR": targets["dataset"],
+        "TIME_LIMIT_S": str(max(60, limit - provisioning_allowance_s() - RELEASE_MARGIN_SECONDS)),
+        **{str(k): str(v) for k, v in dict(settings.RECIPE_EXTRA_ENV).items()},
+    }
+    req = OrderRequest(
+        gpu_model=choice.gpu_model,
+        cards=recipe.cards,
+        name=run,
+        image=recipe.image,
+        asset_ids=(str(offer.model.public_id), str(offer.dataset.public_id)),
+        env=env,
+        auto_release_at=timezone.now() + timedelta(seconds=limit),
+        entrypoint=recipe.entrypoint,
+    )
+    instance, _created = order_instance(user, req, idempotency_key=idempotency_key)
+    return instance
+
+
+def _override_limit(limit: int) -> int:
+    """``RECIPE_TIME_LIMIT_SECONDS`` (tests, demonstrations) shortens the limit, never lengthens it."""
+    override = int(getattr(settings, "RECIPE_TIME_LIMIT_SECONDS", 0) or 0)
+    return min(limit, override) if override > 0 else limit
+
+
+# ---------------------------------------------------------------------------------------------
+# A run's progress and result
+# ---------------------------------------------------------------------------------------------
+
+
+def recipe_of(instance: Instance) -> Recipe | None:
+    slug = (instance.env or {}).get(RECIPE_ENV, "")
+    return catalogue_recipes.get_recipe(slug) if slug else None
+
+
+def output_lines(instance: Instance) -> list[str]:
+    return list(
+        InstanceEvent.objects.filter(instance=instance, kind=EventKind.LOG, step=RUN_STEP)
+        .order_by("pk")
+        .values_list("text", flat=True)
+    )
+
+
+def run_progress(instance: Instance) -> progress.RunProgress:
+    return progress.summarise(output_lines(instance))
+
+
+# ---------------------------------------------------------------------------------------------
+# Following a running recipe
+# ---------------------------------------------------------------------------------------------
+
+
+def follow_recipe(instance_id: int, *, budget_s: float | None = None, driver: Any = None) -> str:
+    """Read a running recipe's output until it ends or ``budget_s`` runs out ("again": call once
+    more). One follower per instance (a cache lock); safe to call twice."""
+    instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
+    if instance is None or instance.state != InstanceState.RUNNING or recipe_of(instance) is None:
+        return "nothing to do"
+    lock = f"recipe-follow:{instance.pk}"
+    interval = float(settings.RECIPE_FOLLOW_INTERVAL)
+    budget = float(budget_s if budget_s is not None else settings.RECIPE_FOLLOW_SECONDS)
+    if not cache.add(lock, "1", timeout=int(budget + 60)):
+        return "busy"
+    try:
+        return _follow(instance, driver or get_driver(instance.driver or None), budget, interval)
+    finally:
+        cache.delete(lock)
+
+
+def _follow(instance: Instance, driver: Any, budget: float, interval: float) -> str:
+    from slices.services.provisioning import build_spec  # provisioning imports this module
+
+    reader = getattr(driver, "workload_output", None)
+    if reader is None:
+        return "unsupported"
+    spec = build_spec(instance)
+    if not spec.nodes:
+        return "nothing to do"
+    node = spec.nodes[0]  # rank 0 prints the recipe's progress
+    offset = InstanceEvent.objects.filter(
+        instance=instance, kind=EventKind.LOG, step=RUN_STEP
+    ).count()
+    deadline = time.monotonic() + budget
+    failures = 0
+    while True:
+        state = Instance.objects.filter(pk=instance.pk).values_list("state", flat=True).first()
+        if state != InstanceState.RUNNING:
+            return "stopped"
+        running_at = instance.running_at or timezone.now()
+        elapsed = (timezone.now() - running_at).total_seconds()
+        try:
+            out = reader(spec, node, offset, elapsed, OUTPUT_BATCH_LINES)
+            failures = 0
+        except Exception as exc:  # a dropped link: try again; the time limit still releases it
+            failures += 1
+            logger.warning("reading the output of %s failed: %s", instance.public_id, exc)
+            if failures >= 5 or time.monotonic() > deadline:
+                return "again"
+            time.sleep(interval)
+            continue
+        if out.lines:
+            record_logs(instance, [(node.hostname, RUN_STEP, line) for line in out.lines])
+            offset += len(out.lines)
+            if any(progress.parse_line(line) for line in out.lines):
+                events.broadcast_progress_on_commit(instance)
+        if len(out.lines) >= OUTPUT_BATCH_LINES:
+            continue  # more is waiting
+        run = run_progress(instance) if out.lines or not out.running else None
+        if run is not None and run.done:
+            record_event(
+                instance,
+                EventKind.STATE,
+                code="recipe_done",
+                params={"adapter": run.adapter, "step": run.step, "reason": run.done_reason},
+            )
+            release_instance(instance, by="recipe", code="recipe_finished")
+            return "finished"
+        if not out.running:
+            record_event(
+                instance,
+                EventKind.ERROR,
+                code="recipe_exited",
+                level=EventLevel.WARNING,
+                params={"checkpoint": run.last_checkpoint if run else ""},
+            )
+            release_instance(instance, by="recipe", code="recipe_exited")
+            return "exited"
+        if time.monotonic() > deadline:
+            return "again"
+        time.sleep(interval)
+
+
+def on_running(instance_id: int) -> None:
+    """Provisioning reached running: follow the recipe, if the instance runs one."""
+    instance = Instance.objects.filter(pk=instance_id).only("env", "state").first()
+    if instance is None or not (instance.env or {}).get(RECIPE_ENV):
+        return
+    from slices import tasks  # tasks imports the services
+
+    tasks.follow_recipe_task.delay(instance_id)
