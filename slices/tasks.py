@@ -9,14 +9,26 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from slices.services import provisioning, reconcile, telemetry
+from slices.services import provisioning, recipes, reconcile, telemetry
 from slices.services.migration import drive_migration
 from slices.services.power import drive_start, drive_stop
 
 
 @shared_task(acks_late=True, ignore_result=True)
 def provision_instance_task(instance_id: int) -> str:
-    return provisioning.provision_instance(instance_id)
+    result = provisioning.provision_instance(instance_id)
+    if result == "running":
+        recipes.on_running(instance_id)  # a recipe run: follow its output
+    return result
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def follow_recipe_task(instance_id: int) -> str:
+    """Read a running recipe's output for a while; queued again until the run ends."""
+    result = recipes.follow_recipe(instance_id)
+    if result == "again":
+        follow_recipe_task.apply_async((instance_id,), countdown=1)
+    return result
 
 
 @shared_task(acks_late=True, ignore_result=True)
