@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from slices.drivers import get_driver
 from slices.drivers.base import DriverError, InstanceSpec, Mount, NodeTarget
 from slices.drivers.ssh import (
     NO_GPU_DRIVER,
@@ -568,3 +569,17 @@ def test_a_dropped_connection_between_steps_is_replaced_and_keepalives_are_on(
     assert logins(host) == before + 2  # a new connection, host key checked again
     assert (instance_dir(roots["node"]) / "env.sh").exists()
     driver.close()
+
+
+def test_get_driver_builds_the_ssh_driver_from_settings(settings) -> None:  # noqa: ANN001
+    settings.SLICES_SSH_USER = "gpc"
+    settings.SLICES_SSH_KEY_FILE = "/etc/gpu-console/id_ed25519"
+    settings.SLICES_SSH_COMMAND_TIMEOUT = 42
+    settings.SLICES_PFS_ROOT = "/mnt/pfs"
+    driver = get_driver("ssh")
+    assert isinstance(driver, SshDriver)
+    assert (driver.name, driver.simulated) == ("ssh", False)
+    assert driver.settings.user == "gpc"
+    assert driver.settings.key_file == "/etc/gpu-console/id_ed25519"
+    assert driver.settings.command_timeout == 42.0
+    assert driver.settings.pfs_root == "/mnt/pfs"
