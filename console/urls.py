@@ -55,6 +55,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
     path("", include("slices.urls")),
+    path("", include("slices.telemetry.urls")),  # GPU telemetry data, CSV, /metrics
     path("", include("marketplace.urls")),
     path("", include("billing.urls")),
 ]

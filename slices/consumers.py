@@ -16,6 +16,7 @@ from slices.models import Cluster
 from slices.services.instances import get_instance_for_operator, get_instance_for_user
 from slices.telemetry.groups import cluster_group as telemetry_cluster_group
 from slices.telemetry.groups import instance_group as telemetry_instance_group
+from slices.telemetry.metrics import websocket_client_changed
 
 
 class InstanceConsumer(AsyncJsonWebsocketConsumer):
@@ -93,16 +94,19 @@ class TelemetryConsumer(ForwardingJsonConsumer):
                 await self.close(code=CLOSE_NOT_FOUND)
                 return
             self.group = telemetry_cluster_group(kwargs["code"])
+            self.stream = "cluster"
         else:
             if not await _may_see_instance(user, kwargs["public_id"]):
                 await self.close(code=CLOSE_NOT_FOUND)
                 return
             self.group = telemetry_instance_group(kwargs["public_id"])
+            self.stream = "instance"
         self._latest: dict[str, Any] | None = None
         self._skipped = 0
         self._ready = asyncio.Event()
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        await database_sync_to_async(websocket_client_changed)(self.stream, 1)
         await self.send_json({"kind": "hello", "payload": {}})
         self.writer = asyncio.create_task(self._write())
 
@@ -113,6 +117,7 @@ class TelemetryConsumer(ForwardingJsonConsumer):
     async def disconnect(self, code: int) -> None:
         if self.writer is not None:
             self.writer.cancel()
+            await database_sync_to_async(websocket_client_changed)(self.stream, -1)
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 

@@ -35,7 +35,7 @@ from typing import Any, TextIO
 try:  # the agent must start even where the package is missing: that is "NVML unavailable" too
     import pynvml
 except ImportError:  # pragma: no cover - the console's environment always has it
-    pynvml = None  # type: ignore[assignment]
+    pynvml = None
 
 SCHEMA_VERSION = 1
 STATE_OK = "ok"

@@ -25,13 +25,23 @@ OBJECT_ROUTES: dict = {
     "instance-release": _instance,
     "instance-events": _instance,
     "instance-logs": _instance,
+    "telemetry:instance-history": _instance,
+    "telemetry:instance-csv": _instance,
 }
+
 
 def _instance_ws(owner: Any) -> str:
     return f"/ws/instances/{make_instance(owner).public_id}/"
 
 
-WEBSOCKET_ROUTES: dict = {"ws/instances/<uuid:public_id>/": _instance_ws}
+def _telemetry_ws(owner: Any) -> str:
+    return f"/ws/telemetry/instances/{make_instance(owner).public_id}/"
+
+
+WEBSOCKET_ROUTES: dict = {
+    "ws/instances/<uuid:public_id>/": _instance_ws,
+    "ws/telemetry/instances/<uuid:public_id>/": _telemetry_ws,
+}
 
 # Operator pages: a customer never gets a 2xx (the node is fleet inventory, not a customer object).
 STAFF_ROUTES = {"slices:ops-node": _node}
