@@ -110,7 +110,7 @@ def check_node_health(now: datetime | None = None) -> list[str]:
         else:
             signal, detail = (
                 NodeSignal.SSH_LOST,
-                "no heartbeat since " + watch.last_heartbeat_at.isoformat(),
+                f"no heartbeat since {watch.last_heartbeat_at:%Y-%m-%d %H:%M:%S}",
             )
         if fail_node(watch.node, signal, detail, now=now):
             failed.append(watch.node.hostname)
@@ -181,7 +181,7 @@ def start_migration(instance: Instance, node: Node, *, signal: str = "") -> bool
     return True
 
 
-def _claim_replacement(instance: Instance, part: InstanceNode) -> Node | None:
+def _claim_replacement(instance: Instance, part: InstanceNode) -> tuple[Node, int] | None:
     """A healthy node in the instance's cluster with the cards this part needs, same SU first;
     taken with a compare-and-set on its free mask (as the allocator commits)."""
     failed = part.node
@@ -214,8 +214,7 @@ def _claim_replacement(instance: Instance, part: InstanceNode) -> Node | None:
         ).update(free_mask=node.free_mask & ~mask, state=NodeState.ALLOCATED)
         if won == 1:
             node.refresh_from_db()
-            node._taken_mask = mask  # type: ignore[attr-defined]
-            return node
+            return node, mask
     return None
 
 
@@ -271,15 +270,18 @@ def drive_migration(instance_id: int) -> str:
                 Q(failed=True) | Q(node__state=NodeState.FAILED)
             )
         )
-        replaced: list[tuple[InstanceNode, Node]] | None = []
+        replaced: list[tuple[InstanceNode, Node, int]] = []
         for part in broken:
-            new = _claim_replacement(instance, part)
-            if new is None:
+            if part.node.state in SCHEDULABLE_STATES and part.node.health == NodeHealth.OK:
+                # An operator returned the node meanwhile: it still holds this part's cards.
+                replaced.append((part, part.node, part.gpu_mask))
+                continue
+            claimed = _claim_replacement(instance, part)
+            if claimed is None:
                 transaction.set_rollback(True)  # keep no half-taken replacement
-                replaced = None
                 break
-            replaced.append((part, new))
-        if replaced is not None:
+            replaced.append((part, *claimed))
+        else:
             return _swap_in(instance, replaced)
     return _no_replacement(instance)
 
@@ -294,15 +296,14 @@ def _migration_event_id(instance: Instance) -> int:
     return int(ev or 0)
 
 
-def _swap_in(instance: Instance, replaced: list[tuple[InstanceNode, Node]]) -> str:
+def _swap_in(instance: Instance, replaced: list[tuple[InstanceNode, Node, int]]) -> str:
     """Point the failed ranks at their replacements (allocation, GPU rows, instance nodes),
     redo every node's steps after ``connect`` (the job restarts from the checkpoint), provision."""
     allocation = instance.allocation
     moves: list[dict[str, Any]] = []
-    for part, new in replaced:
+    for part, new, mask in replaced:
         old = part.node
-        mask = new._taken_mask  # type: ignore[attr-defined]
-        if allocation is not None:
+        if allocation is not None and new.pk != old.pk:
             old_part = AllocationNode.objects.filter(allocation=allocation, node=old).first()
             if old_part is not None:
                 # The failed node's cards leave this allocation (the node stays failed).

@@ -312,7 +312,8 @@ def drive_start(instance_id: int, driver: NodeDriver | None = None) -> str:
         return "nothing to do"
     placed = instance.events.filter(code="start_placed").order_by("-id").first()
     src_host = str((placed.params or {}).get("moved_from") or "") if placed else ""
-    if src_host and not instance.events.filter(code="disk_moved", id__gt=placed.id).exists():
+    moved = placed is not None and instance.events.filter(code="disk_moved", id__gt=placed.id)
+    if src_host and not (moved and moved.exists()):
         driver = driver or get_driver(instance.driver or None)
         spec = build_spec(instance)
         src = Node.objects.filter(hostname=src_host).first()
@@ -356,14 +357,15 @@ def release_long_stopped(now: datetime) -> tuple[list[str], list[str]]:
     warned: list[str] = []
     released: list[str] = []
     for instance in Instance.objects.filter(state=InstanceState.STOPPED, stopped_at__isnull=False):
-        due = instance.stopped_at + timedelta(days=days)
+        stopped_at: datetime = instance.stopped_at  # type: ignore[assignment]  # filtered not null
+        due = stopped_at + timedelta(days=days)
         if now >= due:
             if release_instance(instance, by="auto", code="stopped_too_long"):
                 released.append(str(instance.public_id))
             continue
         # Warnings due by now that were not sent yet (one per configured day, in order).
         sent = instance.stop_warnings
-        owed = sum(1 for d in warn_days if now >= due - timedelta(days=d))
+        owed = len([d for d in warn_days if now >= due - timedelta(days=d)])
         if owed > sent:
             won = Instance.objects.filter(pk=instance.pk, stop_warnings=sent).update(
                 stop_warnings=F("stop_warnings") + (owed - sent)
