@@ -9,6 +9,7 @@ websocket-client counter, which lives in the cache (shared by every web server i
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 from django.core.cache import cache
@@ -114,12 +115,13 @@ class ConsoleCollector(Collector):
         gpus_running.add_metric([], len(self.gpus))
         yield gpus_running
         # Order → running, for instances that got there in the last day (from the database).
-        since = timezone.now() - timezone.timedelta(days=1)
+        since = timezone.now() - timedelta(days=1)
         durations = [
             (running - created).total_seconds()
             for created, running in Instance.objects.filter(running_at__gte=since).values_list(
                 "created_at", "running_at"
             )
+            if running is not None
         ]
         buckets = [(str(b), sum(1 for d in durations if d <= b)) for b in PROVISIONING_BUCKETS] + [
             ("+Inf", len(durations))
