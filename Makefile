@@ -12,7 +12,7 @@ PORT ?= 8000
 IT_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gpuconsole_it
 IT_REDIS_URL ?= redis://127.0.0.1:6379/11
 
-.PHONY: demo test test-integration lint format messages bench system-deps serve prod clean
+.PHONY: demo test test-integration lint format messages bench system-deps serve prod clean recipe-env
 
 $(UV):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
@@ -44,7 +44,20 @@ system-deps:
 	  else echo "Please install Debian packages: chromium openssh-server"; exit 1; fi; \
 	fi
 
-test: $(VENV)/.synced system-deps
+# The LLaMA LoRA recipe's own environment (torch CPU, transformers, peft): what the image ships,
+# never the console's. Built once from the recipe's requirements.txt (about 2.5 min, ~1.2 GB) and
+# kept until they change; tests/slices/test_recipe_runs.py runs the recipe with it on an sshd host.
+RECIPE_VENV := var/recipe-venv
+RECIPE_REQS := marketplace/recipes/llama-lora/requirements.txt
+
+$(RECIPE_VENV)/.requirements: $(RECIPE_REQS)
+	$(PYTHON) -m venv $(RECIPE_VENV)
+	$(RECIPE_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(RECIPE_REQS)
+	cp $(RECIPE_REQS) $@
+
+recipe-env: $(RECIPE_VENV)/.requirements
+
+test: $(VENV)/.synced system-deps recipe-env
 	$(VENV)/bin/pytest -m "not integration" -q
 
 test-integration: $(VENV)/.synced system-deps

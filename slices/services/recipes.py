@@ -245,6 +245,7 @@ def launch_recipe(
         **recipe.env,
         RECIPE_ENV: recipe.slug,
         RUN_ENV: run,
+        "CHECKPOINT_RUN": run,  # the console's checkpoint convention (hot migration resumes it)
         "MODEL_DIR": targets["model"],
         "DATASET_DIR": targets["dataset"],
         "TIME_LIMIT_S": str(max(60, limit - provisioning_allowance_s() - RELEASE_MARGIN_SECONDS)),

@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=env("MODEL_DIR", "/models/model"))
     p.add_argument("--dataset", default=env("DATASET_DIR", "/datasets/dataset"))
     p.add_argument("--output", default=env("PFS", "/pfs"))
-    p.add_argument("--run-name", default=env("RUN_NAME", "llama-lora"))
+    p.add_argument("--run-name", default=env("CHECKPOINT_RUN", env("RUN_NAME", "llama-lora")))
     p.add_argument("--max-steps", type=int, default=int(env("MAX_STEPS", "300")))
     p.add_argument("--time-limit", type=float, default=float(env("TIME_LIMIT_S", "0")))
     p.add_argument("--batch-size", type=int, default=int(env("BATCH_SIZE", "4")))
