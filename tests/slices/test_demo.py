@@ -115,7 +115,9 @@ def test_the_simulated_run_shows_progress_finishes_releases_and_is_paid_by_the_t
     assert instance.state == InstanceState.RELEASED, list(instance.events.values_list("code"))
     assert (instance.gpu_model.code, instance.cards) == ("RTX4090", 8)
     assert instance.entrypoint.startswith("torchrun ")
-    assert instance.env["RECIPE"] == "llama-lora" and instance.env["MODEL_DIR"].startswith("/models/")
+    assert instance.env["RECIPE"] == "llama-lora" and instance.env["MODEL_DIR"].startswith(
+        "/models/"
+    )
     assert instance.auto_release_at is not None
     assert instance.auto_release_at - instance.created_at <= timedelta(minutes=30, seconds=5)
     run = recipes.run_progress(instance)
