@@ -207,3 +207,20 @@ def test_launching_from_the_page_orders_and_opens_the_instance(
     assert 'id="recipe-run"' in html and "/pfs/adapters/" in html
     assert InstanceEvent.objects.filter(instance=instance, code="recipe_done").exists()
     assert timezone.now() >= instance.created_at
+
+
+def test_the_model_and_image_pages_and_the_dashboard_lead_to_the_demo(
+    world, newcomer, client: Client
+) -> None:  # noqa: ANN001
+    client.force_login(newcomer)
+    model = get_asset_by_hub_id("model", recipe().model)
+    assert URL in client.get(model.get_absolute_url()).content.decode()
+    dataset = get_asset_by_hub_id("dataset", recipe().dataset)
+    assert URL in client.get(dataset.get_absolute_url()).content.decode()
+    image = reverse("marketplace:image-detail", args=["deepspeed"])
+    assert URL in client.get(image).content.decode()
+    assert (
+        URL
+        not in client.get(reverse("marketplace:image-detail", args=["pytorch"])).content.decode()
+    )
+    assert URL in client.get("/").content.decode()  # the trial credit's call to action
