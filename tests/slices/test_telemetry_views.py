@@ -38,7 +38,7 @@ def sampled(settings, alice, django_capture_on_commit_callbacks) -> Instance:
     relay = Relay(layer=None)  # the process's ring: what the views read
     relay.refresh()
     now = time.time()
-    t0 = (now // 60 - 2) * 60
+    t0 = (now // 60 - 3) * 60  # at least two whole minutes end on the way to now
     for s in range(int(now - t0)):
         relay.tick(t0 + s)
     yield instance
