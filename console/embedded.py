@@ -61,4 +61,8 @@ def start_embedded_worker() -> bool:
     logger.info(
         "embedded Celery worker (%d threads) and beat started", settings.EMBEDDED_WORKER_THREADS
     )
+    # Live GPU telemetry: the 1 Hz relay is a long-lived loop, not a task; here it is a thread.
+    from slices.telemetry.relay import start_relay_thread
+
+    start_relay_thread()
     return True

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from decimal import Decimal
 from typing import Any
 
@@ -25,7 +27,7 @@ from console.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from console.routing import websocket_router
 from slices import services
 from slices.choices import InstanceState
-from slices.models import Instance
+from slices.models import GpuRollup, Instance
 from slices.telemetry.groups import instance_group
 from slices.telemetry.relay import Relay
 from slices.telemetry.ring import MemoryRing
@@ -194,3 +196,27 @@ def test_a_slow_client_gets_the_latest_sample_not_a_queue(running: Instance, ali
     assert len(messages) <= 3  # the one stuck in the socket, maybe one more, then the newest
     # Every sample is accounted for: delivered, or replaced by a newer one and counted.
     assert len(messages) + sum(m["skipped"] for m in messages) == sent
+
+
+def test_the_relay_loop_ticks_until_stopped_then_writes_the_unfinished_minute(
+    running: Instance,
+) -> None:
+    """What the embedded thread and ``manage.py relay_telemetry`` run."""
+    ring = MemoryRing()
+    relay = Relay(ring, layer=get_channel_layer())
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop, 0.02))
+    thread.start()
+    try:
+        for _ in range(1000):
+            if len(ring.since(str(running.public_id))) >= 5:
+                break
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert relay.feeds == {}  # sources closed
+    rollups = GpuRollup.objects.filter(instance=running)
+    assert rollups.count() in (8, 16)  # the partial minute (or two, across a minute boundary)
+    assert all(r.samples >= 1 for r in rollups)
