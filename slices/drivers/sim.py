@@ -171,7 +171,9 @@ class SimDriver:
         ``SIM_TIME_SCALE``), from line ``offset``; an instance without a recipe prints nothing."""
         if node.rank != 0 or not spec.env.get("RECIPE"):
             return WorkloadOutput([], True)
-        timeline = sim_recipe_lines(spec.env, len(spec.nodes) * spec.gpus_per_node)
+        timeline = sim_recipe_lines(
+            spec.env, len(spec.nodes) * spec.gpus_per_node, time_scale=self.time_scale
+        )
         due = [line for at, line in timeline if at * self.time_scale <= elapsed_s]
         lines = due[offset : offset + max(0, limit)]
         return WorkloadOutput(lines, offset + len(lines) < len(timeline))
@@ -226,8 +228,12 @@ def _int_env(env: dict[str, str], name: str, default: int) -> int:
         return default
 
 
-def sim_recipe_lines(env: dict[str, str], world_size: int) -> list[tuple[float, str]]:
-    """(seconds after running, line) for a whole simulated recipe run."""
+def sim_recipe_lines(
+    env: dict[str, str], world_size: int, *, time_scale: float = 1.0
+) -> list[tuple[float, str]]:
+    """(seconds after running, line) for a whole simulated recipe run. The seconds are before
+    ``time_scale``; what the lines report (elapsed, ETA) and the time limit (``TIME_LIMIT_S``,
+    real seconds) are on the scaled clock the user watches."""
     run = env.get("RUN_NAME", "run")
     max_steps = _int_env(env, "MAX_STEPS", 300) or 1
     log_every = _int_env(env, "LOG_EVERY", 10) or 1
@@ -265,9 +271,9 @@ def sim_recipe_lines(env: dict[str, str], world_size: int) -> list[tuple[float, 
         wobble = ((seed >> (step % 24)) % 97) / 97 - 0.5
         loss = 1.05 + 0.85 * math.exp(-step / (max_steps / 5)) + 0.05 * wobble
         if step % log_every == 0 or step == max_steps:
-            eta = (max_steps - step) * step_s
+            eta = (max_steps - step) * step_s * time_scale
             if limit:
-                eta = min(eta, max(0.0, limit - 30 - t))
+                eta = min(eta, max(0.0, limit - 30 - t * time_scale))
             out.append(
                 (
                     t,
@@ -279,7 +285,7 @@ def sim_recipe_lines(env: dict[str, str], world_size: int) -> list[tuple[float, 
                         lr=2e-4,
                         tokens_per_s=round(tokens / step_s, 1),
                         eta_s=round(eta, 1),
-                        elapsed_s=round(t, 1),
+                        elapsed_s=round(t * time_scale, 1),
                     ),
                 )
             )
@@ -287,7 +293,7 @@ def sim_recipe_lines(env: dict[str, str], world_size: int) -> list[tuple[float, 
             t += 2.0
             path = f"/pfs/checkpoints/{run}/step-{step}"
             out.append((t, line(event="checkpoint", step=step, path=path)))
-        if limit and t + 2 * step_s + 30 > limit:
+        if limit and (t + 2 * step_s) * time_scale + 30 > limit:
             reason = "time_limit"
             break
     t += 3.0
@@ -301,7 +307,7 @@ def sim_recipe_lines(env: dict[str, str], world_size: int) -> list[tuple[float, 
                 loss=round(loss, 4),
                 adapter=f"/pfs/adapters/{run}",
                 reason=reason,
-                elapsed_s=round(t + 1.0, 1),
+                elapsed_s=round((t + 1.0) * time_scale, 1),
             ),
         )
     )
