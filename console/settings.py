@@ -337,6 +337,10 @@ RECIPE_FOLLOW_INTERVAL: float = _get("RECIPE_FOLLOW_INTERVAL", env.float, 1.0)
 RECIPE_FOLLOW_SECONDS: float = _get("RECIPE_FOLLOW_SECONDS", env.float, 300.0)
 RECIPE_TIME_LIMIT_SECONDS: int = _get("RECIPE_TIME_LIMIT_SECONDS", env.int, 0)
 RECIPE_EXTRA_ENV: dict = _get("RECIPE_EXTRA_ENV", env.json, {})
+CELERY_BEAT_SCHEDULE["slices-follow-recipes"] = {
+    "task": "slices.tasks.follow_recipes_task",
+    "schedule": 60.0,
+}
 # Embedded default: run the worker (and beat) inside the ASGI server process.
 EMBEDDED_WORKER: bool = _get("EMBEDDED_WORKER", _strict_bool, EMBEDDED)
 if PRODUCTION and EMBEDDED_WORKER:

@@ -32,6 +32,12 @@ def follow_recipe_task(instance_id: int) -> str:
 
 
 @shared_task(acks_late=True, ignore_result=True)
+def follow_recipes_task() -> int:
+    """Celery beat: recipe runs whose follower was lost are followed again."""
+    return recipes.follow_running_recipes()
+
+
+@shared_task(acks_late=True, ignore_result=True)
 def teardown_instance_task(instance_id: int) -> str:
     return provisioning.teardown_instance(instance_id)
 

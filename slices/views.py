@@ -349,11 +349,23 @@ def ops_instances(request: HttpRequest) -> HttpResponse:
 # ---------------------------------------------------------------------------------------------
 
 
+def _is_uuid(value: str) -> bool:
+    import uuid
+
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def demo(request: HttpRequest, name: str) -> HttpResponse:
     """What the demo runs, for how long, the most it can cost (from the price book), what the user
     gets, the licence of the weights to accept here, and one launch button."""
+    import uuid
+
     from django.http import Http404
 
     from marketplace import recipes as catalogue_recipes
@@ -364,12 +376,15 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
         raise Http404
     error: Any = None
     if request.method == "POST":
+        key = request.POST.get("launch_key", "")
         try:
             instance = recipes.launch_recipe(
                 request.user,
                 recipe,
                 accept_license=request.POST.get("accept_license") == "on",
                 gpu_model=request.POST.get("gpu_model") or None,
+                # One run per rendering of the page: a double click launches once.
+                idempotency_key=f"demo:{uuid.UUID(key)}" if _is_uuid(key) else None,
             )
         except (DomainError, NoCapacity) as exc:
             error = exc
@@ -399,5 +414,6 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
         "adapter_path": "/pfs/" + recipe.adapter_path("<run>"),
         "checkpoint_path": "/pfs/" + recipe.checkpoint_path("<run>", 0).replace("step-0", "step-N"),
         "minutes": offer.choice.time_limit_s // 60 if offer.choice else recipe.time_limit_minutes,
+        "launch_key": uuid.uuid4(),
     }
     return render(request, "slices/demo.html", context, status=409 if error else 200)

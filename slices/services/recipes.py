@@ -217,7 +217,12 @@ def launch_recipe(
 ) -> Instance:
     """Order ``recipe`` on the offer's choice (or ``gpu_model`` when the page named one the offer
     allows). Raises ``OrderRefused`` when the licence is not accepted or nothing fits the budget,
-    or what ``order_instance`` raises."""
+    or what ``order_instance`` raises. The same ``idempotency_key`` (the page's launch form) returns
+    the run the first click started: a double click launches once."""
+    if idempotency_key:
+        existing = Instance.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing
     offer = demo_offer(user, recipe)
     choices = {c.gpu_model: c for c in (offer.choice, offer.preferred) if c is not None}
     choice = choices.get(gpu_model or "") or offer.choice
@@ -376,6 +381,19 @@ def _follow(instance: Instance, driver: Any, budget: float, interval: float) -> 
         if time.monotonic() > deadline:
             return "again"
         time.sleep(interval)
+
+
+def follow_running_recipes() -> int:
+    """Beat: a running recipe whose follower is gone (its worker died) gets one again."""
+    from slices import tasks  # tasks imports the services
+
+    started = 0
+    running = Instance.objects.filter(state=InstanceState.RUNNING, env__has_key=RECIPE_ENV)
+    for pk in running.values_list("pk", flat=True):
+        if cache.get(f"recipe-follow:{pk}") is None:
+            tasks.follow_recipe_task.delay(pk)
+            started += 1
+    return started
 
 
 def on_running(instance_id: int) -> None:

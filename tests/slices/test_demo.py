@@ -4,6 +4,7 @@ what it cost, paid from the trial credit."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from decimal import Decimal
 
@@ -224,3 +225,37 @@ def test_the_model_and_image_pages_and_the_dashboard_lead_to_the_demo(
         not in client.get(reverse("marketplace:image-detail", args=["pytorch"])).content.decode()
     )
     assert URL in client.get("/").content.decode()  # the trial credit's call to action
+
+
+def test_a_double_click_on_launch_starts_one_run(world, newcomer, client: Client) -> None:  # noqa: ANN001
+    client.force_login(newcomer)
+    html = client.get(URL).content.decode()
+    key = re.search(r'name="launch_key" value="([0-9a-f-]{36})"', html).group(1)
+    first = client.post(URL, {"accept_license": "on", "launch_key": key})
+    second = client.post(URL, {"accept_license": "on", "launch_key": key})
+    assert first.status_code == second.status_code == 302
+    assert first["Location"] == second["Location"]
+    assert Instance.objects.filter(owner=newcomer).count() == 1
+
+
+def test_a_run_whose_follower_was_lost_is_followed_again(
+    world, newcomer, settings, django_capture_on_commit_callbacks
+) -> None:  # noqa: ANN001
+    settings.RECIPE_FOLLOW_SECONDS = 0  # the first follower gives up at once (as if it died)
+    from console.celery import app
+
+    app.conf.task_always_eager = False
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            instance = recipes.launch_recipe(newcomer, recipe(), accept_license=True)
+    finally:
+        app.conf.task_always_eager = True
+    instance.refresh_from_db()
+    assert instance.state == InstanceState.PROVISIONING  # nothing ran the queued tasks
+    from slices.services.provisioning import provision_instance
+
+    assert provision_instance(instance.pk) == "running"
+    assert recipes.follow_running_recipes() == 1  # the beat finds it unfollowed: follows it
+    instance.refresh_from_db()
+    assert instance.state in (InstanceState.RELEASING, InstanceState.RELEASED)
+    assert InstanceEvent.objects.filter(instance=instance, code="recipe_done").exists()
