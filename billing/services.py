@@ -306,9 +306,20 @@ def current_price_book(at: datetime | None = None) -> PriceBook | None:
     return PriceBook.objects.effective_at(at or clock.now()).first()
 
 
+def gpu_model_key(name: str) -> str:
+    """One key for a GPU model however it is written: "RTX 4090", "RTX4090", "rtx-4090"."""
+    return "".join(ch for ch in (name or "").upper() if ch.isalnum())
+
+
 def current_gpu_price(gpu_model: str, at: datetime | None = None) -> tuple[PriceBook, GpuPrice]:
+    """The price in effect for ``gpu_model`` (the product name or the fleet code both match)."""
     book = current_price_book(at)
-    price = book.gpu_prices.filter(gpu_model=gpu_model).first() if book else None
+    key = gpu_model_key(gpu_model)
+    price = (
+        next((p for p in book.gpu_prices.all() if gpu_model_key(p.gpu_model) == key), None)
+        if book
+        else None
+    )
     if book is None or price is None:
         raise PriceNotSet(gettext_noop("No price is set for %(model)s."), model=gpu_model)
     return book, price
@@ -327,7 +338,7 @@ def price_list(at: datetime | None = None) -> list[tuple[GpuPrice, list[TermPric
 def quote_for(user: User | AnonymousUser, gpu_model: str, cards: int, disk_gb: int = 0) -> Quote:
     """Quote an order on the current price book, with how long the user's balance lasts."""
     book, price = current_gpu_price(gpu_model)
-    terms = list(book.term_prices.filter(gpu_model=gpu_model))
+    terms = list(book.term_prices.filter(gpu_model=price.gpu_model))
     balance = get_wallet_summary(user).spendable if getattr(user, "pk", None) else None
     return quote_order(
         gpu_price_quote(book, price, terms),
