@@ -60,15 +60,24 @@ class OrderForm(forms.Form):
         max_value=Decimal("720"),
         decimal_places=1,
     )
+    disks = forms.MultipleChoiceField(
+        label=_("Cloud disks to attach"), required=False, widget=forms.CheckboxSelectMultiple
+    )
+    disks_read_only = forms.BooleanField(label=_("Attach them read-only"), required=False)
 
     def __init__(
         self,
         *args: Any,
         ssh_keys: list[tuple[str, str]],
         terms: list[int],
+        disks: list[tuple[str, str]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        if disks:
+            self.fields["disks"].choices = disks
+        else:  # no disks yet: the order form does not mention them
+            del self.fields["disks"], self.fields["disks_read_only"]
         self.fields["ssh_key"].choices = [("", _("No SSH key (console access only)"))] + ssh_keys
         self.fields["term_days"].choices = [("", "—")] + [
             (d, ngettext("%(days)d day", "%(days)d days", d) % {"days": d}) for d in terms
@@ -79,3 +88,15 @@ class OrderForm(forms.Form):
         if data.get("billing_mode") == BillingMode.TERM and not data.get("term_days"):
             self.add_error("term_days", _("Choose a term for locked-price billing."))
         return data
+
+
+class DiskForm(forms.Form):
+    """A new cloud disk (sizes are checked again by the service)."""
+
+    name = forms.CharField(label=_("Disk name"), max_length=63)
+    size_gb = forms.IntegerField(label=_("Size (GB)"), min_value=1)
+    region = forms.ChoiceField(label=_("Region"))
+
+    def __init__(self, *args: Any, regions: list[tuple[str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["region"].choices = regions

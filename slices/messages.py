@@ -51,6 +51,38 @@ EVENT_TEXT: dict[str, Promise] = {
     "recipe_done": _("The recipe finished at step %(step)s; the adapter is saved at %(adapter)s."),
     "recipe_finished": _("Released automatically: the recipe finished."),
     "recipe_exited": _("The recipe stopped before finishing; released automatically."),
+    # Storage and resilience
+    "disk_attached": _("Cloud disk %(disk)s attached at %(path)s (%(mode)s)."),
+    "disk_detached": _("Cloud disk %(disk)s detached."),
+    "disk_resized": _("Cloud disk %(disk)s grown to %(size)s GB."),
+    "stopping": _(
+        "Stop requested by %(by)s: the GPU charge stops now; the %(disk_gb)s GB system disk is kept and billed as storage (%(per_day)s 元 a day)."
+    ),
+    "stopped": _("Stopped. The GPUs are free; the %(disk_gb)s GB system disk is kept."),
+    "stop_failed": _("Could not stop the container on %(node)s cleanly: %(error)s"),
+    "starting": _("Start requested by %(by)s."),
+    "start_placed": _("Starting on %(node)s with %(cards)s GPU(s)."),
+    "disk_moved": _("The %(gb)s GB system disk was copied from %(from)s to %(to)s."),
+    "gpuless_running": _(
+        "Running without GPUs (no-GPU mode): no GPU charge, the disk is billed as storage."
+    ),
+    "stopped_release_warning": _(
+        "Stopped for long: this instance and its system disk will be released in about %(hours)s hours unless you start it."
+    ),
+    "stopped_too_long": _("Released: it stayed stopped longer than the allowed time."),
+    "migrating": _(
+        "Node %(node)s failed (%(signal)s): migrating this instance to a replacement node; the downtime is not billed."
+    ),
+    "billing_paused": _(
+        "Billing paused for the migration: %(seconds)s s charged so far, %(amount)s 元."
+    ),
+    "checkpoint_found": _("The job will resume from checkpoint step %(step)s (%(path)s)."),
+    "no_checkpoint": _("No checkpoint was found in %(dir)s: the job restarts from the beginning."),
+    "replacement_allocated": _("Replacement node(s) allocated: %(summary)s."),
+    "no_replacement": _(
+        "No replacement node is free right now. The instance waits for one (you may release it instead)."
+    ),
+    "released_no_replacement": _("Released: no replacement node was free, as you chose."),
 }
 
 FAILURE_TEXT: dict[str, Promise] = {
@@ -63,6 +95,7 @@ FAILURE_TEXT: dict[str, Promise] = {
     "no_price": _("no price is set for this GPU model"),
     "stuck": _("no worker made progress for too long"),
     "internal": _("an internal error (%(error)s); everything was freed"),
+    "disk_move_failed": _("the system disk could not be copied to the new host: %(error)s"),
 }
 
 STEP_TEXT: dict[str, Promise] = {

@@ -9,20 +9,32 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.db.models import Count, Q
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 from django.views.decorators.http import require_GET, require_http_methods
 
 from console.errors import DomainError
 from console.htmx import render_page, stop_polling
 from slices import lifecycle, services
-from slices.choices import NODE_STATE_BADGES, BillingMode, EventKind, InstanceState, NodeState
-from slices.forms import OrderForm, OrderPreviewForm
+from slices.choices import (
+    NODE_STATE_BADGES,
+    BillingMode,
+    DiskMode,
+    EventKind,
+    InstanceState,
+    NodeState,
+    NoReplacement,
+)
+from slices.forms import DiskForm, OrderForm, OrderPreviewForm
 from slices.messages import event_text, failure_text, step_label
-from slices.models import Cluster, Instance, Node
-from slices.services import NoCapacity
+from slices.models import Cluster, Disk, Instance, Node, Region
+from slices.services import NoCapacity, migration, power, storage
+from slices.services import disks as disk_service
 from slices.services.instances import instance_cost
 
 
@@ -77,7 +89,13 @@ def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
         data["ssh_key"] = keys.default
     data.setdefault("billing_mode", BillingMode.ON_DEMAND)
     order_form = OrderForm(
-        data, ssh_keys=keys.choices, terms=services.term_days_for(data.get("gpu_model", ""))
+        data,
+        ssh_keys=keys.choices,
+        terms=services.term_days_for(data.get("gpu_model", "")),
+        disks=[
+            (str(d.public_id), f"{d.name} · {d.size_gb} GB · {d.region.display_name}")
+            for d in Disk.objects.for_owner(request.user).live().select_related("region")
+        ],
     )
     preview = None
     if choices.gpu_models and form.is_valid():
@@ -169,6 +187,7 @@ def _detail_context(instance: Instance) -> dict[str, Any]:
         ),
         "transitional": instance.state in TRANSITIONAL_STATES,
         "simulated": instance.driver == "sim",
+        **_storage_context(instance),
     }
 
 
@@ -417,3 +436,205 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
         "launch_key": uuid.uuid4(),
     }
     return render(request, "slices/demo.html", context, status=409 if error else 200)
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage and resilience: cloud disks, the PFS, 关机/开机, migration choices
+# ---------------------------------------------------------------------------------------------
+
+
+def _storage_context(instance: Instance) -> dict[str, Any]:
+    """The instance page's storage cards: disks, /pfs, the kept system disk, the checkpoint."""
+    if instance.state in (InstanceState.RUNNING, InstanceState.MIGRATING, InstanceState.STOPPED):
+        storage.refresh_checkpoint(instance)
+    return {
+        "disk_attachments": disk_service.instance_disks(instance),
+        "pfs": storage.pfs_summary(instance.owner),
+        "stop_per_day": power.stopped_cost_per_day(instance),
+        "stoppable": instance.state in lifecycle.STOPPABLE
+        and not instance.is_slice
+        and instance.billing_mode == BillingMode.ON_DEMAND,
+        "stopped_release_at": power.release_at(instance),
+        "checkpoint_dir": storage.checkpoint_env(instance)["CHECKPOINT_DIR"],
+        "checkpoint_at": parse_datetime(str((instance.checkpoint or {}).get("at") or "")),
+    }
+
+
+def _flash_error(request: HttpRequest, exc: DomainError) -> None:
+    messages.error(request, exc.message())
+
+
+@login_required
+@require_http_methods(["POST"])
+def instance_stop(request: HttpRequest, public_id: str) -> HttpResponse:
+    """关机: the GPUs are freed and their charge stops; the system disk is kept (storage)."""
+    instance = services.get_instance_for_user(request.user, public_id)
+    try:
+        if power.stop_instance(instance, by=request.user.get_username()):
+            messages.success(
+                request,
+                _(
+                    "Stopping %(name)s: the GPU charge stopped; its system disk is kept for "
+                    "%(per_day)s 元 a day."
+                )
+                % {"name": instance.name, "per_day": power.stopped_cost_per_day(instance)},
+            )
+    except DomainError as exc:
+        _flash_error(request, exc)
+    return redirect("slices:instance-detail", public_id=instance.public_id)
+
+
+@login_required
+@require_http_methods(["POST"])
+def instance_start(request: HttpRequest, public_id: str) -> HttpResponse:
+    """开机: same host first, else another host in the region, or 无卡模式 when asked."""
+    instance = services.get_instance_for_user(request.user, public_id)
+    mode = request.POST.get("mode", power.StartMode.AUTO)
+    if mode not in power.StartMode.__members__.values():
+        mode = power.StartMode.AUTO
+    try:
+        result = power.start_instance(instance, by=request.user.get_username(), mode=mode)
+    except DomainError as exc:
+        _flash_error(request, exc)
+        if isinstance(exc, NoCapacity):
+            messages.info(
+                request,
+                _(
+                    "No cards are free for it right now. You can start it without GPUs to reach your data."
+                ),
+            )
+    else:
+        if result.gpuless:
+            text = _("Starting %(name)s without GPUs on %(node)s.")
+        elif result.moved_from:
+            text = _("Starting %(name)s on %(node)s: its system disk is copied there first.")
+        else:
+            text = _("Starting %(name)s on %(node)s.")
+        messages.success(request, text % {"name": instance.name, "node": result.node})
+    return redirect("slices:instance-detail", public_id=instance.public_id)
+
+
+@login_required
+@require_http_methods(["POST"])
+def instance_migration_choice(request: HttpRequest, public_id: str) -> HttpResponse:
+    """While no replacement node is free: keep waiting, or release the instance."""
+    instance = services.get_instance_for_user(request.user, public_id)
+    choice = request.POST.get("choice", "")
+    if choice in NoReplacement.values:
+        migration.set_no_replacement_choice(instance, choice)
+    return redirect("slices:instance-detail", public_id=instance.public_id)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def disk_list(request: HttpRequest) -> HttpResponse:
+    """Your cloud disks, the storage charge and the /pfs usage; posting creates a disk."""
+    regions = [(r.code, r.display_name) for r in Region.objects.all()]
+    form = DiskForm(request.POST or None, regions=regions)
+    if request.method == "POST" and form.is_valid():
+        try:
+            disk = disk_service.create_disk(request.user, **form.cleaned_data)
+        except DomainError as exc:
+            form.add_error(None, exc.message())
+        else:
+            messages.success(request, _("Created the disk %(name)s.") % {"name": disk.name})
+            return redirect("slices:disk-detail", public_id=disk.public_id)
+    disks = list(
+        Disk.objects.for_owner(request.user)
+        .live()
+        .select_related("region")
+        .annotate(in_use=Count("attachments", filter=Q(attachments__detached_at__isnull=True)))
+        .order_by("-created_at")
+    )
+    context = {
+        "disks": disks,
+        "form": form,
+        "summary": disk_service.storage_summary(request.user),
+        "pfs": storage.fresh_pfs_summary(request.user),
+    }
+    return render(request, "slices/disk_list.html", context, status=400 if form.errors else 200)
+
+
+@login_required
+@require_GET
+def disk_detail(request: HttpRequest, public_id: str) -> HttpResponse:
+    disk = disk_service.get_disk_for_user(request.user, public_id)
+    attached = disk_service.attachments_of(disk)
+    taken = {a.instance_id for a in attached}
+    candidates = [
+        i
+        for i in Instance.objects.for_owner(request.user)
+        .filter(state__in=disk_service.ATTACHABLE_STATES)
+        .filter(Q(region=disk.region) | Q(region__isnull=True))
+        .order_by("-created_at")[:100]
+        if i.pk not in taken
+    ]
+    context = {"disk": disk, "attachments": attached, "candidates": candidates}
+    return render(request, "slices/disk_detail.html", context)
+
+
+def _posted_instance(request: HttpRequest) -> Instance:
+    try:
+        return services.get_instance_for_user(request.user, request.POST.get("instance"))
+    except Http404:
+        raise disk_service.DiskRefused(gettext_noop("Choose one of your instances.")) from None
+
+
+def _disk_action(request: HttpRequest, public_id: str, act: Callable[[Disk], str]) -> HttpResponse:
+    disk = disk_service.get_disk_for_user(request.user, public_id)
+    try:
+        messages.success(request, act(disk))
+    except DomainError as exc:
+        _flash_error(request, exc)
+    if disk.state != "available":
+        return redirect("slices:disk-list")
+    return redirect("slices:disk-detail", public_id=disk.public_id)
+
+
+@login_required
+@require_http_methods(["POST"])
+def disk_resize(request: HttpRequest, public_id: str) -> HttpResponse:
+    def act(disk: Disk) -> str:
+        disk_service.resize_disk(disk, request.POST.get("size_gb"))
+        return _("The disk %(name)s now has %(size)s GB.") % {
+            "name": disk.name,
+            "size": disk.size_gb,
+        }
+
+    return _disk_action(request, public_id, act)
+
+
+@login_required
+@require_http_methods(["POST"])
+def disk_delete(request: HttpRequest, public_id: str) -> HttpResponse:
+    def act(disk: Disk) -> str:
+        disk_service.delete_disk(disk)
+        return _("Deleted the disk %(name)s; its storage charge stopped.") % {"name": disk.name}
+
+    return _disk_action(request, public_id, act)
+
+
+@login_required
+@require_http_methods(["POST"])
+def disk_attach(request: HttpRequest, public_id: str) -> HttpResponse:
+    def act(disk: Disk) -> str:
+        instance = _posted_instance(request)
+        disk_service.attach_disk(disk, instance, request.POST.get("mode", DiskMode.READ_WRITE))
+        return _("Attached %(disk)s to %(name)s at %(path)s.") % {
+            "disk": disk.name,
+            "name": instance.name,
+            "path": disk.mount_path,
+        }
+
+    return _disk_action(request, public_id, act)
+
+
+@login_required
+@require_http_methods(["POST"])
+def disk_detach(request: HttpRequest, public_id: str) -> HttpResponse:
+    def act(disk: Disk) -> str:
+        instance = _posted_instance(request)
+        disk_service.detach_disk(disk, instance)
+        return _("Detached %(disk)s from %(name)s.") % {"disk": disk.name, "name": instance.name}
+
+    return _disk_action(request, public_id, act)

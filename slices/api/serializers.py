@@ -67,6 +67,21 @@ class InstanceSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     running_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)
+    system_disk_gb = serializers.IntegerField(
+        help_text="Kept while stopped and billed as storage then."
+    )
+    gpuless = serializers.BooleanField(help_text="Started without GPUs (no-GPU mode).")
+    checkpoint = serializers.DictField(
+        help_text="The latest whole checkpoint on /pfs: run, step, path, at ({} when none)."
+    )
+    disks = serializers.ListField(
+        child=serializers.DictField(), help_text="Attached cloud disks: id, name, path, mode."
+    )
+
+
+class DiskRefSerializer(serializers.Serializer):
+    id = serializers.UUIDField(help_text="A cloud disk's id.")
+    mode = serializers.ChoiceField(choices=["rw", "ro"], default="rw")
 
 
 class InstanceCreateSerializer(serializers.Serializer):
@@ -91,6 +106,12 @@ class InstanceCreateSerializer(serializers.Serializer):
     env = serializers.DictField(
         child=serializers.CharField(max_length=4096, allow_blank=True), required=False, default=dict
     )
+    disks = DiskRefSerializer(
+        many=True,
+        required=False,
+        default=list,
+        help_text="Cloud disks to attach (same region; they pin the order to it).",
+    )
 
 
 class InstanceEventSerializer(serializers.Serializer):
@@ -103,3 +124,51 @@ class InstanceEventSerializer(serializers.Serializer):
     code = serializers.CharField()
     params = serializers.DictField()
     message = serializers.CharField()
+
+
+class DiskSerializer(serializers.Serializer):
+    id = serializers.UUIDField(source="public_id")
+    name = serializers.CharField()
+    size_gb = serializers.IntegerField()
+    region = serializers.CharField(source="region.code")
+    state = serializers.CharField()
+    path = serializers.CharField(source="mount_path", help_text="Where instances see it.")
+    attachments = serializers.ListField(
+        child=serializers.DictField(), help_text="instance (id), name, mode (rw/ro), attached_at"
+    )
+    created_at = serializers.DateTimeField()
+
+
+class DiskCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=63)
+    size_gb = serializers.IntegerField(min_value=1)
+    region = serializers.CharField(max_length=63)
+
+
+class DiskResizeSerializer(serializers.Serializer):
+    size_gb = serializers.IntegerField(min_value=1, help_text="Larger than now: disks only grow.")
+
+
+class DiskAttachSerializer(serializers.Serializer):
+    instance = serializers.UUIDField(help_text="One of your instances in the disk's region.")
+    mode = serializers.ChoiceField(choices=["rw", "ro"], default="rw")
+
+
+class InstanceStartSerializer(serializers.Serializer):
+    mode = serializers.ChoiceField(
+        choices=["auto", "same", "gpuless"],
+        default="auto",
+        help_text="auto: the same host, else another in the region (the disk moves); same: only "
+        "the same host; gpuless: no GPUs (no-GPU mode).",
+    )
+
+
+class StorageSerializer(serializers.Serializer):
+    pfs_used_bytes = serializers.IntegerField()
+    pfs_files = serializers.IntegerField()
+    pfs_quota_gb = serializers.IntegerField()
+    disks_gb = serializers.IntegerField()
+    stopped_system_disks_gb = serializers.IntegerField()
+    free_gb = serializers.IntegerField()
+    per_gb_day = serializers.DecimalField(max_digits=12, decimal_places=4)
+    per_day = serializers.DecimalField(max_digits=14, decimal_places=2)

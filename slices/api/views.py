@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
@@ -17,14 +17,22 @@ from console.errors import ErrorCode
 from slices import lifecycle, services
 from slices.api.serializers import (
     AvailabilitySerializer,
+    DiskAttachSerializer,
+    DiskCreateSerializer,
+    DiskResizeSerializer,
+    DiskSerializer,
     InstanceCreateSerializer,
     InstanceEventSerializer,
     InstanceSerializer,
+    InstanceStartSerializer,
+    StorageSerializer,
 )
 from slices.choices import EventKind
 from slices.messages import event_text, failure_text
-from slices.models import Cluster, Instance
+from slices.models import Cluster, Disk, DiskAttachment, Instance
 from slices.perf import expected_performance
+from slices.services import disks as disk_service
+from slices.services import power, storage
 from slices.services.instances import instance_cost
 
 
@@ -133,6 +141,13 @@ def instance_data(instance: Instance) -> dict[str, Any]:
         "created_at": instance.created_at,
         "running_at": instance.running_at,
         "ended_at": instance.ended_at,
+        "system_disk_gb": instance.system_disk_gb,
+        "gpuless": instance.gpuless,
+        "checkpoint": instance.checkpoint or {},
+        "disks": [
+            {"id": a.disk.public_id, "name": a.disk.name, "path": a.disk.mount_path, "mode": a.mode}
+            for a in disk_service.instance_disks(instance)
+        ],
     }
 
 
@@ -192,6 +207,7 @@ class InstanceViewSet(viewsets.GenericViewSet):
             term_days=d["term_days"],
             auto_release_at=d["auto_release_at"],
             env=d["env"],
+            disks=tuple((str(x["id"]), x["mode"]) for x in d["disks"]),
         )
         instance, created = services.order_instance(request.user, req, idempotency_key=key)
         instance.refresh_from_db()
@@ -254,3 +270,185 @@ class InstanceViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["get"])
     def logs(self, request: Request, public_id: str) -> Response:
         return self._events(request, logs=True)
+
+    @extend_schema(
+        summary="Stop (关机): the GPU charge stops, the system disk is kept as storage (202)",
+        request=None,
+        responses={202: InstanceSerializer},
+        tags=["instances"],
+    )
+    @action(detail=True, methods=["post"])
+    def stop(self, request: Request, public_id: str) -> Response:
+        instance = self._get()
+        power.stop_instance(instance, by=request.user.get_username())
+        instance.refresh_from_db()
+        return Response(
+            InstanceSerializer(instance_data(instance)).data, status=status.HTTP_202_ACCEPTED
+        )
+
+    @extend_schema(
+        summary="Start (开机): same host first, another host, or without GPUs (202)",
+        request=InstanceStartSerializer,
+        responses={202: InstanceSerializer},
+        tags=["instances"],
+    )
+    @action(detail=True, methods=["post"])
+    def start(self, request: Request, public_id: str) -> Response:
+        instance = self._get()
+        payload = InstanceStartSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        power.start_instance(
+            instance, by=request.user.get_username(), mode=payload.validated_data["mode"]
+        )
+        instance.refresh_from_db()
+        return Response(
+            InstanceSerializer(instance_data(instance)).data, status=status.HTTP_202_ACCEPTED
+        )
+
+
+def disk_data(disk: Disk) -> dict[str, Any]:
+    return {
+        "public_id": disk.public_id,
+        "name": disk.name,
+        "size_gb": disk.size_gb,
+        "region": disk.region,
+        "state": disk.state,
+        "mount_path": disk.mount_path,
+        "attachments": [
+            {
+                "instance": a.instance.public_id,
+                "name": a.instance.name,
+                "mode": a.mode,
+                "attached_at": a.attached_at,
+            }
+            for a in disk.live_attachments  # type: ignore[attr-defined]
+        ],
+        "created_at": disk.created_at,
+    }
+
+
+class DiskViewSet(viewsets.GenericViewSet):
+    """Persistent cloud disks: create, grow, attach to several instances in a region, delete."""
+
+    lookup_field = "public_id"
+    lookup_value_regex = "[0-9a-fA-F-]{32,36}"
+    serializer_class = DiskSerializer
+
+    def get_queryset(self) -> QuerySet[Disk]:
+        live = Prefetch(
+            "attachments",
+            queryset=DiskAttachment.objects.filter(detached_at__isnull=True).select_related(
+                "instance"
+            ),
+            to_attr="live_attachments",
+        )
+        return (
+            Disk.objects.for_owner(self.request.user)
+            .live()
+            .select_related("region")
+            .prefetch_related(live)
+        )
+
+    def _get(self) -> Disk:
+        disk_service.get_disk_for_user(self.request.user, self.kwargs["public_id"])
+        return self.get_queryset().get(public_id=self.kwargs["public_id"])
+
+    def _answer(self, disk: Disk, code: int = status.HTTP_200_OK) -> Response:
+        disk = self.get_queryset().get(pk=disk.pk)
+        return Response(DiskSerializer(disk_data(disk)).data, status=code)
+
+    @extend_schema(summary="Your cloud disks", tags=["storage"])
+    def list(self, request: Request) -> Response:
+        rows = [disk_data(d) for d in self.get_queryset().order_by("-created_at", "-id")]
+        return Response(DiskSerializer(rows, many=True).data)
+
+    @extend_schema(summary="One cloud disk", tags=["storage"])
+    def retrieve(self, request: Request, public_id: str) -> Response:
+        return Response(DiskSerializer(disk_data(self._get())).data)
+
+    @extend_schema(
+        summary="Create a disk (free up to the account's quota, then per GB-day)",
+        request=DiskCreateSerializer,
+        responses={201: DiskSerializer},
+        tags=["storage"],
+    )
+    def create(self, request: Request) -> Response:
+        payload = DiskCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        disk = disk_service.create_disk(request.user, **payload.validated_data)
+        return self._answer(disk, status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="Delete a disk no live instance uses (409 while attached)",
+        responses={204: None},
+        tags=["storage"],
+    )
+    def destroy(self, request: Request, public_id: str) -> Response:
+        disk_service.delete_disk(self._get())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        summary="Grow a disk",
+        request=DiskResizeSerializer,
+        responses={200: DiskSerializer},
+        tags=["storage"],
+    )
+    @action(detail=True, methods=["post"])
+    def resize(self, request: Request, public_id: str) -> Response:
+        disk = self._get()
+        payload = DiskResizeSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        disk_service.resize_disk(disk, payload.validated_data["size_gb"])
+        return self._answer(disk)
+
+    @extend_schema(
+        summary="Attach to one more instance in the disk's region (rw or ro)",
+        request=DiskAttachSerializer,
+        responses={200: DiskSerializer},
+        tags=["storage"],
+    )
+    @action(detail=True, methods=["post"])
+    def attach(self, request: Request, public_id: str) -> Response:
+        disk = self._get()
+        payload = DiskAttachSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        instance = services.get_instance_for_user(request.user, payload.validated_data["instance"])
+        disk_service.attach_disk(disk, instance, payload.validated_data["mode"])
+        return self._answer(disk)
+
+    @extend_schema(
+        summary="Detach from an instance",
+        request=DiskAttachSerializer,
+        responses={200: DiskSerializer},
+        tags=["storage"],
+    )
+    @action(detail=True, methods=["post"])
+    def detach(self, request: Request, public_id: str) -> Response:
+        disk = self._get()
+        payload = DiskAttachSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        instance = services.get_instance_for_user(request.user, payload.validated_data["instance"])
+        disk_service.detach_disk(disk, instance)
+        return self._answer(disk)
+
+
+class StorageView(APIView):
+    """The account's storage: /pfs usage against its quota, disks and the daily storage charge."""
+
+    @extend_schema(
+        summary="Storage usage and charge", responses={200: StorageSerializer}, tags=["storage"]
+    )
+    def get(self, request: Request) -> Response:
+        pfs = storage.fresh_pfs_summary(request.user)
+        s = disk_service.storage_summary(request.user)
+        row = {
+            "pfs_used_bytes": pfs.used_bytes,
+            "pfs_files": pfs.files,
+            "pfs_quota_gb": pfs.quota_gb,
+            "disks_gb": s.disks_gb,
+            "stopped_system_disks_gb": s.system_gb,
+            "free_gb": s.free_gb,
+            "per_gb_day": s.per_gb_day,
+            "per_day": s.per_day,
+        }
+        return Response(StorageSerializer(row).data)

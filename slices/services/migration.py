@@ -338,6 +338,7 @@ def _swap_in(instance: Instance, replaced: list[tuple[InstanceNode, Node, int]])
         code="replacement_allocated",
         params={
             "moves": moves,
+            "summary": ", ".join(f"#{m['rank']} {m['from']} → {m['to']}" for m in moves) or "—",
             "resume_step": (instance.checkpoint or {}).get("step"),
             "voucher": str(voucher) if voucher else "",
         },

@@ -264,6 +264,10 @@ def order_from_forms(
         billing_mode=order.get("billing_mode") or BillingMode.ON_DEMAND,
         term_days=order.get("term_days"),
         auto_release_at=timezone.now() + timedelta(hours=float(hours)) if hours else None,
+        disks=tuple(
+            (str(d), "ro" if order.get("disks_read_only") else "rw")
+            for d in order.get("disks") or ()
+        ),
     )
     instance, _created = order_instance(user, req)
     return instance

@@ -28,7 +28,6 @@ from slices import events, lifecycle
 from slices.choices import BillingMode, EventKind, EventLevel, InstanceState, NodeHealth
 from slices.drivers import DriverError, InstanceSpec, Mount, NodeDriver, NodeTarget, get_driver
 from slices.drivers.base import DiskMount
-from slices.drivers.base import DiskMount
 from slices.models import Instance, InstanceNode, Node
 from slices.services import storage
 from slices.services.instances import (

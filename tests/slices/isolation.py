@@ -18,7 +18,30 @@ def _instance(owner: Any) -> dict[str, Any]:
     return {"public_id": make_instance(owner).public_id}
 
 
+def _disk(owner: Any) -> dict[str, Any]:
+    from slices.models import Disk, Region
+
+    if not Region.objects.exists():
+        load_small_fleet()
+    disk = Disk.objects.create(owner=owner, region=Region.objects.first(), name="d", size_gb=10)
+    return {"public_id": disk.public_id}
+
+
 OBJECT_ROUTES: dict = {
+    "slices:instance-stop": _instance,
+    "slices:instance-start": _instance,
+    "slices:instance-migration-choice": _instance,
+    "slices:disk-detail": _disk,
+    "slices:disk-resize": _disk,
+    "slices:disk-delete": _disk,
+    "slices:disk-attach": _disk,
+    "slices:disk-detach": _disk,
+    "instance-stop": _instance,
+    "instance-start": _instance,
+    "disk-detail": _disk,
+    "disk-resize": _disk,
+    "disk-attach": _disk,
+    "disk-detach": _disk,
     "slices:instance-detail": _instance,
     "slices:instance-release": _instance,
     "instance-detail": _instance,
