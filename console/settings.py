@@ -324,6 +324,8 @@ SLICES_STOPPED_WARN_DAYS: list[int] = [
 # A node with a bad health signal (Xid, NVML failure, lost SSH) or no heartbeat for this long is
 # marked failed and leaves the pool until an operator returns it.
 SLICES_NODE_FAIL_GRACE_SECONDS: int = _get("SLICES_NODE_FAIL_GRACE_SECONDS", env.int, 60)
+# Heartbeats (the agent's samples, as 1-minute rollups) missing this long under a running instance.
+SLICES_NODE_HEARTBEAT_GRACE_SECONDS: int = _get("SLICES_NODE_HEARTBEAT_GRACE_SECONDS", env.int, 180)
 # Compensation voucher per migration (元; 0 = none) and its validity.
 SLICES_MIGRATION_VOUCHER: str = _get("SLICES_MIGRATION_VOUCHER", env.str, "0")
 SLICES_MIGRATION_VOUCHER_DAYS: int = _get("SLICES_MIGRATION_VOUCHER_DAYS", env.int, 30)

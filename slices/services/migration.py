@@ -24,7 +24,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from billing import services as billing
@@ -40,7 +40,7 @@ from slices.choices import (
     NodeState,
     NoReplacement,
 )
-from slices.models import GPU, AllocationNode, Instance, InstanceNode, Node, NodeWatch
+from slices.models import GPU, AllocationNode, GpuRollup, Instance, InstanceNode, Node, NodeWatch
 from slices.services import storage
 from slices.services.instances import (
     INSTANCE_RESOURCE,
@@ -92,6 +92,39 @@ def report_node_signal(
         Node.objects.filter(pk=node.pk, health=NodeHealth.OK).update(health=NodeHealth.DEGRADED)
 
 
+def ingest_telemetry(now: datetime | None = None, window_minutes: int = 5) -> int:
+    """Health signals from the GPU telemetry (the agents' 1-minute rollups): each node's latest
+    minute is a heartbeat; a minute with Xid errors is a bad signal, a clean later one clears it.
+    Returns the number of nodes seen."""
+    now = now or timezone.now()
+    rows = (
+        GpuRollup.objects.filter(
+            minute__gte=now - timedelta(minutes=window_minutes),
+            instance__state=InstanceState.RUNNING,
+        )
+        .values("hostname", "minute")
+        .annotate(xids=Sum("xid_events"))
+        .order_by("hostname", "minute")
+    )
+    latest: dict[str, tuple[datetime, int]] = {}
+    for row in rows:
+        latest[row["hostname"]] = (row["minute"], int(row["xids"] or 0))
+    nodes = {n.hostname: n for n in Node.objects.filter(hostname__in=list(latest))}
+    for hostname, (minute, xids) in latest.items():
+        node = nodes.get(hostname)
+        if node is None:
+            continue
+        end = minute + timedelta(minutes=1)
+        record_heartbeat(node, at=min(end, now))
+        if xids:
+            report_node_signal(
+                node, NodeSignal.XID, f"{xids} Xid event(s) in the minute {minute:%H:%M}", at=end
+            )
+        else:
+            report_node_signal(node, NodeSignal.RECOVERED, at=end)
+    return len(nodes)
+
+
 def check_node_health(now: datetime | None = None) -> list[str]:
     """Fail the nodes whose bad signal or silence outlived the grace; hostnames failed."""
     now = now or timezone.now()
@@ -101,8 +134,10 @@ def check_node_health(now: datetime | None = None) -> list[str]:
     NodeWatch.objects.filter(failed_at__isnull=False, node__state__in=SCHEDULABLE_STATES).update(
         failed_at=None, bad_since=None, bad_signal="", bad_detail="", last_heartbeat_at=None
     )
+    silent = now - timedelta(seconds=int(settings.SLICES_NODE_HEARTBEAT_GRACE_SECONDS))
+    running = InstanceNode.objects.filter(instance__state=InstanceState.RUNNING).values("node_id")
     due = NodeWatch.objects.filter(failed_at__isnull=True).filter(
-        Q(bad_since__lte=cutoff) | Q(last_heartbeat_at__lte=cutoff)
+        Q(bad_since__lte=cutoff) | Q(last_heartbeat_at__lte=silent, node_id__in=running)
     )
     for watch in due.select_related("node"):
         if watch.bad_since is not None and watch.bad_since <= cutoff:

@@ -191,19 +191,70 @@ def test_waiting_instance_migrates_once_an_operator_returns_a_node(
     assert not NodeWatch.objects.get(node=victim).failed_at
 
 
-def test_health_grace_recovery_and_lost_heartbeat(sim, funded):
+def test_health_grace_recovery_and_lost_heartbeat(sim, funded, django_capture_on_commit_callbacks):
     load_small_fleet()
-    a, b = Node.objects.filter(cluster__code="yc-a800").order_by("pk")[:2]
+    with django_capture_on_commit_callbacks(execute=True):
+        host, _ = services.order_instance(funded, services.OrderRequest(gpu_model="A800", cards=8))
+    host.refresh_from_db()
+    assert host.state == InstanceState.RUNNING
+    b = host.nodes.get().node
+    a = Node.objects.filter(cluster__code="yc-a800").exclude(pk=b.pk).order_by("pk").first()
     t0 = timezone.now()
     migration.report_node_signal(a, "nvml", "NVML_ERROR_GPU_IS_LOST", at=t0)
     migration.report_node_signal(a, "recovered", at=t0 + timedelta(seconds=20))
+    migration.record_heartbeat(a, at=t0)  # silent, but nothing of a customer runs on it
     migration.record_heartbeat(b, at=t0)
-    assert migration.check_node_health(t0 + timedelta(seconds=50)) == []
-    assert migration.check_node_health(t0 + timedelta(seconds=61)) == [b.hostname]
+    assert migration.check_node_health(t0 + timedelta(seconds=170)) == []
+    with django_capture_on_commit_callbacks(execute=True):
+        assert migration.check_node_health(t0 + timedelta(seconds=181)) == [b.hostname]
     b.refresh_from_db()
     assert b.state == NodeState.FAILED and "heartbeat" in b.note
     a.refresh_from_db()
     assert a.state != NodeState.FAILED
+    host.refresh_from_db()
+    assert host.state == InstanceState.RUNNING and host.nodes.get().node_id != b.pk  # migrated
     # a failed node takes no new orders
     with pytest.raises(services.NoCapacity):
         services.allocate(funded, 64, "A800")
+
+
+def _rollup(instance, hostname, minute, xids):
+    from slices.models import GpuRollup
+
+    stats = {
+        f"{k}_{s}": 1.0
+        for k in ("util", "mem_used", "temp", "power")
+        for s in ("min", "mean", "max")
+    }
+    GpuRollup.objects.create(
+        instance=instance,
+        hostname=hostname,
+        gpu=0,
+        minute=minute,
+        samples=60,
+        mem_total=80.0,
+        xid_events=xids,
+        **stats,
+    )
+
+
+def test_xid_errors_in_the_telemetry_fail_the_node_after_the_grace(
+    sim, funded, django_capture_on_commit_callbacks
+):
+    load_small_fleet(SPARE_FLEET)
+    inst = _order_slice(funded, django_capture_on_commit_callbacks)
+    part = inst.nodes.order_by("rank")[2]
+    now = timezone.now().replace(second=0, microsecond=0)
+    for p in inst.nodes.all():
+        _rollup(inst, p.hostname, now - timedelta(minutes=3), 0)
+    _rollup(inst, part.hostname, now - timedelta(minutes=2), 4)  # Xid errors start
+    migration.ingest_telemetry(now - timedelta(minutes=1))
+    assert migration.check_node_health(now - timedelta(minutes=1)) == []  # within the grace
+    _rollup(inst, part.hostname, now - timedelta(minutes=1), 9)  # and persist
+    migration.ingest_telemetry(now)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert migration.check_node_health(now + timedelta(seconds=5)) == [part.hostname]
+    inst.refresh_from_db()
+    assert inst.state == InstanceState.RUNNING
+    assert part.hostname not in set(inst.nodes.values_list("hostname", flat=True))
+    assert "Xid" in Node.objects.get(hostname=part.hostname).note
