@@ -99,7 +99,30 @@ def instance_history(
         "columns": list(ROW_COLUMNS),
         "simulated": instance.driver == "sim",
         "interval": settings.TELEMETRY_INTERVAL,
+        "idle": idle_status(instance),
         "entries": ring.since(str(instance.public_id), since),
+    }
+
+
+def idle_status(instance: Instance) -> dict[str, Any] | None:
+    """Why the instance is judged idle (in the reader's language), or None while it is not."""
+    watch = IdleWatch.objects.filter(instance=instance, idle_since__isnull=False).first()
+    if watch is None or not watch.evidence:
+        return None
+    e = watch.evidence
+    params = {
+        "gpus": e.get("gpus"),
+        "threshold": e.get("threshold"),
+        "minutes": e.get("window_minutes"),
+        "peak": e.get("peak"),
+        "peak_gpu": e.get("peak_gpu"),
+        "mem_gib": round(float(e.get("mem_held_mib") or 0) / 1024, 1),
+    }
+    return {
+        "since": watch.idle_since.isoformat() if watch.idle_since else None,
+        "text": idle_explanation(params),
+        "release": release_when_idle(instance),
+        "top": e.get("top", []),
     }
 
 

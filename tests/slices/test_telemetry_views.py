@@ -123,3 +123,12 @@ def test_metrics_use_dcgm_names_and_labels(sampled: Instance, operator_client) -
     assert hist["gpu_console_provisioning_seconds_count"].value == 1
     assert "gpu_console_settlement_lag_seconds" in families
     assert "gpu_console_websocket_clients" in families
+
+
+def test_instance_page_has_the_live_charts_card(sampled: Instance, alice_client) -> None:
+    page = alice_client.get(reverse("slices:instance-detail", args=[sampled.public_id]))
+    html = page.content.decode()
+    assert 'id="gpu-telemetry"' in html
+    assert f'data-ws="/ws/telemetry/instances/{sampled.public_id}/"' in html
+    assert reverse("telemetry:instance-csv", args=[sampled.public_id]) in html
+    assert "uplot-1.6.32/uPlot.iife.min.js" in html and "slices/telemetry.js" in html

@@ -1,0 +1,340 @@
+// Live GPU telemetry in the browser (uPlot, vendored): the instance page's charts, the operators'
+// cluster heat map and a node's GPUs. The last hour is drawn at once from the ring (one JSON
+// request), then one point a second arrives over the websocket; a reconnect fetches only the gap.
+(function () {
+  "use strict";
+  var MAX_POINTS = 3600;
+  var PER_GPU_MAX = 16;
+  var COLOURS = ["#0d6efd", "#6f42c1", "#d63384", "#fd7e14", "#198754", "#20c997", "#0dcaf0", "#ffc107",
+    "#6610f2", "#dc3545", "#6c757d", "#198754", "#0a58ca", "#a61e4d", "#e8590c", "#2b8a3e"];
+  // Row columns (slices.telemetry.samples.ROW_COLUMNS): node, gpu, util, mem_used, temp, power, xid, lost
+  var METRICS = [
+    { key: "util", col: 2, scale: 1, range: [0, 100] },
+    { key: "mem", col: 3, scale: 1 / 1024, range: null },
+    { key: "temp", col: 4, scale: 1, range: null },
+    { key: "power", col: 5, scale: 1, range: null }
+  ];
+
+  function wsUrl(path) {
+    return (location.protocol === "https:" ? "wss://" : "ws://") + location.host + path;
+  }
+
+  function text(node, value) {
+    node.textContent = value;
+    return node;
+  }
+
+  function heatColour(v) {
+    if (v === null || v === undefined) return "#dee2e6";
+    var x = Math.max(0, Math.min(100, v)) / 100;
+    var hue = 220 - 220 * x; // blue (idle) → red (busy)
+    return "hsl(" + hue + ", 75%, " + (55 - 10 * x) + "%)";
+  }
+
+  // Follow a websocket with back-off; ``onOpen`` runs on every (re)connect.
+  function follow(path, onSample, onOpen, onStatus) {
+    var delay = 1000;
+    function connect() {
+      var ws = new WebSocket(wsUrl(path));
+      ws.onopen = function () { delay = 1000; onStatus("live"); onOpen(); };
+      ws.onmessage = function (msg) {
+        var data;
+        try { data = JSON.parse(msg.data); } catch (e) { return; }
+        if (data.kind === "sample") onSample(data.payload, data.skipped || 0);
+      };
+      ws.onclose = function (e) {
+        if (e.code === 4401 || e.code === 4404) { onStatus("closed"); return; }
+        onStatus("reconnecting");
+        setTimeout(connect, delay);
+        delay = Math.min(delay * 2, 15000);
+      };
+    }
+    if ("WebSocket" in window) connect(); else onStatus("closed");
+  }
+
+  // --- the instance page ----------------------------------------------------------------------
+  function initInstance(card) {
+    var labels = card.dataset;
+    var status = card.querySelector("[data-telemetry-status]");
+    var grid = card.querySelector("[data-telemetry-charts]");
+    var table = card.querySelector("[data-telemetry-table] tbody");
+    var notice = card.querySelector("[data-telemetry-notice]");
+    var idleBox = card.querySelector("[data-telemetry-idle]");
+    var charts = [], data = [], seriesIndex = {}, seriesCount = 0, perGpu = true, hosts = [];
+    var xs = [], lastTs = 0, loaded = false, buffer = [];
+
+    function setStatus(s) {
+      status.dataset.status = s;
+      status.textContent = labels["status" + s.charAt(0).toUpperCase() + s.slice(1)] || s;
+      status.className = "badge " + (s === "live" ? "text-bg-success" : "text-bg-secondary");
+    }
+
+    function seriesFor(rows) {
+      // One series per GPU (small instances) plus the mean; big slices: mean, min and max.
+      var keys = rows.map(function (r) { return r[0] + ":" + r[1]; }).sort(function (a, b) {
+        var pa = a.split(":").map(Number), pb = b.split(":").map(Number);
+        return pa[0] - pb[0] || pa[1] - pb[1];
+      });
+      perGpu = keys.length <= PER_GPU_MAX;
+      var out = [];
+      if (perGpu) {
+        keys.forEach(function (k, i) {
+          var p = k.split(":");
+          seriesIndex[k] = i;
+          out.push({ label: (hosts.length > 1 ? "#" + p[0] + " " : "") + "GPU " + p[1], stroke: COLOURS[i % COLOURS.length], width: 1 });
+        });
+        out.push({ label: labels.mean, stroke: "#212529", width: 2, dash: [6, 3] });
+      } else {
+        out.push({ label: labels.mean, stroke: "#0d6efd", width: 2 });
+        out.push({ label: labels.min, stroke: "#adb5bd", width: 1 });
+        out.push({ label: labels.max, stroke: "#dc3545", width: 1 });
+      }
+      seriesCount = out.length;
+      return out;
+    }
+
+    function build(rows) {
+      var series = seriesFor(rows);
+      var width = Math.max(280, (grid.clientWidth || 800) / (grid.clientWidth > 700 ? 2 : 1) - 16);
+      METRICS.forEach(function (m) {
+        var box = document.createElement("div");
+        box.className = "col";
+        box.dataset.metric = m.key;
+        var title = text(document.createElement("div"), labels[m.key]);
+        title.className = "small fw-semibold";
+        box.appendChild(title);
+        grid.appendChild(box);
+        var d = [xs];
+        for (var i = 0; i < seriesCount; i++) d.push([]);
+        data.push(d);
+        var opts = {
+          width: width,
+          height: 180,
+          legend: { show: perGpu ? false : true },
+          cursor: { drag: { x: false, y: false } },
+          scales: { x: { time: true }, y: m.range ? { range: m.range } : { auto: true } },
+          series: [{}].concat(series.map(function (s) { return Object.assign({ points: { show: false }, spanGaps: false }, s); })),
+          axes: [{}, { size: 60, values: function (u, vals) { return vals.map(function (v) { return v === null ? "" : +v.toFixed(2); }); } }]
+        };
+        charts.push(new window.uPlot(opts, d, box));
+      });
+    }
+
+    function add(entry) {
+      if (entry.ts <= lastTs) return false;
+      var rows = entry.g || [];
+      if (!charts.length) {
+        if (!rows.length) return false;
+        build(rows);
+      }
+      lastTs = entry.ts;
+      xs.push(entry.ts);
+      METRICS.forEach(function (m, mi) {
+        var d = data[mi], vals = [], i;
+        for (i = 1; i <= seriesCount; i++) d[i].push(null);
+        rows.forEach(function (r) {
+          var v = r[m.col];
+          if (v === null || v === undefined) return;
+          v = v * m.scale;
+          vals.push(v);
+          if (perGpu) {
+            var idx = seriesIndex[r[0] + ":" + r[1]];
+            if (idx !== undefined) d[idx + 1][d[idx + 1].length - 1] = v;
+          }
+        });
+        if (vals.length) {
+          var mean = vals.reduce(function (a, b) { return a + b; }, 0) / vals.length;
+          var n = xs.length - 1;
+          if (perGpu) d[seriesCount][n] = mean;
+          else { d[1][n] = mean; d[2][n] = Math.min.apply(null, vals); d[3][n] = Math.max.apply(null, vals); }
+        }
+      });
+      if (xs.length > MAX_POINTS) {
+        xs.shift();
+        data.forEach(function (d) { for (var i = 1; i < d.length; i++) d[i].shift(); });
+      }
+      return true;
+    }
+
+    function redraw() {
+      charts.forEach(function (c, i) { c.setData(data[i]); });
+      card.dataset.points = String(xs.length);
+      card.dataset.firstTs = String(xs.length ? xs[0] : 0);
+      card.dataset.lastTs = String(lastTs);
+    }
+
+    function showDetail(payload) {
+      if (payload.problems && payload.problems.length) {
+        notice.hidden = false;
+        notice.textContent = payload.problems.map(function (p) {
+          return p.host + ": " + (p.state === "nvml_unavailable" ? labels.nvmlUnavailable : p.state) + (p.error ? " (" + p.error + ")" : "");
+        }).join(" · ");
+      } else {
+        notice.hidden = true;
+      }
+      if (!table || !payload.detail) return;
+      var byKey = {};
+      (payload.g || []).forEach(function (r) { byKey[r[0] + ":" + r[1]] = r; });
+      table.replaceChildren();
+      payload.detail.forEach(function (d) {
+        var r = byKey[d.node + ":" + d.index] || [];
+        var tr = document.createElement("tr");
+        var cells = [
+          (hosts.length > 1 ? "#" + d.node + " " : "") + d.index,
+          d.state === "lost" ? labels.lost : (r[2] !== null && r[2] !== undefined ? r[2] + " %" : "—"),
+          r[3] !== null && r[3] !== undefined ? (r[3] / 1024).toFixed(1) + " / " + ((d.mem_total || 0) / 1024).toFixed(0) + " GiB" : "—",
+          r[4] !== null && r[4] !== undefined ? r[4] + " °C" : "—",
+          r[5] !== null && r[5] !== undefined ? Math.round(r[5]) + " / " + Math.round(d.power_limit || 0) + " W" : "—",
+          d.sm_clock !== null && d.sm_clock !== undefined ? d.sm_clock + " MHz" : "—",
+          d.pcie_tx !== null && d.pcie_tx !== undefined ? (d.pcie_tx / 1024).toFixed(0) + " / " + (d.pcie_rx / 1024).toFixed(0) + " MB/s" : "—",
+          (d.ecc_corrected === null ? "—" : d.ecc_corrected) + " / " + (d.ecc_uncorrected === null ? "—" : d.ecc_uncorrected),
+          (d.throttle || []).join(", ") || "—",
+          (d.xid || []).join(", ") || ""
+        ];
+        cells.forEach(function (c, i) {
+          var td = text(document.createElement("td"), c);
+          if (i === 9 && c) td.className = "text-danger fw-semibold";
+          tr.appendChild(td);
+        });
+        if (d.state === "lost" || (d.xid && d.xid.length)) tr.className = "table-danger";
+        table.appendChild(tr);
+      });
+    }
+
+    function showIdle(idle) {
+      if (!idleBox) return;
+      if (!idle) { idleBox.hidden = true; return; }
+      idleBox.hidden = false;
+      idleBox.querySelector("[data-idle-text]").textContent = idle.text;
+      idleBox.querySelector("[data-idle-release]").hidden = !idle.release;
+    }
+
+    function fetchHistory() {
+      var url = card.dataset.historyUrl + (lastTs ? "?since=" + encodeURIComponent(lastTs) : "");
+      return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (r) { if (!r.ok) throw new Error(r.status); return r.json(); })
+        .then(function (h) {
+          hosts = h.hosts || hosts;
+          (h.entries || []).forEach(add);
+          buffer.forEach(add);
+          buffer = [];
+          loaded = true;
+          showIdle(h.idle);
+          redraw();
+        });
+    }
+
+    fetchHistory().catch(function () { loaded = true; }); // draw the past hour even without a websocket
+    follow(card.dataset.ws, function (payload) {
+      if (!loaded) { buffer.push(payload); return; }
+      if (add(payload)) redraw();
+      showDetail(payload);
+    }, function () {
+      loaded = false; // hold live samples until the gap since the last one is drawn
+      fetchHistory().catch(function () { loaded = true; });
+    }, setStatus);
+    window.addEventListener("resize", function () {
+      var width = Math.max(280, grid.clientWidth / (grid.clientWidth > 700 ? 2 : 1) - 16);
+      charts.forEach(function (c) { c.setSize({ width: width, height: 180 }); });
+    });
+  }
+
+  // --- operators: the cluster heat map and a node's GPUs ----------------------------------------
+  function initHeatmap(box) {
+    var canvas = box.querySelector("canvas");
+    var tip = box.querySelector("[data-heat-tip]");
+    var metricSel = box.querySelector("select");
+    var hosts = Array.prototype.map.call(document.querySelectorAll("[data-host]"), function (a) { return a.dataset.host; });
+    var perNode = Number(box.dataset.gpusPerNode) || 8;
+    var cell = 6, gap = 3, nodesPerRow = 16, latest = {};
+    var nodeW = perNode * cell + gap;
+    canvas.width = nodesPerRow * nodeW;
+    canvas.height = Math.ceil(Math.max(hosts.length, 1) / nodesPerRow) * (cell * 2 + gap);
+    function value(g) {
+      var m = metricSel ? metricSel.value : "util";
+      if (!g) return null;
+      if (m === "temp") return g[2] === null ? null : (g[2] - 25) * 100 / 65;
+      if (m === "power") return g[3] === null ? null : Math.min(100, g[3] / 7);
+      return g[1];
+    }
+    function draw() {
+      var ctx = canvas.getContext("2d");
+      ctx.clearRect(0, 0, canvas.width, canvas.height);
+      var sampled = 0;
+      hosts.forEach(function (h, i) {
+        var x0 = (i % nodesPerRow) * nodeW, y0 = Math.floor(i / nodesPerRow) * (cell * 2 + gap);
+        var gpus = latest[h] || {};
+        for (var g = 0; g < perNode; g++) {
+          if (gpus[g]) sampled++;
+          ctx.fillStyle = heatColour(value(gpus[g]));
+          ctx.fillRect(x0 + g * cell, y0, cell - 1, cell * 2 - 1);
+        }
+      });
+      box.dataset.sampledGpus = String(sampled);
+    }
+    function apply(nodes) {
+      Object.keys(nodes).forEach(function (h) {
+        var gpus = {};
+        nodes[h].forEach(function (g) { gpus[g[0]] = g; });
+        latest[h] = gpus;
+      });
+    }
+    canvas.addEventListener("mousemove", function (e) {
+      var r = canvas.getBoundingClientRect();
+      var x = (e.clientX - r.left) * canvas.width / r.width, y = (e.clientY - r.top) * canvas.height / r.height;
+      var i = Math.floor(y / (cell * 2 + gap)) * nodesPerRow + Math.floor(x / nodeW);
+      var g = Math.floor((x % nodeW) / cell);
+      var h = hosts[i], s = h && latest[h] && latest[h][g];
+      tip.textContent = h ? h + " GPU " + g + (s ? ": " + s[1] + " % · " + s[2] + " °C · " + Math.round(s[3]) + " W" : " —") : "";
+    });
+    if (metricSel) metricSel.addEventListener("change", draw);
+    var status = box.querySelector("[data-telemetry-status]");
+    fetch(box.dataset.frameUrl, { credentials: "same-origin" })
+      .then(function (r) { return r.json(); })
+      .then(function (f) { apply(f.nodes || {}); draw(); })
+      .catch(function () {});
+    var pending = false;
+    follow(box.dataset.ws, function (payload) {
+      // Hosts no longer sampled (an instance released) fade to grey.
+      latest = {};
+      apply(payload.nodes || {});
+      if (!pending) { pending = true; requestAnimationFrame(function () { pending = false; draw(); }); }
+    }, function () {}, function (s) { if (status) { status.dataset.status = s; status.textContent = box.dataset["status" + s.charAt(0).toUpperCase() + s.slice(1)] || s; } });
+    draw();
+  }
+
+  function initNodeGpus(box) {
+    var host = box.dataset.host;
+    var tbody = box.querySelector("tbody");
+    follow(box.dataset.ws, function (payload) {
+      var gpus = (payload.nodes || {})[host];
+      if (!gpus) return;
+      tbody.replaceChildren();
+      gpus.sort(function (a, b) { return a[0] - b[0]; }).forEach(function (g) {
+        var tr = document.createElement("tr");
+        var bar = document.createElement("td");
+        var b = document.createElement("div");
+        b.className = "rounded-1";
+        b.style.height = "10px";
+        b.style.width = Math.max(2, g[1] || 0) + "%";
+        b.style.background = heatColour(g[1]);
+        bar.appendChild(b);
+        [String(g[0]), (g[1] === null ? "—" : g[1] + " %")].forEach(function (c) { tr.appendChild(text(document.createElement("td"), c)); });
+        tr.appendChild(bar);
+        [(g[4] === null ? "—" : (g[4] / 1024).toFixed(1) + " GiB"), (g[2] === null ? "—" : g[2] + " °C"), (g[3] === null ? "—" : Math.round(g[3]) + " W")]
+          .forEach(function (c) { tr.appendChild(text(document.createElement("td"), c)); });
+        tbody.appendChild(tr);
+      });
+      box.hidden = false;
+    }, function () {}, function () {});
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var card = document.getElementById("gpu-telemetry");
+    if (card && window.uPlot) initInstance(card);
+    var heat = document.getElementById("gpu-heatmap");
+    if (heat) initHeatmap(heat);
+    var node = document.getElementById("node-gpus-live");
+    if (node) initNodeGpus(node);
+  });
+})();
