@@ -28,6 +28,7 @@ from slices import events, lifecycle
 from slices.choices import BillingMode, EventKind, EventLevel, InstanceState, NodeHealth
 from slices.drivers import DriverError, InstanceSpec, Mount, NodeDriver, NodeTarget, get_driver
 from slices.drivers.base import DiskMount
+from slices.messages import FAILURE_TEXT
 from slices.models import Instance, InstanceNode, Node
 from slices.services import storage
 from slices.services.instances import (
@@ -222,7 +223,7 @@ def _provision(instance: Instance, driver: NodeDriver) -> str:
     return "running" if mark_running(instance, spec) else "cancelled"
 
 
-_KNOWN = {"host_key_mismatch", "unreachable", "sim_failure"}
+_KNOWN = set(FAILURE_TEXT)  # driver error codes with a message of their own
 
 
 def _run_nodes(
