@@ -18,6 +18,7 @@ told and the instance waits (the reconciler retries) or is released, as the owne
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -40,6 +41,7 @@ from slices.choices import (
     NodeState,
     NoReplacement,
 )
+from slices.drivers import DriverError, NodeDriver, get_driver
 from slices.models import GPU, AllocationNode, GpuRollup, Instance, InstanceNode, Node, NodeWatch
 from slices.services import storage
 from slices.services.instances import (
@@ -49,6 +51,7 @@ from slices.services.instances import (
     release_instance,
     transition,
 )
+from slices.services.provisioning import build_spec
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +126,43 @@ def ingest_telemetry(now: datetime | None = None, window_minutes: int = 5) -> in
         else:
             report_node_signal(node, NodeSignal.RECOVERED, at=end)
     return len(nodes)
+
+
+def probe_nodes(driver: NodeDriver | None = None) -> list[str]:
+    """Lost SSH: log in to every node under a running instance (not the simulated fleet, whose
+    nodes always answer); a node that does not answer gets the ``ssh_lost`` signal, one that
+    answers again clears it. Returns the hostnames that did not answer."""
+    checks: list[tuple[Node, Any, Any, Any]] = []
+    for instance in Instance.objects.filter(state=InstanceState.RUNNING).exclude(driver="sim"):
+        drv = driver or get_driver(instance.driver or None)
+        if getattr(drv, "simulated", False):
+            continue
+        spec = build_spec(instance)
+        nodes = {p.hostname: p.node for p in instance.nodes.select_related("node")}
+        checks += [(nodes[t.hostname], drv, spec, t) for t in spec.nodes if t.hostname in nodes]
+    if not checks:
+        return []
+
+    def probe(check: tuple[Node, Any, Any, Any]) -> str:
+        _node, drv, spec, target = check
+        try:
+            drv.connect(spec, target, lambda _line: None)
+        except DriverError as exc:
+            return exc.detail or exc.code
+        return ""
+
+    lost: list[str] = []
+    with ThreadPoolExecutor(max_workers=min(16, len(checks))) as pool:
+        for check, error in zip(checks, pool.map(probe, checks), strict=True):
+            node = check[0]
+            if error:
+                report_node_signal(node, NodeSignal.SSH_LOST, error)
+                lost.append(node.hostname)
+            else:
+                NodeWatch.objects.filter(
+                    node=node, bad_signal=NodeSignal.SSH_LOST, failed_at__isnull=True
+                ).update(bad_since=None, bad_signal="", bad_detail="")
+    return lost
 
 
 def check_node_health(now: datetime | None = None) -> list[str]:

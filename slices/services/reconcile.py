@@ -63,6 +63,7 @@ def reconcile(now: datetime | None = None) -> ReconcileReport:
     _free_leaks(now, report)
     _billing_closed(report)
     migration.ingest_telemetry(now)
+    migration.probe_nodes()
     report.nodes_failed = migration.check_node_health(now)
     report.migrations = migration.retry_waiting_migrations(now)
     report.stop_warned, report.stop_released = power.release_long_stopped(now)
