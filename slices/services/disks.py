@@ -182,7 +182,7 @@ def sync_storage_billing(user: Any) -> None:
     now = timezone.now()
     if current is not None:
         billing.close_usage_session(STORAGE_RESOURCE, rid, at=now)
-    if billable > 0:
+    if billable > 0 and billing.current_price_book() is not None:
         billing.open_usage_session(
             user,
             resource_kind=STORAGE_RESOURCE,
