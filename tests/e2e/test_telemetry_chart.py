@@ -21,6 +21,7 @@ from tests.support import servers
 pytestmark = pytest.mark.e2e
 
 DEMO_PASSWORD = "demo-password-2026"
+OPS_PASSWORD = "ops-password-2026"
 SETTLE_MS = 120_000
 
 
@@ -39,20 +40,32 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
         server.stop()
 
 
-@pytest.fixture
-def customer(browser: Browser, stack: servers.Stack) -> Iterator[Page]:
+def _logged_in(browser: Browser, stack: servers.Stack, user: str, password: str) -> Page:
     context = browser.new_context(
         base_url=stack.url, locale="zh-CN", viewport={"width": 1280, "height": 1000}
     )
     context.set_default_timeout(30_000)
     page = context.new_page()
     page.goto("/accounts/login/")
-    page.fill("input[name=login]", "demo")
-    page.fill("input[name=password]", DEMO_PASSWORD)
+    page.fill("input[name=login]", user)
+    page.fill("input[name=password]", password)
     page.click("#login-form button[type=submit]")
     expect(page).to_have_url(re.compile(r"/$"))
+    return page
+
+
+@pytest.fixture
+def customer(browser: Browser, stack: servers.Stack) -> Iterator[Page]:
+    page = _logged_in(browser, stack, "demo", DEMO_PASSWORD)
     yield page
-    context.close()
+    page.context.close()
+
+
+@pytest.fixture
+def operator(browser: Browser, stack: servers.Stack) -> Iterator[Page]:
+    page = _logged_in(browser, stack, "ops", OPS_PASSWORD)
+    yield page
+    page.context.close()
 
 
 def _points(page: Page) -> int:
@@ -108,3 +121,38 @@ def test_chart_gains_points_live_and_shows_the_past_after_a_reload(
         card.screenshot(path=os.path.join(os.environ["SCREENSHOT_DIR"], "telemetry-charts.png"))
     csv = page.request.get(card.locator("a[download]").get_attribute("href") or "")
     assert csv.status == 200 and csv.text().startswith("minute_utc,hostname,gpu")
+
+
+def test_operator_heat_map_and_node_page_follow_the_fleet_live(
+    customer: Page, operator: Page, stack: servers.Stack
+) -> None:
+    """Runs after the chart test (same console): its 2-card instance is still running."""
+    running = customer.request.get("/api/v1/instances/").json()["results"]
+    assert any(i["state"] == "running" for i in running)
+    operator.goto("/ops/fleet/")
+    cluster_links = operator.locator("a[href^='/ops/clusters/']")
+    hrefs = [cluster_links.nth(i).get_attribute("href") for i in range(cluster_links.count())]
+    deadline = time.monotonic() + SETTLE_MS / 1000
+    sampled_cluster = None
+    for href in hrefs:  # the cluster whose heat map lights up holds the instance
+        operator.goto(href or "/")
+        heat = operator.locator("#gpu-heatmap")
+        expect(heat.locator("[data-telemetry-status]")).to_have_attribute("data-status", "live")
+        until = min(deadline, time.monotonic() + 5)  # the first frame comes with the page
+        while time.monotonic() < until:
+            if int(heat.get_attribute("data-sampled-gpus") or 0) >= 2:
+                sampled_cluster = href
+                break
+            operator.wait_for_timeout(200)
+        if sampled_cluster:
+            break
+    assert sampled_cluster, "no cluster heat map showed the running instance's GPUs"
+    if os.environ.get("SCREENSHOT_DIR"):
+        operator.locator("#gpu-heatmap").screenshot(
+            path=os.path.join(os.environ["SCREENSHOT_DIR"], "telemetry-heatmap.png")
+        )
+    node = operator.locator("#fabric a[data-state='allocated']").first
+    node.click()
+    live = operator.locator("#node-gpus-live")
+    expect(live).to_be_visible(timeout=SETTLE_MS)
+    expect(live.locator("tbody tr")).to_have_count(2)
