@@ -145,8 +145,12 @@ def test_other_customers_get_404(fleet, alice, bob, django_capture_on_commit_cal
 
 def test_quotes_accept_the_fleet_code_and_the_product_name(fleet, alice):
     api = _client(alice)
-    by_code = api.post("/api/v1/billing/quotes/", {"gpu_model": "RTX4090", "cards": 8}, format="json")
-    by_name = api.post("/api/v1/billing/quotes/", {"gpu_model": "RTX 4090", "cards": 8}, format="json")
+    by_code = api.post(
+        "/api/v1/billing/quotes/", {"gpu_model": "RTX4090", "cards": 8}, format="json"
+    )
+    by_name = api.post(
+        "/api/v1/billing/quotes/", {"gpu_model": "RTX 4090", "cards": 8}, format="json"
+    )
     assert by_code.status_code == 200, by_code.json()
     assert by_code.json()["per_hour"] == by_name.json()["per_hour"]
     assert by_code.json()["terms"]

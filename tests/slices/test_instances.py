@@ -93,7 +93,9 @@ def test_slice_runs_with_partition_and_allreduce(fleet, funded, django_capture_o
     assert instance.allreduce.get("busbw_gbps")
 
 
-def test_reconciler_auto_releases_and_frees_leaks(fleet, funded, django_capture_on_commit_callbacks):
+def test_reconciler_auto_releases_and_frees_leaks(
+    fleet, funded, django_capture_on_commit_callbacks
+):
     from datetime import timedelta
 
     from django.utils import timezone
