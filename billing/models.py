@@ -342,6 +342,8 @@ class Metered:
     Shared by the model and the bulk settlement's plain rows (billing/settlement.py).
     """
 
+    __slots__ = ()  # the settlement's rows keep their slots
+
     meter: str
     rate: Decimal
     cards: int

@@ -134,6 +134,7 @@ __all__ = [  # what other apps, the views and the tests call
     "ensure_affordable",
     "expire_vouchers",
     "fail_payment",
+    "get_open_session",
     "get_or_create_wallet",
     "get_payment_for_user",
     "get_stop_handler",
@@ -423,6 +424,15 @@ def open_usage_session(
         return UsageSession.objects.get(
             resource_kind=resource_kind, resource_id=str(resource_id), state=UsageState.OPEN
         )
+
+
+def get_open_session(resource_kind: str, resource_id: str) -> UsageSession | None:
+    """The session billing a resource now, or None (what another app reads instead of the model)."""
+    return (
+        UsageSession.objects.open()
+        .filter(resource_kind=resource_kind, resource_id=str(resource_id))
+        .first()
+    )
 
 
 @transaction.atomic

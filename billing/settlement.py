@@ -112,7 +112,7 @@ class SettlementResult:
     warnings: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Open(Metered):
     """An open session as the bulk settlement reads it (a plain row, no model instance)."""
 
@@ -142,7 +142,7 @@ class _Bucket:
     expires_at: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Charge:
     """What one session owes for its seconds since the last settlement."""
 

@@ -126,3 +126,13 @@ def test_an_order_the_balance_cannot_run_for_a_minute_is_refused(alice, prices) 
     assert services.ensure_affordable(alice, "A800", 8).runway_seconds == 1285
     with pytest.raises(services.PriceNotSet):
         services.ensure_affordable(alice, "V100", 1)
+
+
+def test_get_open_session_finds_only_what_bills_now(alice, prices, billing_clock) -> None:
+    session = services.open_usage_session(
+        alice, resource_kind="disk", resource_id="d-1", meter="disk", cards=500
+    )
+    assert services.get_open_session("disk", "d-1") == session
+    assert services.get_open_session("disk", "d-2") is None
+    services.close_usage_session("disk", "d-1")
+    assert services.get_open_session("disk", "d-1") is None

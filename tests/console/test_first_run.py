@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 from django.conf import settings
 
-from tests.support.servers import ROOT, base_env, production_env
+from tests.support.servers import ROOT, Stack, base_env, free_port, production_env
 
 OLD_DEMO_KEY = "django-insecure-embedded-default-key-only-for-local-demo-use"  # noqa: S105
 
@@ -79,3 +80,24 @@ def test_this_process_does_not_use_the_old_fixed_demo_key() -> None:
 
     forged = hmac.new(OLD_DEMO_KEY.encode(), b"billing-sandbox-webhook", hashlib.sha256).digest()
     assert sandbox_secret() != forged
+
+
+def test_runserver_serves_a_fresh_state_directory(tmp_path: Path) -> None:
+    """Django's dev server on a never-used state directory listens and answers (no set-up step)."""
+    env = {**base_env(), "STATE_DIR": str(tmp_path / "fresh")}
+    _manage(env, "migrate", "--noinput", "-v", "0")
+    stack = Stack(env=env, port=free_port(), tmp=tmp_path)
+    stack.spawn(
+        "runserver",
+        sys.executable,
+        "manage.py",
+        "runserver",
+        "--noreload",
+        f"127.0.0.1:{stack.port}",
+    )
+    try:
+        stack.wait_healthy(timeout=60)
+        page = httpx.get(f"{stack.url}/static/console/console.js", timeout=10)
+        assert page.status_code == 200
+    finally:
+        stack.stop()

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import random
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -141,8 +142,11 @@ def test_unknown_websocket_path_and_bad_frames_close_with_a_code(stack) -> None:
 
 def _fuzz_case(rng: random.Random) -> tuple[str, list[str | bytes]]:
     alphabet = "abcXYZ019-_./%~:@!$&'()*+,;=?#[]\\ 中文\u202e\u200b"
-    if rng.random() < 0.4:
+    roll = rng.random()
+    if roll < 0.4:
         path = "/ws/notifications/"
+    elif roll < 0.5:  # an instance that does not exist (or is someone else's): refused, no 500
+        path = f"/ws/instances/{uuid.UUID(int=rng.getrandbits(128))}/"
     else:
         path = "/" + "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
         if rng.random() < 0.5:
