@@ -58,6 +58,10 @@ class InstanceConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"kind": event["kind"], "payload": event["payload"]})
 
 
+# Samples a telemetry client may hold unacknowledged (one being drawn, one on the way).
+TELEMETRY_WINDOW = 2
+
+
 @database_sync_to_async
 def _may_see_instance(user: Any, public_id: str) -> bool:
     """The owner sees their instance; operators see the fleet; anyone else gets "not found"."""
@@ -76,9 +80,11 @@ class TelemetryConsumer(ForwardingJsonConsumer):
     cluster (``telemetry.cluster.<code>``). Permission is checked before joining, on every
     connect (so also on every reconnect); then it only forwards.
 
-    Back-pressure: samples are not queued per client. The newest waits in one slot and a writer
-    task sends it when the previous send has finished, so a slow browser gets the latest sample
-    (with ``skipped``: how many it missed) and memory stays flat whatever the client's speed.
+    Back-pressure: samples are not queued per client. The newest waits in one slot; a writer task
+    sends it once the client has acknowledged (``{"kind": "ack"}`` after drawing each sample) all
+    but ``TELEMETRY_WINDOW - 1`` of the samples it was sent. A slow browser therefore gets the
+    latest sample (with ``skipped``: how many were replaced meanwhile), never a backlog, not even
+    one hidden in the kernel's socket buffers, and memory stays flat whatever the client's speed.
     """
 
     writer: asyncio.Task[None] | None = None
@@ -104,6 +110,8 @@ class TelemetryConsumer(ForwardingJsonConsumer):
         self._latest: dict[str, Any] | None = None
         self._skipped = 0
         self._ready = asyncio.Event()
+        self._unacked = 0
+        self._credit = asyncio.Event()
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         await database_sync_to_async(websocket_client_changed)(self.stream, 1)
@@ -127,12 +135,21 @@ class TelemetryConsumer(ForwardingJsonConsumer):
         self._latest = event["payload"]
         self._ready.set()
 
+    async def receive_message(self, message: dict[str, Any]) -> None:
+        if message.get("kind") == "ack":
+            self._unacked = max(0, self._unacked - 1)
+            self._credit.set()
+
     async def _write(self) -> None:
         while True:
             await self._ready.wait()
+            while self._unacked >= TELEMETRY_WINDOW:  # the client has not drawn what it has
+                self._credit.clear()
+                await self._credit.wait()
             self._ready.clear()
             payload, skipped = self._latest, self._skipped
             self._latest, self._skipped = None, 0
             if payload is None:
                 continue
+            self._unacked += 1
             await self.send_json({"kind": "sample", "skipped": skipped, "payload": payload})

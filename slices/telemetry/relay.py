@@ -63,6 +63,18 @@ def get_ring() -> Ring:
     return MemoryRing(maxlen=maxlen)
 
 
+def _source(driver: Any, spec: Any, node: Any, gpu_model: str) -> TelemetrySource:
+    """A node's telemetry: the driver's own (the simulated workload) or, for real nodes, the
+    agent started over SSH."""
+    if hasattr(driver, "telemetry"):
+        return driver.telemetry(spec, node, gpu_model)
+    if getattr(driver, "name", "") == "ssh":
+        from slices.drivers.ssh_telemetry import SshAgentSource  # paramiko: only with that driver
+
+        return SshAgentSource(driver, spec, node, interval=settings.TELEMETRY_INTERVAL)
+    raise TypeError(f"the {getattr(driver, 'name', driver)!r} driver has no telemetry")
+
+
 @dataclass
 class _NodeFeed:
     rank: int
@@ -129,7 +141,7 @@ class Relay:
                 rank=n.rank,
                 host=n.hostname,
                 cluster=str(clusters.get(n.rank, "")),
-                source=driver.telemetry(spec, n, instance.gpu_model.code),
+                source=_source(driver, spec, n, instance.gpu_model.code),
             )
             for n in spec.nodes
         ]

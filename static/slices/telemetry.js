@@ -40,7 +40,11 @@
       ws.onmessage = function (msg) {
         var data;
         try { data = JSON.parse(msg.data); } catch (e) { return; }
-        if (data.kind === "sample") onSample(data.payload, data.skipped || 0);
+        if (data.kind === "sample") {
+          onSample(data.payload, data.skipped || 0);
+          // Drawn: ask for the next one (the server holds back all but the newest meanwhile).
+          if (ws.readyState === 1) ws.send('{"kind":"ack"}');
+        }
       };
       ws.onclose = function (e) {
         if (e.code === 4401 || e.code === 4404) { onStatus("closed"); return; }

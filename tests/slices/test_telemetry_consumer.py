@@ -182,8 +182,12 @@ def test_a_slow_client_gets_the_latest_sample_not_a_queue(running: Instance, ali
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
         gate.set()
+        acked = 0
         for _ in range(500):
             texts = [json.loads(m["text"]) for m in delivered[2:] if "text" in m]
+            for _sample in texts[acked:]:  # the page acknowledges each sample it has drawn
+                await inbox.put({"type": "websocket.receive", "text": '{"kind": "ack"}'})
+            acked = len(texts)
             if texts and texts[-1]["payload"]["seq"] == sent:
                 break
             await asyncio.sleep(0.01)
@@ -220,3 +224,36 @@ def test_the_relay_loop_ticks_until_stopped_then_writes_the_unfinished_minute(
     rollups = GpuRollup.objects.filter(instance=running)
     assert rollups.count() in (8, 16)  # the partial minute (or two, across a minute boundary)
     assert all(r.samples >= 1 for r in rollups)
+
+
+def test_a_client_that_does_not_acknowledge_gets_no_backlog(running: Instance, alice) -> None:
+    """Sends that never block (a socket whose kernel buffers still take data) must not hide a
+    backlog either: past the window of unacknowledged samples, only the newest is kept."""
+    sent = 30
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        layer = get_channel_layer()
+        communicator, first = await _open(_path(running), alice)
+        assert first["type"] == "websocket.accept"
+        await communicator.receive_output(timeout=5)  # hello
+        group = instance_group(running.public_id)
+        for seq in range(1, sent + 1):
+            payload = {"ts": float(seq), "seq": seq, "g": []}
+            await layer.group_send(group, {"type": "telemetry.sample", "payload": payload})
+        before: list[dict[str, Any]] = []
+        while not await communicator.receive_nothing(timeout=0.5):
+            before.append(json.loads((await communicator.receive_output(timeout=5))["text"]))
+        after: list[dict[str, Any]] = []
+        for _ in before:
+            await communicator.send_input({"type": "websocket.receive", "text": '{"kind": "ack"}'})
+        while not await communicator.receive_nothing(timeout=0.5):
+            after.append(json.loads((await communicator.receive_output(timeout=5))["text"]))
+        await communicator.send_input({"type": "websocket.disconnect", "code": 1000})
+        await communicator.wait(timeout=5)
+        return before, after
+
+    before, after = run_async(scenario())
+    assert 1 <= len(before) <= 2  # the window: nothing more until the client has drawn them
+    assert after and after[-1]["payload"]["seq"] == sent  # then the newest, not the backlog
+    delivered = before + after
+    assert len(delivered) + sum(m["skipped"] for m in delivered) == sent
