@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
+from django.http import HttpRequest
 
 from slices.models import (
     GPU,
@@ -68,7 +71,7 @@ class NodeAdmin(admin.ModelAdmin):
     )
     list_select_related = ("cluster", "su")
 
-    def save_model(self, request, obj, form, change) -> None:  # noqa: ANN001
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         if not change:
             super().save_model(request, obj, form, change)
             return
@@ -87,10 +90,10 @@ class GpuAdmin(admin.ModelAdmin):
     readonly_fields = ("node", "index", "uuid", "allocation")
 
     # GPUs are held and released by the allocator only.
-    def has_add_permission(self, request) -> bool:  # noqa: ANN001
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
@@ -121,8 +124,8 @@ class AllocationAdmin(admin.ModelAdmin):
     # Allocations change only through slices.services (compare-and-set on node masks).
     readonly_fields = [f.name for f in Allocation._meta.fields]
 
-    def has_add_permission(self, request) -> bool:  # noqa: ANN001
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from console.errors import DomainError
 from console.htmx import render_page, stop_polling
+from marketplace.services import asset_picker
 from slices import lifecycle, services
 from slices.choices import (
     NODE_STATE_BADGES,
@@ -75,8 +76,8 @@ def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
         for m in choices.gpu_models
         if not region or any(r.gpu_model == m and r.region == region for r in choices.availability)
     ]
-    if data.get("gpu_model") and data.get("gpu_model") not in models:
-        models.append(data["gpu_model"])
+    if data.get("gpu_model") in choices.gpu_models and data["gpu_model"] not in models:
+        models.append(data["gpu_model"])  # from a shared URL: the allocator says why not here
     form = OrderPreviewForm(
         data,
         regions=choices.regions,
@@ -126,8 +127,6 @@ def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
 def instance_new(request: HttpRequest) -> HttpResponse:
     """The order form: choices in the query string, a live placement, quote and mount check;
     posting it orders (nothing is reserved before)."""
-    from marketplace.services import asset_picker
-
     data = (request.POST if request.method == "POST" else request.GET).copy()
     context = _order_context(request, data)
     if request.method == "POST":

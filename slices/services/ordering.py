@@ -13,6 +13,8 @@ from django.utils.translation import gettext as _
 
 from billing import services as billing
 from console.models import SshKey
+from marketplace import recipes
+from marketplace import services as marketplace
 from slices import lifecycle, topology
 from slices.choices import BillingMode
 from slices.drivers import get_driver
@@ -57,9 +59,6 @@ def resolve_order_template(name: str) -> tuple[dict[str, str], list[str]]:
     """A recipe of the catalogue as the order form's preset (``?template=`` names the recipe, its
     demo page or, as the old dashboard link did, ``<demo>-demo``): its GPU model, cards and image,
     and the public ids of its model and dataset. Unknown name: nothing."""
-    from marketplace import recipes
-    from marketplace import services as marketplace
-
     recipe = (
         recipes.get_recipe(name)
         or recipes.get_demo(name)
@@ -88,8 +87,6 @@ class OrderChoices:
 
 
 def order_choices() -> OrderChoices:
-    from marketplace import services as marketplace
-
     rows = availability()
     return OrderChoices(
         availability=rows,
@@ -116,9 +113,6 @@ def preview_order(
     """Place (without reserving), price and check the mounts of an order, through each app's
     services: the allocator here, billing's quote and affordability check, marketplace mounts.
     ``image`` is an image version's slug or public id ("" for none)."""
-    from billing import services as billing
-    from marketplace import services as marketplace
-
     placement: Preview | None = None
     no_capacity: NoCapacity | None = None
     try:
