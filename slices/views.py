@@ -3,12 +3,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from decimal import Decimal
-from functools import wraps
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -18,6 +16,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 from django.views.decorators.http import require_GET, require_http_methods
 
+from console.auth import staff_required
 from console.errors import DomainError
 from console.htmx import render_page, stop_polling
 from marketplace.services import asset_picker
@@ -208,19 +207,6 @@ def instance_release(request: HttpRequest, public_id: str) -> HttpResponse:
             return redirect("slices:instance-list")
         return redirect("slices:instance-detail", public_id=instance.public_id)
     return render(request, "slices/instance_release.html", {"instance": instance})
-
-
-def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Operator pages: log in first; customers are refused (403)."""
-
-    @login_required
-    @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.user.is_staff:
-            raise PermissionDenied
-        return view(request, *args, **kwargs)
-
-    return wrapper
 
 
 # Cell colours of the fabric map (Bootstrap palette); allocated cells take their holder's hue.
