@@ -1,0 +1,530 @@
+"""The SSH driver's steps (isolate, connect, prepare, mount, start, health, the all-reduce check,
+the workload's output, teardown), each one or two fixed commands on one node's connection."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass
+
+import paramiko
+
+from slices.drivers.base import (
+    DriverError,
+    InstanceSpec,
+    LogFn,
+    NodeTarget,
+    StepResult,
+    WorkloadOutput,
+)
+from slices.drivers.ssh.client import CommandResult, SshConnections, fingerprint
+from slices.drivers.ssh.commands import (
+    ASSET_PREFIX,
+    CMD_ALLREDUCE,
+    CMD_DOCKER_HEALTH,
+    CMD_ID,
+    CMD_LINK,
+    CMD_MOUNT_CHECK,
+    CMD_PROCESS_HEALTH,
+    CMD_READ_DOCKER_OUTPUT,
+    CMD_READ_OUTPUT,
+    CMD_REMOVE,
+    CMD_START_DOCKER,
+    CMD_START_ENROOT,
+    CMD_START_PROCESS,
+    CMD_STOP_DOCKER,
+    CMD_STOP_ENROOT,
+    CMD_STOP_PROCESS,
+    CMD_TOOLS,
+    IMAGE_REF,
+    NO_GPU_DRIVER,
+    OWNER,
+    RUNTIMES,
+    SAFE_RELATIVE,
+    SLUG,
+    TAIL_BYTES,
+    Arg,
+    clean_abs,
+    env_file,
+)
+
+# Rough expectations per step on one node (for the ETA); a docker start includes the image pull.
+STEP_SECONDS: dict[str, float] = {
+    "isolate": 0.1,
+    "connect": 1.0,
+    "prepare": 1.0,
+    "mount": 1.0,
+    "start": 30.0,
+    "health": 2.0,
+    "allreduce": 60.0,
+    "teardown": 5.0,
+}
+
+
+@dataclass(frozen=True)
+class _Paths:
+    root: str  # <workdir>/instances/<slug>
+
+    @property
+    def env(self) -> str:
+        return f"{self.root}/env.sh"
+
+    @property
+    def env_names(self) -> str:
+        return f"{self.root}/docker.env"
+
+    @property
+    def hostfile(self) -> str:
+        return f"{self.root}/hostfile"
+
+    @property
+    def authorized_keys(self) -> str:
+        return f"{self.root}/authorized_keys"
+
+    @property
+    def pid(self) -> str:
+        return f"{self.root}/pid"
+
+    @property
+    def log(self) -> str:
+        return f"{self.root}/output.log"
+
+    @property
+    def pfs(self) -> str:
+        return f"{self.root}/pfs"
+
+    @property
+    def squashfs(self) -> str:
+        return f"{self.root}/image.sqsh"
+
+    def inside(self, target: str) -> str:
+        return f"{self.root}/{target.lstrip('/')}"
+
+
+class SshDriver(SshConnections):
+    name = "ssh"
+    simulated = False
+
+    def step_seconds(self) -> dict[str, float]:
+        return dict(STEP_SECONDS)
+
+    # -- what a step needs ------------------------------------------------------------------
+    def _paths(self, spec: InstanceSpec, node: NodeTarget) -> _Paths:
+        if not SLUG.match(spec.slug):
+            raise DriverError("bad_identifier", f"instance slug {spec.slug!r}", permanent=True)
+        workdir = clean_abs(node.workdir, "the node's workdir")
+        return _Paths(f"{workdir}/instances/{spec.slug}")
+
+    def _runtime(self, node: NodeTarget) -> str:
+        if node.runtime not in RUNTIMES:
+            raise DriverError(
+                "bad_identifier",
+                f"{node.hostname}: unknown container runtime {node.runtime!r}",
+                permanent=True,
+            )
+        return node.runtime
+
+    def _pfs_source(self, spec: InstanceSpec) -> str:
+        if not OWNER.match(spec.owner):
+            raise DriverError("bad_identifier", f"owner id {spec.owner!r}", permanent=True)
+        return f"{clean_abs(self.settings.pfs_root, 'SLICES_PFS_ROOT')}/{spec.owner}"
+
+    def _asset_mounts(self, spec: InstanceSpec) -> list[tuple[str, str]]:
+        """(source on the node, target in the instance) for each marketplace asset."""
+        root = clean_abs(self.settings.asset_root, "SLICES_ASSET_ROOT")
+        pairs = []
+        for mount in spec.mounts:
+            rel = mount.source
+            if rel.startswith(ASSET_PREFIX):
+                rel = rel[len(ASSET_PREFIX) :]
+            rel = rel.lstrip("/")
+            norm = posixpath.normpath(rel) if rel else ""
+            if not SAFE_RELATIVE.match(norm) or ".." in norm.split("/"):
+                raise DriverError("bad_identifier", f"asset path {mount.source!r}", permanent=True)
+            target = clean_abs(mount.target, "mount target")
+            if target in ("/", "/pfs") or target.startswith("/pfs/"):
+                raise DriverError("bad_identifier", f"mount target {target!r}", permanent=True)
+            pairs.append((f"{root}/{norm}", target))
+        return pairs
+
+    def _node_env(self, spec: InstanceSpec, node: NodeTarget) -> dict[str, str]:
+        env = spec.job_env(node)
+        if node.runtime in ("process", "enroot") and node.gpus:
+            # No container to hide the node's other GPUs: point CUDA (and enroot's hook) at ours.
+            devices = ",".join(str(g) for g in node.gpus)
+            env.setdefault("CUDA_VISIBLE_DEVICES", devices)
+            env.setdefault("NVIDIA_VISIBLE_DEVICES", devices)
+        return env
+
+    def _where(self, node: NodeTarget) -> str:
+        return f"{self.settings.user}@{node.address}:{node.port}"
+
+    # -- steps -----------------------------------------------------------------------------
+    def isolate(self, spec: InstanceSpec, log: LogFn) -> StepResult:
+        if spec.partition_key is None:
+            log("single host: no fabric partition needed")
+        else:
+            log(
+                f"no fabric manager (UFM) is configured for the ssh driver: partition key "
+                f"{spec.partition_key:#06x} is recorded by the console and set as NCCL_IB_PKEY on "
+                f"the {len(spec.nodes)} node(s), not enforced on the switches"
+            )
+        return StepResult({"partition_key": spec.partition_key, "enforced": False})
+
+    def connect(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
+        with self.session(node) as client:
+            transport = client.get_transport()
+            key = transport.get_remote_server_key() if transport is not None else None
+            result = self.run(client, node, CMD_ID, timeout=self.settings.connect_timeout, log=None)
+        uid = result.stdout.strip()
+        log(
+            f"ssh {self._where(node)}: host key {fingerprint(key) if key else '?'} matches the "
+            f"pinned key; logged in (uid {uid})"
+        )
+        return StepResult({"uid": uid})
+
+    def prepare(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
+        paths = self._paths(spec, node)
+        self._runtime(node)
+        env = self._node_env(spec, node)
+        body = env_file(env)
+        with self.session(node) as client:
+            self.write_files(
+                client,
+                paths.root,
+                [
+                    (paths.authorized_keys, _authorized_keys(spec), 0o600),
+                    (paths.hostfile, spec.hostfile(), 0o644),
+                    (paths.env, body, 0o600),
+                    (paths.env_names, "".join(f"{k}\n" for k in env), 0o600),
+                ],
+            )
+        log(f"created {paths.root}")
+        log(
+            f"wrote the hostfile ({len(spec.nodes)} node(s)) and the environment "
+            f"(NODE_RANK={node.rank}, MASTER_ADDR={spec.master_addr}, {len(env)} variables)"
+        )
+        return StepResult({"dir": paths.root})
+
+    def mount(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
+        paths = self._paths(spec, node)
+        runtime = self._runtime(node)
+        pfs = self._pfs_source(spec)
+        assets = self._asset_mounts(spec)
+        pairs: list[str] = [pfs, paths.pfs]
+        for src, target in assets:
+            pairs += [src, paths.inside(target)]
+        with self.session(node) as client:
+            result = self.run(
+                client,
+                node,
+                # On runtime=process the links are made in the same command; a container runtime
+                # bind-mounts the same sources when it starts.
+                CMD_MOUNT_CHECK + (" && " + CMD_LINK if runtime == "process" else ""),
+                pfs=pfs,
+                sources=[src for src, _ in assets],
+                pairs=pairs,
+                log=log,
+                check=False,
+            )
+            if result.exit_status == 3:
+                raise DriverError(
+                    "asset_missing",
+                    f"{node.hostname}: {result.stderr.strip()[-300:]} is not on the parallel "
+                    "file system",
+                    permanent=True,
+                )
+            if result.exit_status != 0:
+                raise DriverError(
+                    "command_failed", f"{node.hostname}: {result.stderr.strip()[-300:]}"
+                )
+        where = "linked" if runtime == "process" else "bind-mounted when the container starts"
+        log(f"parallel file system {pfs} {where} at /pfs")
+        for src, target in assets:
+            log(f"{src} {where} read-only at {target}")
+        return StepResult({"mounts": len(assets) + 1})
+
+    def start(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
+        paths = self._paths(spec, node)
+        runtime = self._runtime(node)
+        if spec.image and not IMAGE_REF.match(spec.image):
+            raise DriverError("bad_identifier", f"image {spec.image!r}", permanent=True)
+        # The entrypoint is catalogue data (the image's launch template), never user input; it is
+        # run by a shell so that its ${VARIABLES} expand from the instance's environment.
+        command = ["sh", "-c", spec.entrypoint] if spec.entrypoint else []
+        with self.session(node) as client:
+            if runtime == "process":
+                result = self.run(
+                    client,
+                    node,
+                    CMD_START_PROCESS,
+                    pid=paths.pid,
+                    root=paths.root,
+                    env=paths.env,
+                    output=paths.log,
+                    argv=command or ["sleep", "infinity"],
+                )
+            elif runtime == "docker":
+                result = self._start_docker(client, spec, node, paths, command, log)
+            else:
+                result = self._start_enroot(client, spec, node, paths, command)
+        reused = "reused" in result.stdout
+        what = {"process": "process", "docker": "container", "enroot": "enroot container"}[runtime]
+        log(
+            f"{what} {spec.slug} already running: reused"
+            if reused
+            else f"started {what} {spec.slug} ({spec.image or 'bare host'}) with "
+            f"{len(node.gpus)} GPU(s)"
+        )
+        return StepResult({"reused": reused})
+
+    def _start_docker(
+        self,
+        client: paramiko.SSHClient,
+        spec: InstanceSpec,
+        node: NodeTarget,
+        paths: _Paths,
+        command: list[str],
+        log: LogFn,
+    ) -> CommandResult:
+        if not spec.image:
+            raise DriverError(
+                "no_image",
+                f"{node.hostname} runs docker: an image is needed",
+                permanent=True,
+            )
+        volumes = ["-v", f"{self._pfs_source(spec)}:/pfs"]
+        volumes += ["-v", f"{paths.authorized_keys}:/root/.ssh/authorized_keys:ro"]
+        volumes += ["-v", f"{paths.hostfile}:/etc/gpc/hostfile:ro"]
+        for src, target in self._asset_mounts(spec):
+            volumes += ["-v", f"{src}:{target}:ro"]
+        return self.run(
+            client,
+            node,
+            CMD_START_DOCKER,
+            log=log,
+            env=paths.env,
+            name=spec.slug,
+            # Only this instance's GPUs (a host may be shared); all of them on a whole node.
+            gpus='"device=' + ",".join(str(g) for g in node.gpus) + '"' if node.gpus else "all",
+            env_names=paths.env_names,
+            volumes=volumes,
+            image=spec.image,
+            command=command,
+        )
+
+    def _start_enroot(
+        self,
+        client: paramiko.SSHClient,
+        spec: InstanceSpec,
+        node: NodeTarget,
+        paths: _Paths,
+        command: list[str],
+    ) -> CommandResult:
+        if not spec.image:
+            raise DriverError(
+                "no_image",
+                f"{node.hostname} runs enroot: an image is needed",
+                permanent=True,
+            )
+        mounts = ["--mount", f"{self._pfs_source(spec)} /pfs none x-create=dir,bind"]
+        for src, target in self._asset_mounts(spec):
+            mounts += ["--mount", f"{src} {target} none x-create=dir,bind,ro"]
+        envs: list[str] = []
+        for name in self._node_env(spec, node):
+            envs += ["--env", name]
+        return self.run(
+            client,
+            node,
+            CMD_START_ENROOT,
+            pid=paths.pid,
+            root=paths.root,
+            env=paths.env,
+            output=paths.log,
+            squashfs=paths.squashfs,
+            image_uri=f"docker://{spec.image}",
+            name=spec.slug,
+            mounts=mounts,
+            envs=envs,
+            command=command,
+        )
+
+    def health(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
+        paths = self._paths(spec, node)
+        runtime = self._runtime(node)
+        # The last provisioning step on a node: its connection is not kept, except the first
+        # node's of a slice, which the all-reduce check uses next.
+        first_of_slice = len(spec.nodes) > 1 and node == spec.nodes[0]
+        with self.session(node, last=not first_of_slice) as client:
+            if runtime == "docker":
+                gpus = self.run(
+                    client,
+                    node,
+                    CMD_DOCKER_HEALTH,
+                    fmt="{{.State.Running}}",
+                    name=spec.slug,
+                    check=False,
+                )
+            else:
+                gpus = self.run(
+                    client,
+                    node,
+                    CMD_PROCESS_HEALTH,
+                    pid=paths.pid,
+                    output=paths.log,
+                    none="__no_nvidia_smi__",
+                    check=False,
+                )
+        if gpus.exit_status == 5:
+            raise DriverError(
+                "not_running",
+                f"{node.hostname}: the instance's {'container' if runtime == 'docker' else 'process'}"
+                f" is not running: {gpus.stderr.strip()[-400:]}",
+                permanent=True,
+            )
+        if "__no_nvidia_smi__" in gpus.stdout:
+            if runtime != "process":
+                raise DriverError(
+                    "gpu_missing", f"{node.hostname}: nvidia-smi is not installed", permanent=True
+                )
+            log(NO_GPU_DRIVER)
+            log(f"{spec.slug}: process alive")
+            return StepResult({"gpus_visible": None, "gpu_check": "skipped"})
+        listed = [ln for ln in gpus.stdout.splitlines() if ln.startswith("GPU ")]
+        indexes = {int(m.group(1)) for ln in listed if (m := re.match(r"GPU (\d+):", ln))}
+        if runtime == "docker":
+            ok = gpus.exit_status == 0 and len(listed) == len(node.gpus)
+        else:
+            ok = gpus.exit_status == 0 and set(node.gpus) <= indexes
+        if not ok:
+            raise DriverError(
+                "gpu_missing",
+                f"{node.hostname}: nvidia-smi lists {len(listed)} GPU(s); the instance has "
+                f"{len(node.gpus)} ({gpus.stderr.strip()[-200:]})",
+                permanent=True,
+            )
+        log(f"nvidia-smi: {len(node.gpus)} GPU(s) visible; {spec.slug} running")
+        return StepResult({"gpus_visible": len(node.gpus)})
+
+    def allreduce_check(self, spec: InstanceSpec, log: LogFn) -> StepResult:
+        if not spec.nodes:
+            return StepResult({"measured": False, "why": "no nodes"})
+        first = spec.nodes[0]
+        paths = self._paths(spec, first)
+        with self.session(first, last=True) as client:
+            tools = self.run(
+                client, first, CMD_TOOLS, tools=["all_reduce_perf", "nvidia-smi"]
+            ).stdout.split()
+            if "all_reduce_perf" not in tools:
+                why = (
+                    "no GPUs on the test hosts"
+                    if "nvidia-smi" not in tools
+                    else f"nccl-tests' all_reduce_perf is not installed on {first.hostname}"
+                )
+                log(f"all-reduce check not run: {why}")
+                return StepResult({"measured": False, "why": why})
+            result = self.run(
+                client,
+                first,
+                CMD_ALLREDUCE,
+                log=log,
+                env=paths.env,
+                hostfile=paths.hostfile,
+                ranks=sum(len(n.gpus) for n in spec.nodes),
+                check=False,
+            )
+        figures = parse_all_reduce_perf(result.stdout)
+        if result.exit_status != 0 or figures is None:
+            why = f"all_reduce_perf failed (exit {result.exit_status})"
+            log(why)
+            return StepResult({"measured": False, "why": why})
+        log(
+            f"all_reduce_perf over {len(spec.nodes)} nodes: bus bandwidth "
+            f"{figures['busbw_gbps']:.1f} GB/s, 8-byte latency {figures['latency_us']:.1f} µs"
+        )
+        return StepResult({"measured": True, **figures})
+
+    def workload_output(
+        self, spec: InstanceSpec, node: NodeTarget, offset: int, elapsed_s: float, limit: int
+    ) -> WorkloadOutput:
+        """Complete lines the instance's workload printed on ``node`` from line ``offset`` (0 =
+        the first), at most ``limit``, and whether it still runs. ``elapsed_s`` is unused here."""
+        paths = self._paths(spec, node)
+        runtime = self._runtime(node)
+        cap = TAIL_BYTES // 2
+        args: dict[str, Arg] = {"start": offset + 1, "lines": max(1, limit), "bytes": cap}
+        with self.session(node) as client:
+            if runtime == "docker":
+                result = self.run(
+                    client,
+                    node,
+                    CMD_READ_DOCKER_OUTPUT,
+                    name=spec.slug,
+                    fmt="{{.State.Running}}",
+                    check=False,
+                    **args,
+                )
+            else:
+                result = self.run(
+                    client,
+                    node,
+                    CMD_READ_OUTPUT,
+                    output=paths.log,
+                    pid=paths.pid,
+                    check=False,
+                    **args,
+                )
+        running = "__exited__" not in result.stderr
+        text = result.stdout
+        parts = text.split("\n")
+        if text.endswith("\n"):
+            lines = parts[:-1]
+        elif not running:
+            lines = parts if text else []  # the workload ended: its last line is complete
+        elif len(parts) > 1:
+            lines = parts[:-1]  # the last line is still being written: read it next time
+        elif len(text.encode()) >= cap:
+            lines = [text]  # one line longer than a read: take it as it is
+        else:
+            lines = []
+        return WorkloadOutput(lines[:limit], running)
+
+    def teardown(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
+        paths = self._paths(spec, node)
+        runtime = self._runtime(node)
+        links = [paths.pfs] + [paths.inside(t) for _src, t in self._asset_mounts(spec)]
+        with self.session(node, last=True) as client:
+            if runtime == "docker":
+                self.run(client, node, CMD_STOP_DOCKER, name=spec.slug, log=log)
+            elif runtime == "enroot":
+                self.run(client, node, CMD_STOP_ENROOT, pid=paths.pid, name=spec.slug, log=log)
+            else:
+                self.run(client, node, CMD_STOP_PROCESS, pid=paths.pid, log=log)
+            self.run(client, node, CMD_REMOVE, links=links, root=paths.root, log=log)
+        log(f"stopped {spec.slug} and removed {paths.root}")
+        return StepResult()
+
+
+def _authorized_keys(spec: InstanceSpec) -> str:
+    """The instance owner's key, one line; anything that is not a single key line is dropped."""
+    key = " ".join((spec.ssh_public_key or "").split())
+    if not key or not re.match(r"^(ssh-|ecdsa-|sk-)[A-Za-z0-9@.-]+ [A-Za-z0-9+/=]+( .*)?$", key):
+        return ""
+    return key + "\n"
+
+
+def parse_all_reduce_perf(text: str) -> dict[str, float] | None:
+    """nccl-tests' output: the average bus bandwidth and the smallest message's time."""
+    busbw = re.search(r"#\s*Avg bus bandwidth\s*:\s*([0-9.]+)", text)
+    if busbw is None:
+        return None
+    latency = None
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0].isdigit() and len(fields) >= 8:
+            try:
+                latency = float(fields[5])  # out-of-place time (us) of the first (smallest) size
+            except ValueError:
+                continue
+            break
+    return {"busbw_gbps": float(busbw.group(1)), "latency_us": latency or 0.0}
