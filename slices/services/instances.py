@@ -345,6 +345,24 @@ def _ssh_key(user: Any, ref: str) -> tuple[str, str]:
     return key.name, key.public_key
 
 
+@dataclass(frozen=True)
+class _CheckedOrder:
+    """An order that passed every check, with what the instance row is made of."""
+
+    model: GpuModel
+    region: Region | None
+    name: str
+    env: dict[str, str]
+    per_hour: Decimal
+    image: str
+    container: str
+    entrypoint: str
+    mounts: list[dict[str, Any]]
+    ssh: tuple[str, str]
+    auto_release_at: datetime | None
+    disks: Any
+
+
 def order_instance(
     user: Any, req: OrderRequest, *, idempotency_key: str | None = None
 ) -> tuple[Instance, bool]:
@@ -360,13 +378,23 @@ def order_instance(
         existing = _replay(user, idempotency_key, fingerprint)
         if existing is not None:
             return existing, False
-    model = resolve_gpu_model(req.gpu_model)
-    region_code, order_disks = disk_service.resolve_for_order(user, req.disks, req.region)
-    region = None
-    if region_code:
-        region = Region.objects.filter(code=region_code).first()
-        if region is None:
-            raise OrderRefused(gettext_noop("Unknown region %(region)s."), region=region_code)
+    checked = _check_order(user, req)
+    try:
+        with transaction.atomic():
+            created = _create_and_allocate(user, req, checked, idempotency_key, fingerprint)
+            disk_service.attach_for_order(created, checked.disks)
+            return created, True
+    except IntegrityError:
+        # The same Idempotency-Key committed by a concurrent request first: answer with its result.
+        if idempotency_key:
+            existing = _replay(user, idempotency_key, fingerprint)
+            if existing is not None:
+                return existing, False
+        raise
+
+
+def _check_shape(req: OrderRequest) -> None:
+    """Card count, billing mode and release time make sense (before anything is looked up)."""
     if req.cards not in topology.HOST_SIZES and (
         req.cards <= 0 or req.cards % topology.SLICE_UNIT_GPUS
     ):
@@ -378,11 +406,23 @@ def order_instance(
         )
     if req.billing_mode not in BillingMode.values:
         raise OrderRefused(gettext_noop("Unknown billing mode %(mode)s."), mode=req.billing_mode)
-    now = timezone.now()
-    if req.auto_release_at is not None and req.auto_release_at <= now + timedelta(minutes=1):
+    if req.auto_release_at is not None and req.auto_release_at <= timezone.now() + timedelta(
+        minutes=1
+    ):
         raise OrderRefused(gettext_noop("The automatic release time must be in the future."))
-    name = _clean_name(req.name, f"{model.code}-{req.cards}")
-    env = _clean_env(req.env)
+
+
+def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
+    """Every check of an order that needs no lock: model, region, shape, price and runway,
+    image, mounts, SSH key. Raises the refusal; changes nothing."""
+    model = resolve_gpu_model(req.gpu_model)
+    region_code, order_disks = disk_service.resolve_for_order(user, req.disks, req.region)
+    region = None
+    if region_code:
+        region = Region.objects.filter(code=region_code).first()
+        if region is None:
+            raise OrderRefused(gettext_noop("Unknown region %(region)s."), region=region_code)
+    _check_shape(req)
     price = price_name(model.code)
     if price is None:
         raise billing.PriceNotSet(
@@ -397,40 +437,22 @@ def order_instance(
             image=str(version),
             gpu_model=model.code,
         )
-    mounts = [m.as_dict() for m in marketplace.build_mount_specs(user, list(req.asset_ids))]
-    key_name, public_key = _ssh_key(user, req.ssh_key)
-    auto_release_at = req.auto_release_at
-    if req.billing_mode == BillingMode.TERM and req.term_days:
-        auto_release_at = None  # set when the term starts (at running)
     launch = (version.launch or {}) if version is not None else {}
-    try:
-        with transaction.atomic():
-            created = _create_and_allocate(
-                user,
-                req,
-                model=model,
-                region=region,
-                name=name,
-                env=env,
-                per_hour=per_hour,
-                image=version.slug if version else "",
-                container=version.container if version else "",
-                entrypoint=req.entrypoint or str(launch.get("command", "")),
-                mounts=mounts,
-                ssh=(key_name, public_key),
-                auto_release_at=auto_release_at,
-                idempotency_key=idempotency_key,
-                fingerprint=fingerprint,
-            )
-            disk_service.attach_for_order(created, order_disks)
-            return created, True
-    except IntegrityError:
-        # The same Idempotency-Key committed by a concurrent request first: answer with its result.
-        if idempotency_key:
-            existing = _replay(user, idempotency_key, fingerprint)
-            if existing is not None:
-                return existing, False
-        raise
+    term = req.billing_mode == BillingMode.TERM and req.term_days
+    return _CheckedOrder(
+        model=model,
+        region=region,
+        name=_clean_name(req.name, f"{model.code}-{req.cards}"),
+        env=_clean_env(req.env),
+        per_hour=per_hour,
+        image=version.slug if version else "",
+        container=version.container if version else "",
+        entrypoint=req.entrypoint or str(launch.get("command", "")),
+        mounts=[m.as_dict() for m in marketplace.build_mount_specs(user, list(req.asset_ids))],
+        ssh=_ssh_key(user, req.ssh_key),
+        auto_release_at=None if term else req.auto_release_at,  # a term sets it at running
+        disks=order_disks,
+    )
 
 
 def _replay(user: Any, key: str, fingerprint: str) -> Instance | None:
@@ -449,18 +471,7 @@ def _replay(user: Any, key: str, fingerprint: str) -> Instance | None:
 def _create_and_allocate(
     user: Any,
     req: OrderRequest,
-    *,
-    model: GpuModel,
-    region: Region | None,
-    name: str,
-    env: dict[str, str],
-    per_hour: Decimal,
-    image: str,
-    container: str,
-    entrypoint: str,
-    mounts: list[dict[str, Any]],
-    ssh: tuple[str, str],
-    auto_release_at: datetime | None,
+    c: _CheckedOrder,
     idempotency_key: str | None,
     fingerprint: str,
 ) -> Instance:
@@ -470,22 +481,22 @@ def _create_and_allocate(
         raise quota_exceeded(limit, used, req.cards)
     instance = Instance.objects.create(
         owner=user,
-        name=name,
+        name=c.name,
         kind=AllocationKind.HOST if req.cards in topology.HOST_SIZES else AllocationKind.SLICE,
-        gpu_model=model,
+        gpu_model=c.model,
         cards=req.cards,
-        region=region,
-        image=image,
-        container=container,
-        entrypoint=entrypoint,
-        mounts=mounts,
-        env=env,
-        ssh_key_name=ssh[0],
-        ssh_public_key=ssh[1],
+        region=c.region,
+        image=c.image,
+        container=c.container,
+        entrypoint=c.entrypoint,
+        mounts=c.mounts,
+        env=c.env,
+        ssh_key_name=c.ssh[0],
+        ssh_public_key=c.ssh[1],
         billing_mode=req.billing_mode,
         term_days=req.term_days if req.billing_mode == BillingMode.TERM else None,
-        quoted_per_hour=per_hour,
-        auto_release_at=auto_release_at,
+        quoted_per_hour=c.per_hour,
+        auto_release_at=c.auto_release_at,
         driver=settings.SLICES_DRIVER,
         idempotency_key=idempotency_key,
         request_fingerprint=fingerprint,
@@ -494,16 +505,23 @@ def _create_and_allocate(
         instance,
         EventKind.STATE,
         code="ordered",
-        params={"cards": req.cards, "gpu_model": model.code, "user": user.get_username()},
+        params={"cards": req.cards, "gpu_model": c.model.code, "user": user.get_username()},
     )
+    _reserve(instance, user, c)
+    _enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
+    return instance
+
+
+def _reserve(instance: Instance, user: Any, c: _CheckedOrder) -> None:
+    """allocating → provisioning: take the GPUs (compare-and-set on the nodes' masks)."""
     transition(instance, InstanceState.ALLOCATING, code="allocating")
     # NoCapacity propagates and rolls the whole order back: a loser keeps nothing.
     allocation = allocate(
         user,
-        req.cards,
-        model.code,
-        region.code if region else None,
-        ends_at=auto_release_at,
+        instance.cards,
+        c.model.code,
+        c.region.code if c.region else None,
+        ends_at=c.auto_release_at,
         label=f"instance {instance.public_id}",
     )
     parts = list(allocation.nodes.select_related("node").order_by("rank"))
@@ -525,13 +543,11 @@ def _create_and_allocate(
         instance,
         InstanceState.PROVISIONING,
         code="allocated",
-        params={"cards": req.cards, "nodes": len(parts), "cluster": allocation.cluster.code},
+        params={"cards": instance.cards, "nodes": len(parts), "cluster": allocation.cluster.code},
         allocation=allocation,
         region=allocation.cluster.region,
         partition_key=pkey,
     )
-    _enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
-    return instance
 
 
 def _enqueue_on_commit(task_name: str, instance_id: int) -> None:
