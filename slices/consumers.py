@@ -4,6 +4,7 @@ telemetry."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -107,7 +108,7 @@ class TelemetryConsumer(ForwardingJsonConsumer):
                 return
             self.group = telemetry_instance_group(kwargs["public_id"])
             self.stream = "instance"
-        self._latest: dict[str, Any] | None = None
+        self._latest: str | None = None  # the newest sample, JSON
         self._skipped = 0
         self._ready = asyncio.Event()
         self._unacked = 0
@@ -130,9 +131,12 @@ class TelemetryConsumer(ForwardingJsonConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def telemetry_sample(self, event: dict[str, Any]) -> None:
+        """``text``: the payload as the relay encoded it once for every watcher (``payload``: a
+        dict, encoded here)."""
         if self._latest is not None:
             self._skipped += 1  # the client has not taken the previous one yet: replace it
-        self._latest = event["payload"]
+        text = event.get("text")
+        self._latest = text if isinstance(text, str) else json.dumps(event["payload"])
         self._ready.set()
 
     async def receive_message(self, message: dict[str, Any]) -> None:
@@ -152,4 +156,6 @@ class TelemetryConsumer(ForwardingJsonConsumer):
             if payload is None:
                 continue
             self._unacked += 1
-            await self.send_json({"kind": "sample", "skipped": skipped, "payload": payload})
+            await self.send(
+                text_data=f'{{"kind":"sample","skipped":{skipped},"payload":{payload}}}'
+            )

@@ -3,6 +3,7 @@ simulated fleet (SIM_TIME_SCALE=0), the real in-process channel layer and a real
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -98,10 +99,11 @@ def test_relay_samples_a_running_instance_into_its_ring_and_groups(order) -> Non
 
     message = async_to_sync(layer.receive)(inst_ch)
     assert message["type"] == "telemetry.sample"
-    assert message["payload"]["g"] == rows
-    assert len(message["payload"]["detail"]) == 8
-    assert message["payload"]["detail"][0]["uuid"].startswith("GPU-")
-    heat = async_to_sync(layer.receive)(clus_ch)["payload"]
+    live = json.loads(message["text"])  # encoded once by the relay for every watcher
+    assert live["g"] == rows
+    assert len(live["detail"]) == 8
+    assert live["detail"][0]["uuid"].startswith("GPU-")
+    heat = json.loads(async_to_sync(layer.receive)(clus_ch)["text"])
     hostname = instance.nodes.get().hostname
     assert list(heat["nodes"]) == [hostname] and len(heat["nodes"][hostname]) == 8
 
