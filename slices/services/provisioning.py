@@ -226,6 +226,103 @@ def _provision(instance: Instance, driver: NodeDriver) -> str:
 _KNOWN = set(FAILURE_TEXT)  # driver error codes with a message of their own
 
 
+class _NodeSteps:
+    """Runs every node's remaining steps in a thread pool, nodes in parallel, and records each
+    result from the calling thread (the only one that touches the database)."""
+
+    def __init__(
+        self, instance: Instance, driver: NodeDriver, spec: InstanceSpec,
+        runs: dict[int, _NodeRun], logs: _Logs,
+    ) -> None:  # fmt: skip
+        self.instance, self.spec, self.runs, self.logs = instance, spec, runs, logs
+        self.ops = {
+            lifecycle.Step.CONNECT: driver.connect,
+            lifecycle.Step.PREPARE: driver.prepare,
+            lifecycle.Step.MOUNT: driver.mount,
+            lifecycle.Step.START: driver.start,
+            lifecycle.Step.HEALTH: driver.health,
+        }
+        self.backoff = float(settings.SLICES_RETRY_BACKOFF_SECONDS)
+        self.pending: dict[Future[Any], tuple[int, lifecycle.Step]] = {}
+        self.failure: tuple[str, dict[str, Any]] | None = None
+
+    def run(self) -> tuple[str, dict[str, Any]] | None:
+        """The first permanent failure (code, params), or None when every node is done."""
+        workers = max(1, min(len(self.runs), int(settings.SLICES_PROVISION_THREADS)))
+        last_renew = time.monotonic()
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="provision") as pool:
+            for rank in sorted(self.runs):
+                self.submit(pool, rank)
+            while self.pending:
+                done, _ = wait(
+                    list(self.pending), timeout=LOG_FLUSH_SECONDS, return_when=FIRST_COMPLETED
+                )
+                record_logs(self.instance, self.logs.drain())
+                if time.monotonic() - last_renew > lease_seconds() / 3:
+                    renew_lease(self.instance)
+                    last_renew = time.monotonic()
+                for fut in done:
+                    rank, step = self.pending.pop(fut)
+                    try:
+                        fut.result()
+                    except DriverError as exc:
+                        self.failed(pool, rank, step, exc)
+                    else:
+                        self.succeeded(pool, rank, step)
+        return self.failure
+
+    def submit(self, pool: ThreadPoolExecutor, rank: int, delay: float = 0.0) -> None:
+        run = self.runs[rank]
+        step = lifecycle.next_step(run.part.step)
+        while step is not None and step not in self.ops:
+            # "ready" has no node work: record it with the last real step
+            _record_step(self.instance, run, step)
+            step = lifecycle.next_step(run.part.step)
+        if step is None:
+            return
+        op, sink, target, spec = (
+            self.ops[step],
+            self.logs.sink(run.target.hostname, step),
+            run.target,
+            self.spec,
+        )
+
+        def call() -> Any:
+            if delay:
+                time.sleep(delay)
+            return op(spec, target, sink)
+
+        self.pending[pool.submit(call)] = (rank, step)
+
+    def succeeded(self, pool: ThreadPoolExecutor, rank: int, step: lifecycle.Step) -> None:
+        run = self.runs[rank]
+        run.attempts = 0
+        _record_step(self.instance, run, step)
+        # A release requested meanwhile stops the loop quietly (its teardown is queued).
+        if self.failure is None and _still_provisioning(self.instance):
+            self.submit(pool, rank)
+
+    def failed(
+        self, pool: ThreadPoolExecutor, rank: int, step: lifecycle.Step, exc: DriverError
+    ) -> None:
+        run = self.runs[rank]
+        run.attempts += 1
+        if not exc.permanent and run.attempts < MAX_STEP_ATTEMPTS and self.failure is None:
+            delay = self.backoff * 2 ** (run.attempts - 1)
+            record_event(
+                self.instance, EventKind.STEP, code="step_retry", step=step,
+                node=run.target.hostname, level=EventLevel.WARNING,
+                params={"step": step, "error": exc.detail or exc.code,
+                        "delay": round(delay, 2), "attempt": run.attempts + 1},
+            )  # fmt: skip
+            self.submit(pool, rank, delay)
+            return
+        _node_failed(self.instance, run, step, exc)
+        if self.failure is None:
+            code = exc.code if exc.code in _KNOWN else "driver_error"
+            self.failure = (code, {"error": exc.detail or exc.code, "node": run.target.hostname})
+
+
 def _run_nodes(
     instance: Instance,
     driver: NodeDriver,
@@ -234,86 +331,7 @@ def _run_nodes(
     logs: _Logs,
 ) -> tuple[str, dict[str, Any]] | None:
     """Every node's remaining steps, nodes in parallel; the first permanent failure stops it."""
-    ops = {
-        lifecycle.Step.CONNECT: driver.connect,
-        lifecycle.Step.PREPARE: driver.prepare,
-        lifecycle.Step.MOUNT: driver.mount,
-        lifecycle.Step.START: driver.start,
-        lifecycle.Step.HEALTH: driver.health,
-    }
-    backoff = float(settings.SLICES_RETRY_BACKOFF_SECONDS)
-    pending: dict[Future[Any], tuple[int, lifecycle.Step]] = {}
-    workers = max(1, min(len(runs), int(settings.SLICES_PROVISION_THREADS)))
-    failure: tuple[str, dict[str, Any]] | None = None
-    last_renew = time.monotonic()
-
-    def submit(pool: ThreadPoolExecutor, rank: int, delay: float = 0.0) -> None:
-        run = runs[rank]
-        step = lifecycle.next_step(run.part.step)
-        while step is not None and step not in ops:
-            # "ready" has no node work: record it with the last real step
-            _record_step(instance, run, step)
-            step = lifecycle.next_step(run.part.step)
-        if step is None:
-            return
-        sink = logs.sink(run.target.hostname, step)
-
-        def call() -> Any:
-            if delay:
-                time.sleep(delay)
-            return ops[step](spec, run.target, sink)
-
-        pending[pool.submit(call)] = (rank, step)
-
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="provision") as pool:
-        for rank in sorted(runs):
-            submit(pool, rank)
-        while pending:
-            done, _ = wait(list(pending), timeout=LOG_FLUSH_SECONDS, return_when=FIRST_COMPLETED)
-            record_logs(instance, logs.drain())
-            if time.monotonic() - last_renew > lease_seconds() / 3:
-                renew_lease(instance)
-                last_renew = time.monotonic()
-            for fut in done:
-                rank, step = pending.pop(fut)
-                run = runs[rank]
-                try:
-                    fut.result()
-                except DriverError as exc:
-                    run.attempts += 1
-                    if not exc.permanent and run.attempts < MAX_STEP_ATTEMPTS and failure is None:
-                        delay = backoff * 2 ** (run.attempts - 1)
-                        record_event(
-                            instance,
-                            EventKind.STEP,
-                            code="step_retry",
-                            step=step,
-                            node=run.target.hostname,
-                            level=EventLevel.WARNING,
-                            params={
-                                "step": step,
-                                "error": exc.detail or exc.code,
-                                "delay": round(delay, 2),
-                                "attempt": run.attempts + 1,
-                            },
-                        )
-                        submit(pool, rank, delay)
-                        continue
-                    _node_failed(instance, run, step, exc)
-                    if failure is None:
-                        code = exc.code if exc.code in _KNOWN else "driver_error"
-                        failure = (
-                            code,
-                            {"error": exc.detail or exc.code, "node": run.target.hostname},
-                        )
-                    continue
-                run.attempts = 0
-                _record_step(instance, run, step)
-                if failure is None and _still_provisioning(instance):
-                    submit(pool, rank)
-                elif failure is None:
-                    failure = None  # released meanwhile: stop quietly, teardown is queued
-    return failure
+    return _NodeSteps(instance, driver, spec, runs, logs).run()
 
 
 def _record_step(instance: Instance, run: _NodeRun, step: lifecycle.Step) -> None:
