@@ -17,13 +17,14 @@ from urllib.parse import urlencode
 
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Model, Prefetch, Q
+from django.db.models import Count, Prefetch, Q
 from django.http import Http404
 from django.utils import timezone
 from django.utils.text import Truncator
 from django.utils.translation import gettext_noop
 
 from console.errors import DomainError, ErrorCode
+from console.loading import LoadReport, upsert
 from marketplace import catalogue, mounts
 from marketplace.choices import AssetKind
 from marketplace.models import Asset, Image, ImageVersion, License, LicenseAcceptance, pack
@@ -308,27 +309,6 @@ def forget_facets() -> None:
 
 
 # --- loading ------------------------------------------------------------------------------------
-@dataclass
-class LoadReport:
-    created: dict[str, int] = field(default_factory=dict)
-    updated: dict[str, int] = field(default_factory=dict)
-    unchanged: dict[str, int] = field(default_factory=dict)
-
-    def add(self, what: str, outcome: str, n: int = 1) -> None:
-        if not n:
-            return
-        bucket = getattr(self, outcome)
-        bucket[what] = bucket.get(what, 0) + n
-
-    def summary(self) -> str:
-        whats = sorted({*self.created, *self.updated, *self.unchanged})
-        return "; ".join(
-            f"{w}: {self.created.get(w, 0)} created, {self.updated.get(w, 0)} updated, "
-            f"{self.unchanged.get(w, 0)} unchanged"
-            for w in whats
-        )
-
-
 _ASSET_FIELDS = (
     "slug",
     "name",
@@ -432,22 +412,9 @@ def _sync_assets(
     report.add(what, "updated", len(changed))
 
 
-def _upsert(model: type[Model], lookup: dict[str, Any], values: dict[str, Any]) -> tuple[Any, str]:
-    """Create or update one row by ``lookup``; says whether it was created, updated or unchanged."""
-    obj = model._default_manager.filter(**lookup).first()
-    if obj is None:
-        return model._default_manager.create(**lookup, **values), "created"
-    if all(getattr(obj, k) == v for k, v in values.items()):
-        return obj, "unchanged"
-    for k, v in values.items():
-        setattr(obj, k, v)
-    obj.save()
-    return obj, "updated"
-
-
 def _sync_images(report: LoadReport) -> None:
     for position, rec in enumerate(catalogue.read_images()):
-        image, outcome = _upsert(
+        image, outcome = upsert(
             Image,
             {"slug": rec.slug},
             {
@@ -460,7 +427,7 @@ def _sync_images(report: LoadReport) -> None:
         )
         report.add("images", outcome)
         for vpos, v in enumerate(rec.versions):
-            _, outcome = _upsert(
+            _, outcome = upsert(
                 ImageVersion,
                 {"slug": v.slug},
                 {

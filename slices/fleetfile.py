@@ -240,6 +240,32 @@ def _cluster(
     seen_hosts: dict[str, int],
     seen_addresses: dict[str, int],
 ) -> ClusterSpec:
+    code, model = _cluster_identity(c, models, seen_clusters)
+    fabric, gpn, numa, per_hca, rails = _cluster_shape(c)
+    link_gbps, leaf_ports = FABRICS[fabric]
+    sizes = _su_sizes(c, fabric)
+    sus = _cluster_nodes(c, code, region, sizes, seen_hosts, seen_addresses)
+    return ClusterSpec(
+        code=code,
+        name=_get(c, "name", str, False, code),
+        region=region,
+        gpu_model=model,
+        fabric=fabric,
+        gpus_per_node=gpn,
+        sus=tuple(sus),
+        numa_nodes=numa,
+        gpus_per_hca=per_hca,
+        rails=rails,
+        link_gbps=link_gbps,
+        leaf_ports=leaf_ports,
+        line=c.line,
+    )
+
+
+def _cluster_identity(
+    c: _LDict, models: Mapping[str, GpuModelSpec], seen_clusters: set[str]
+) -> tuple[str, str]:
+    """The cluster's code (new in the file) and its GPU model (declared in gpu_models)."""
     _no_unknown(c, _CLUSTER_KEYS, "a cluster")
     code = _get(c, "code", str)
     if not CODE_RE.match(code):
@@ -254,12 +280,16 @@ def _cluster(
         raise FleetFileError(
             _line(c, "gpu_model"), f"unknown GPU model {model!r}; declare it in gpu_models"
         )
+    return code, model
+
+
+def _cluster_shape(c: _LDict) -> tuple[str, int, int, int, int]:
+    """Fabric, GPUs per node, NUMA nodes, GPUs per HCA and rails, each checked."""
     fabric = _get(c, "fabric", str)
     if fabric not in FABRICS:
         raise FleetFileError(
             _line(c, "fabric"), f"fabric {fabric!r} is not one of {', '.join(FABRICS)}"
         )
-    link_gbps, leaf_ports = FABRICS[fabric]
     gpn = _get(c, "gpus_per_node", int)
     if gpn not in (1, 2, 4, 8):
         raise FleetFileError(_line(c, "gpus_per_node"), "gpus_per_node must be 1, 2, 4 or 8")
@@ -272,7 +302,13 @@ def _cluster(
         )
     if per_hca < 1 or gpn % per_hca:
         raise FleetFileError(_line(c, "gpus_per_hca"), "gpus_per_hca must divide gpus_per_node")
+    return fabric, gpn, numa, per_hca, rails
 
+
+def _su_sizes(c: _LDict, fabric: str) -> list[int]:
+    """Nodes per scalable unit (given as a list, or as nodes + su_nodes), checked against what a
+    leaf and a two-level tree of the fabric hold."""
+    leaf_ports = FABRICS[fabric][1]
     if "scalable_units" in c:
         if "su_nodes" in c or "nodes" in c:
             raise FleetFileError(
@@ -306,7 +342,19 @@ def _cluster(
         spine_sus = leaf_ports  # two-level fat tree: a spine port per leaf
         if len(sizes) > spine_sus:
             raise FleetFileError(size_line, f"{len(sizes)} SUs exceed a two-level {fabric} tree")
+    return sizes
 
+
+def _cluster_nodes(
+    c: _LDict,
+    code: str,
+    region: str,
+    sizes: list[int],
+    seen_hosts: dict[str, int],
+    seen_addresses: dict[str, int],
+) -> list[ScalableUnitSpec]:
+    """The SUs' nodes named from the hostname and address templates (unique over the file), with
+    their pinned host keys."""
     host_tpl = _get(c, "hostname", str)
     addr_tpl = _get(c, "address", str)
     port = _get(c, "ssh_port", int, False, 22)
@@ -349,18 +397,4 @@ def _cluster(
             raise FleetFileError(
                 _line(keys, host), "host keys are pinned as SHA256:<base64> fingerprints"
             )
-    return ClusterSpec(
-        code=code,
-        name=_get(c, "name", str, False, code),
-        region=region,
-        gpu_model=model,
-        fabric=fabric,
-        gpus_per_node=gpn,
-        sus=tuple(sus),
-        numa_nodes=numa,
-        gpus_per_hca=per_hca,
-        rails=rails,
-        link_gbps=link_gbps,
-        leaf_ports=leaf_ports,
-        line=c.line,
-    )
+    return sus

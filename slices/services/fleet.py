@@ -12,9 +12,10 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Model
 from django.utils import timezone
 
+from console import loading
+from console.loading import update_changed, upsert_counted
 from slices import topology
 from slices.choices import (
     SCHEDULABLE_STATES,
@@ -44,9 +45,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class LoadReport:
-    created: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    updated: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+class LoadReport(loading.LoadReport):
     missing_nodes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -78,33 +77,20 @@ def load_fleet(spec: topology.FleetSpec) -> LoadReport:
     Nodes that left the file are kept (they may hold GPUs) but flagged and put in maintenance.
     """
     report = LoadReport()
-
-    def upsert(
-        model: type[Model], lookup: dict[str, Any], values: dict[str, Any], label: str
-    ) -> Any:
-        obj = model._default_manager.filter(**lookup).first()
-        if obj is None:
-            report.created[label] += 1
-            return model._default_manager.create(**lookup, **values)
-        changed = [k for k, v in values.items() if getattr(obj, k) != v]
-        if changed:
-            for k in changed:
-                setattr(obj, k, values[k])
-            obj.save(update_fields=changed)
-            report.updated[label] += 1
-        return obj
-
     regions = {
-        r.code: upsert(
+        r.code: upsert_counted(
+            report,
+            "regions",
             Region,
             {"code": r.code},
             {"name": r.name, "name_zh": r.name_zh, "position": i},
-            "regions",
         )
         for i, r in enumerate(spec.regions)
     }
     models_ = {
-        m.code: upsert(
+        m.code: upsert_counted(
+            report,
+            "GPU models",
             GpuModel,
             {"code": m.code},
             {
@@ -112,101 +98,124 @@ def load_fleet(spec: topology.FleetSpec) -> LoadReport:
                 "nvlink_gbps": m.nvlink_gbps,
                 "demand": {str(k): v for k, v in sorted(spec.demand.get(m.code, {}).items())},
             },
-            "GPU models",
         )
         for m in spec.gpu_models
     }
     seen_hosts: set[str] = set()
     existing_nodes = {n.hostname: n for n in Node.objects.all()}
     for position, cs in enumerate(spec.clusters):
-        cluster = upsert(
-            Cluster,
-            {"code": cs.code},
-            {
-                "name": cs.name,
-                "region": regions[cs.region],
-                "gpu_model": models_[cs.gpu_model],
-                "fabric": cs.fabric,
-                "gpus_per_node": cs.gpus_per_node,
-                "numa_nodes": cs.numa_nodes,
-                "gpus_per_hca": cs.gpus_per_hca,
-                "rails": cs.rails,
-                "link_gbps": cs.link_gbps,
-                "leaf_ports": cs.leaf_ports,
-                "position": position,
-            },
-            "clusters",
-        )
-        for rail in range(cs.rails):
-            upsert(SpineGroup, {"cluster": cluster, "rail": rail}, {}, "spine groups")
-        layout = _gpu_layout(cs)
-        full = (1 << cs.gpus_per_node) - 1
-        new_nodes: list[Node] = []
+        cluster = _load_cluster(cs, position, regions[cs.region], models_[cs.gpu_model], report)
         for su_spec in cs.sus:
-            su = upsert(
-                ScalableUnit,
-                {"cluster": cluster, "index": su_spec.index},
-                {"name": su_spec.name, "capacity": su_spec.capacity},
-                "scalable units",
-            )
-            for i, ns in enumerate(su_spec.nodes):
-                seen_hosts.add(ns.hostname)
-                values = {
-                    "cluster": cluster,
-                    "su": su,
-                    "index": i,
-                    "address": ns.address,
-                    "ssh_port": ns.ssh_port,
-                    "host_key_fingerprint": ns.host_key,
-                    "gpu_model": models_[cs.gpu_model],
-                    "gpus_per_node": cs.gpus_per_node,
-                    "layout": {
-                        "numa_nodes": cs.numa_nodes,
-                        "gpus_per_hca": cs.gpus_per_hca,
-                        "rails": cs.rails,
-                        "nvlink": bool(models_[cs.gpu_model].nvlink_gbps),
-                    },
-                    "in_fleet_file": True,
-                }
-                node = existing_nodes.get(ns.hostname)
-                if node is None:
-                    new_nodes.append(Node(hostname=ns.hostname, free_mask=full, **values))
-                    continue
-                changed = [k for k, v in values.items() if getattr(node, k) != v]
-                if changed:
-                    for k in changed:
-                        setattr(node, k, values[k])
-                    node.save(update_fields=changed)
-                    report.updated["nodes"] += 1
-        if new_nodes:
-            Node.objects.bulk_create(new_nodes, batch_size=500)
-            report.created["nodes"] += len(new_nodes)
-        # GPUs: one row per index, created once (the UUID is derived from hostname and index).
-        have = set(GPU.objects.filter(node__cluster=cluster).values_list("node_id", "index"))
-        new_gpus = [
-            GPU(
-                node_id=node_id,
-                index=i,
-                uuid=uuid.uuid5(GPU_UUID_NAMESPACE, f"{hostname}:{i}"),
-                numa_node=layout[i][0],
-                hca=layout[i][1],
-            )
-            for node_id, hostname in Node.objects.filter(cluster=cluster).values_list(
-                "id", "hostname"
-            )
-            for i in range(cs.gpus_per_node)
-            if (node_id, i) not in have
-        ]
-        if new_gpus:
-            GPU.objects.bulk_create(new_gpus, batch_size=1000)
-            report.created["GPUs"] += len(new_gpus)
-    gone = [h for h in existing_nodes if h not in seen_hosts]
+            seen_hosts.update(ns.hostname for ns in su_spec.nodes)
+        _load_nodes(cs, cluster, models_[cs.gpu_model], existing_nodes, report)
+        _load_gpus(cs, cluster, report)
+    _flag_missing_nodes([h for h in existing_nodes if h not in seen_hosts], report)
+    return report
+
+
+def _load_cluster(
+    cs: topology.ClusterSpec, position: int, region: Region, model: GpuModel, report: LoadReport
+) -> Cluster:
+    """The cluster's row and one spine group per rail."""
+    cluster: Cluster = upsert_counted(
+        report,
+        "clusters",
+        Cluster,
+        {"code": cs.code},
+        {
+            "name": cs.name,
+            "region": region,
+            "gpu_model": model,
+            "fabric": cs.fabric,
+            "gpus_per_node": cs.gpus_per_node,
+            "numa_nodes": cs.numa_nodes,
+            "gpus_per_hca": cs.gpus_per_hca,
+            "rails": cs.rails,
+            "link_gbps": cs.link_gbps,
+            "leaf_ports": cs.leaf_ports,
+            "position": position,
+        },
+    )
+    for rail in range(cs.rails):
+        upsert_counted(report, "spine groups", SpineGroup, {"cluster": cluster, "rail": rail}, {})
+    return cluster
+
+
+def _load_nodes(
+    cs: topology.ClusterSpec,
+    cluster: Cluster,
+    model: GpuModel,
+    existing_nodes: dict[str, Node],
+    report: LoadReport,
+) -> None:
+    """The cluster's scalable units and nodes: existing nodes updated, new ones made in bulk."""
+    full = (1 << cs.gpus_per_node) - 1
+    new_nodes: list[Node] = []
+    for su_spec in cs.sus:
+        su = upsert_counted(
+            report,
+            "scalable units",
+            ScalableUnit,
+            {"cluster": cluster, "index": su_spec.index},
+            {"name": su_spec.name, "capacity": su_spec.capacity},
+        )
+        for i, ns in enumerate(su_spec.nodes):
+            values = {
+                "cluster": cluster,
+                "su": su,
+                "index": i,
+                "address": ns.address,
+                "ssh_port": ns.ssh_port,
+                "host_key_fingerprint": ns.host_key,
+                "gpu_model": model,
+                "gpus_per_node": cs.gpus_per_node,
+                "layout": {
+                    "numa_nodes": cs.numa_nodes,
+                    "gpus_per_hca": cs.gpus_per_hca,
+                    "rails": cs.rails,
+                    "nvlink": bool(model.nvlink_gbps),
+                },
+                "in_fleet_file": True,
+            }
+            node = existing_nodes.get(ns.hostname)
+            if node is None:
+                new_nodes.append(Node(hostname=ns.hostname, free_mask=full, **values))
+            elif update_changed(node, values):
+                report.add("nodes", "updated")
+    if new_nodes:
+        Node.objects.bulk_create(new_nodes, batch_size=500)
+        report.add("nodes", "created", len(new_nodes))
+
+
+def _load_gpus(cs: topology.ClusterSpec, cluster: Cluster, report: LoadReport) -> None:
+    """One GPU row per node and index, created once (the UUID is derived from hostname and
+    index)."""
+    layout = _gpu_layout(cs)
+    have = set(GPU.objects.filter(node__cluster=cluster).values_list("node_id", "index"))
+    new_gpus = [
+        GPU(
+            node_id=node_id,
+            index=i,
+            uuid=uuid.uuid5(GPU_UUID_NAMESPACE, f"{hostname}:{i}"),
+            numa_node=layout[i][0],
+            hca=layout[i][1],
+        )
+        for node_id, hostname in Node.objects.filter(cluster=cluster).values_list("id", "hostname")
+        for i in range(cs.gpus_per_node)
+        if (node_id, i) not in have
+    ]
+    if new_gpus:
+        GPU.objects.bulk_create(new_gpus, batch_size=1000)
+        report.add("GPUs", "created", len(new_gpus))
+
+
+def _flag_missing_nodes(gone: list[str], report: LoadReport) -> None:
+    """Nodes no longer in the file: kept (they may hold GPUs), flagged and put in maintenance."""
     if gone:
         Node.objects.filter(hostname__in=gone).update(
             in_fleet_file=False, state=NodeState.MAINTENANCE
         )
         report.missing_nodes = sorted(gone)
-    return report
 
 
 # ---------------------------------------------------------------------------------------------
