@@ -39,7 +39,13 @@ from slices.services.provisioning import build_spec
 from slices.telemetry.groups import cluster_group, instance_group
 from slices.telemetry.ring import MemoryRing, RedisRing, Ring
 from slices.telemetry.rollup import MinuteAccumulator
-from slices.telemetry.samples import ROW_COLUMNS, SampleError, gpu_row, parse_sample
+from slices.telemetry.samples import (
+    ROW_COLUMNS,
+    NodeSample,
+    SampleError,
+    gpu_row,
+    parse_sample,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +88,7 @@ class _NodeFeed:
     host: str
     cluster: str
     source: TelemetrySource
+    source_gpus: tuple[int, ...] = ()
     last_xid: dict[int, int] = field(default_factory=dict)
 
 
@@ -149,6 +156,7 @@ class Relay:
                 host=n.hostname,
                 cluster=str(clusters.get(n.rank, "")),
                 source=_source(driver, spec, n, instance.gpu_model.code),
+                source_gpus=n.gpus,
             )
             for n in spec.nodes
         ]
@@ -181,11 +189,12 @@ class Relay:
         latest: dict[str, dict[str, Any]] = {}
         sends: list[tuple[str, dict[str, Any]]] = []
         clusters: dict[str, dict[str, list[list[Any]]]] = {}
+        parsed: list[tuple[_InstanceFeed, _NodeFeed, NodeSample]] = []
         for feed in self.feeds.values():
             rows: list[list[Any]] = []
             detail: list[dict[str, Any]] = []
-            full: list[dict[str, Any]] = []
             problems: list[dict[str, str]] = []
+            small = sum(len(n.source_gpus) for n in feed.nodes) <= DETAIL_MAX_GPUS
             for node in feed.nodes:
                 try:
                     raw = node.source.read(now)
@@ -205,27 +214,14 @@ class Relay:
                         {"host": node.host, "state": sample.state, "error": sample.error}
                     )
                     continue
+                parsed.append((feed, node, sample))
                 heat = clusters.setdefault(node.cluster, {}).setdefault(node.host, [])
                 for gpu in sample.gpus:
                     row = gpu_row(node.rank, gpu)
                     rows.append(row)
                     heat.append([gpu.index, row[2], row[4], row[5], row[3]])
-                    self.rollups.add(feed.public_id, node.host, gpu, now, feed.simulated)
-                    if gpu.xid:
-                        node.last_xid[gpu.index] = gpu.xid[-1]
-                    d = gpu.detail()
-                    detail.append({"node": node.rank, **d})
-                    full.append(
-                        {
-                            **d,
-                            "host": node.host,
-                            "util": gpu.util_gpu,
-                            "mem_used": gpu.mem_used_mib,
-                            "temp": gpu.temp_c,
-                            "power": gpu.power_w,
-                            "last_xid": node.last_xid.get(gpu.index, 0),
-                        }
-                    )
+                    if small:
+                        detail.append({"node": node.rank, **gpu.detail()})
             stats.gpus += len(rows)
             entry: dict[str, Any] = {"ts": round(now, 3), "seq": self.seq, "g": rows}
             if feed.simulated:
@@ -233,17 +229,35 @@ class Relay:
             if problems:
                 entry["problems"] = problems
             entries[feed.public_id] = entry
-            latest[feed.public_id] = {"ts": round(now, 3), "sim": feed.simulated, "gpus": full}
             live = dict(entry)
-            if len(rows) <= DETAIL_MAX_GPUS:
+            if small:
                 live["detail"] = detail
             sends.append((instance_group(feed.public_id), _message(live)))
         for code, nodes in clusters.items():
             payload = {"ts": round(now, 3), "seq": self.seq, "nodes": nodes}
             sends.append((cluster_group(code), _message(payload)))
-        # Browsers first (latency), then what serves reloads and /metrics.
+        # Browsers first (latency); then the rollups, the ring and the /metrics snapshot.
         if sends and self.layer is not None:
             async_to_sync(self._send_all)(sends)
+        for feed, node, sample in parsed:
+            full = latest.setdefault(
+                feed.public_id, {"ts": round(now, 3), "sim": feed.simulated, "gpus": []}
+            )["gpus"]
+            for gpu in sample.gpus:
+                self.rollups.add(feed.public_id, node.host, gpu, now, feed.simulated)
+                if gpu.xid:
+                    node.last_xid[gpu.index] = gpu.xid[-1]
+                full.append(
+                    {
+                        **gpu.detail(),
+                        "host": node.host,
+                        "util": gpu.util_gpu,
+                        "mem_used": gpu.mem_used_mib,
+                        "temp": gpu.temp_c,
+                        "power": gpu.power_w,
+                        "last_xid": node.last_xid.get(gpu.index, 0),
+                    }
+                )
         if entries:
             self.ring.append_many(entries)
             self.ring.publish_latest(latest)
