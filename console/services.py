@@ -10,7 +10,6 @@ import hashlib
 import hmac
 import logging
 import secrets
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,6 +22,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from console.choices import ApiTokenState
+from console.ids import uuid_or_404
 from console.models import ApiToken, SshKey, TrialCreditClaim, User
 from console.validators import parse_ssh_public_key, validate_display_name
 
@@ -35,24 +35,17 @@ LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
 # --- fetchers -----------------------------------------------------------------------------------
-def _parse_uuid(value: Any) -> uuid.UUID:
-    try:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-    except (TypeError, ValueError, AttributeError):
-        raise Http404 from None
-
-
 def get_ssh_key_for_user(user: User, public_id: Any) -> SshKey:
     """The caller's key, or 404 (also for keys that exist but belong to someone else)."""
     try:
-        return SshKey.objects.for_owner(user).get(public_id=_parse_uuid(public_id))
+        return SshKey.objects.for_owner(user).get(public_id=uuid_or_404(public_id))
     except SshKey.DoesNotExist:
         raise Http404 from None
 
 
 def get_api_token_for_user(user: User, public_id: Any) -> ApiToken:
     try:
-        return ApiToken.objects.for_owner(user).get(public_id=_parse_uuid(public_id))
+        return ApiToken.objects.for_owner(user).get(public_id=uuid_or_404(public_id))
     except ApiToken.DoesNotExist:
         raise Http404 from None
 

@@ -9,7 +9,6 @@ read-only mounts the provisioning drivers apply (see ``marketplace/mounts.py``).
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -24,6 +23,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_noop
 
 from console.errors import DomainError, ErrorCode
+from console.ids import parse_uuid
 from console.loading import LoadReport, upsert
 from marketplace import catalogue, mounts
 from marketplace.choices import AssetKind
@@ -62,13 +62,6 @@ INVALID_MOUNT = ErrorCode.INVALID_MOUNT
 
 
 # --- fetchers -----------------------------------------------------------------------------------
-def _uuid(value: Any) -> uuid.UUID | None:
-    try:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-    except (TypeError, ValueError, AttributeError):
-        return None
-
-
 def get_listed_asset(kind: str, slug: str) -> Asset:
     try:
         return Asset.objects.listed().select_related("license").get(kind=kind, slug=slug)
@@ -86,7 +79,7 @@ def get_asset_by_hub_id(kind: str, hub_id: str) -> Asset:
 
 
 def get_license(public_id: Any) -> License:
-    pk = _uuid(public_id)
+    pk = parse_uuid(public_id)
     if pk is None:
         raise Http404
     try:
@@ -105,7 +98,7 @@ def get_listed_image(slug: str) -> Image:
 def get_image_version(ref: str) -> ImageVersion:
     """A listed image version by slug (what ``?image=`` carries) or public id; 404 otherwise."""
     qs = ImageVersion.objects.listed().select_related("image")
-    pk = _uuid(ref)
+    pk = parse_uuid(ref)
     try:
         return qs.get(public_id=pk) if pk else qs.get(slug=str(ref))
     except ImageVersion.DoesNotExist:
@@ -161,7 +154,7 @@ def build_mount_specs(user: Any, asset_ids: Iterable[Any]) -> list[MountSpec]:
             gettext_noop("At most %(max)d assets can be mounted on one instance."),
             max=mounts.MAX_MOUNTS,
         )
-    ids = {_uuid(a) for a in wanted}
+    ids = {parse_uuid(a) for a in wanted}
     if None in ids:
         raise MountRefused(
             UNKNOWN_ASSET, gettext_noop("Not an asset id."), [str(a) for a in wanted]
@@ -233,7 +226,7 @@ def asset_picker(user: Any, selected_ids: Iterable[Any] = (), q: str = "") -> As
     Unknown or malformed selected ids are dropped silently here; ``build_mount_specs`` is the gate
     that refuses them at order time.
     """
-    ids = [pk for pk in (_uuid(a) for a in list(selected_ids)[: mounts.MAX_MOUNTS]) if pk]
+    ids = [pk for pk in (parse_uuid(a) for a in list(selected_ids)[: mounts.MAX_MOUNTS]) if pk]
     base = Asset.objects.listed().for_list()
     selected = list(base.filter(public_id__in=ids).order_by("kind", "name")) if ids else []
     results: list[Asset] = []

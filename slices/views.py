@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from console.auth import staff_required
 from console.errors import DomainError
 from console.htmx import render_page, stop_polling
+from console.ids import parse_uuid
 from marketplace.services import asset_picker
 from slices import lifecycle, services
 from slices.choices import (
@@ -353,16 +354,6 @@ def ops_instances(request: HttpRequest) -> HttpResponse:
 # ---------------------------------------------------------------------------------------------
 
 
-def _is_uuid(value: str) -> bool:
-    import uuid
-
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return True
-
-
 @login_required
 @require_http_methods(["GET", "POST"])
 def demo(request: HttpRequest, name: str) -> HttpResponse:
@@ -380,7 +371,7 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
         raise Http404
     error: Any = None
     if request.method == "POST":
-        key = request.POST.get("launch_key", "")
+        key = parse_uuid(request.POST.get("launch_key", ""))
         try:
             instance = recipes.launch_recipe(
                 request.user,
@@ -388,7 +379,7 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
                 accept_license=request.POST.get("accept_license") == "on",
                 gpu_model=request.POST.get("gpu_model") or None,
                 # One run per rendering of the page: a double click launches once.
-                idempotency_key=f"demo:{uuid.UUID(key)}" if _is_uuid(key) else None,
+                idempotency_key=f"demo:{key}" if key else None,
             )
         except (DomainError, NoCapacity) as exc:
             error = exc

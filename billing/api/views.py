@@ -24,8 +24,8 @@ from billing.api.serializers import (
 )
 from billing.models import Account, LedgerTransaction, Payment, UsageSession, Wallet
 from console.api.exceptions import ApiError, ErrorCode
+from console.ids import UUID_PATTERN
 
-UUID_PATTERN = "[0-9a-fA-F-]{32,36}"
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
     str,

@@ -15,9 +15,8 @@ from console.api.serializers import (
     SshKeyCreateSerializer,
     SshKeySerializer,
 )
+from console.ids import UUID_PATTERN
 from console.models import ApiToken, SshKey
-
-UUID_PATTERN = "[0-9a-fA-F-]{32,36}"
 
 
 @extend_schema_view(

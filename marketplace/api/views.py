@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.exceptions import ApiError, ErrorCode
+from console.ids import UUID_PATTERN
 from marketplace import services
 from marketplace.api.serializers import (
     AssetDetailSerializer,
@@ -142,7 +143,7 @@ class ImageViewSet(viewsets.ViewSet):
 class LicenseViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = LicenseSerializer
     lookup_field = "public_id"
-    lookup_value_regex = "[0-9a-fA-F-]{32,36}"
+    lookup_value_regex = UUID_PATTERN
     queryset = License.objects.all()
 
     def get_object(self) -> License:

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from console.api.exceptions import ApiError
 from console.errors import ErrorCode
+from console.ids import UUID_PATTERN
 from slices import lifecycle, services
 from slices.api.serializers import (
     AvailabilitySerializer,
@@ -155,7 +156,7 @@ class InstanceViewSet(viewsets.GenericViewSet):
     """GPU hosts and cluster slices: order, follow, release."""
 
     lookup_field = "public_id"
-    lookup_value_regex = "[0-9a-fA-F-]{32,36}"
+    lookup_value_regex = UUID_PATTERN
     serializer_class = InstanceSerializer
 
     def get_queryset(self) -> QuerySet[Instance]:
@@ -331,7 +332,7 @@ class DiskViewSet(viewsets.GenericViewSet):
     """Persistent cloud disks: create, grow, attach to several instances in a region, delete."""
 
     lookup_field = "public_id"
-    lookup_value_regex = "[0-9a-fA-F-]{32,36}"
+    lookup_value_regex = UUID_PATTERN
     serializer_class = DiskSerializer
 
     def get_queryset(self) -> QuerySet[Disk]:

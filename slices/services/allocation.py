@@ -20,6 +20,7 @@ from django.utils import timezone
 from django.utils.translation import gettext, gettext_noop
 
 from console.errors import DomainError, ErrorCode
+from console.ids import parse_uuid
 from slices import topology
 from slices.choices import (
     SCHEDULABLE_STATES,
@@ -335,9 +336,8 @@ def stop_for_billing(resource_kind: str, resource_id: str, reason: str) -> None:
     if resource_kind != ALLOCATION_RESOURCE:
         logger.info("billing stop for %s %s is not a slices resource", resource_kind, resource_id)
         return
-    try:
-        public_id = uuid.UUID(str(resource_id))
-    except ValueError:
+    public_id = parse_uuid(resource_id)
+    if public_id is None:
         logger.warning("billing stop with a malformed allocation id %r", resource_id)
         return
     allocation = Allocation.objects.filter(public_id=public_id).first()

@@ -14,7 +14,6 @@ second), so the free quota counts once per account, not once per disk.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -29,6 +28,7 @@ from django.utils.translation import gettext_noop
 from billing import services as billing
 from billing.choices import Meter
 from console.errors import DomainError, ErrorCode
+from console.ids import uuid_or_404
 from slices.choices import DiskMode, DiskState, EventKind, InstanceState
 from slices.models import Disk, DiskAttachment, Instance, PfsUsage, Region
 
@@ -69,10 +69,7 @@ class DiskInUse(DomainError):
 
 def get_disk_for_user(user: Any, public_id: Any) -> Disk:
     """The caller's live disk, or 404 (another customer's disk does not exist for them)."""
-    try:
-        pid = uuid.UUID(str(public_id))
-    except (TypeError, ValueError):
-        raise Http404 from None
+    pid = uuid_or_404(public_id)
     disk = (
         Disk.objects.for_owner(user).live().select_related("region").filter(public_id=pid).first()
     )

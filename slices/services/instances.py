@@ -14,7 +14,6 @@ import logging
 import math
 import re
 import unicodedata
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import ROUND_UP, Decimal
@@ -30,6 +29,7 @@ from django.utils.translation import gettext_noop
 from billing import services as billing
 from console import services as console_services
 from console.errors import ErrorCode
+from console.ids import parse_uuid
 from marketplace import services as marketplace
 from slices import events, lifecycle, topology
 from slices.choices import AllocationKind, BillingMode, EventKind, EventLevel, InstanceState
@@ -60,16 +60,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # ---------------------------------------------------------------------------------------------
 
 
-def _parse_uuid(value: Any) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(str(value))
-    except (TypeError, ValueError):
-        return None
-
-
 def get_instance_for_user(user: Any, public_id: Any) -> Instance:
     """The caller's instance, or 404 (another customer's instance does not exist for them)."""
-    pid = _parse_uuid(public_id)
+    pid = parse_uuid(public_id)
     if pid is None:
         raise Http404
     instance = (
@@ -84,7 +77,7 @@ def get_instance_for_user(user: Any, public_id: Any) -> Instance:
 
 
 def get_instance_for_operator(public_id: Any) -> Instance:
-    pid = _parse_uuid(public_id)
+    pid = parse_uuid(public_id)
     instance = Instance.objects.filter(public_id=pid).first() if pid else None
     if instance is None:
         raise Http404
@@ -657,7 +650,7 @@ def finish_teardown(instance: Instance) -> bool:
 
 def stop_for_billing(resource_kind: str, resource_id: str, reason: str) -> bool:
     """Billing stopped an instance's usage (balance ran out): release it through the same service."""
-    pid = _parse_uuid(resource_id)
+    pid = parse_uuid(resource_id)
     instance = Instance.objects.filter(public_id=pid).first() if pid else None
     if instance is None:
         return False
