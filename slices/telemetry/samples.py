@@ -91,13 +91,18 @@ def _number(raw: dict[str, Any], key: str, lo: float, hi: float, *, integer: boo
     value = raw.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    kind = type(value)  # exact types: bool (a subclass of int) is refused; called 30,000×/s
+    if kind is int:
+        if lo <= value <= hi:
+            return value
+    elif kind is float:
+        if lo <= value <= hi:  # NaN compares false: refused below as not finite
+            return int(value) if integer else value
+        if not math.isfinite(value):
+            raise SampleError(f"{key} is not finite")
+    else:
         raise SampleError(f"{key} is not a number")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise SampleError(f"{key} is not finite")
-    if not lo <= value <= hi:
-        raise SampleError(f"{key}={value} is out of range")
-    return int(value) if integer else value
+    raise SampleError(f"{key}={value} is out of range")
 
 
 def _text(raw: dict[str, Any], key: str, limit: int = 200) -> str:
