@@ -39,7 +39,10 @@ def demo_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Sta
     servers.manage(env, "demo_setup")
     stack = servers.Stack(env=env, port=servers.free_port(), tmp=tmp)
     try:
-        stack.start_web()
+        try:
+            stack.start_web()
+        except RuntimeError:  # not healthy within 60 s: a loaded machine gets longer
+            stack.wait_healthy(timeout=240)
         yield stack
     finally:
         stack.stop()
@@ -90,31 +93,56 @@ def test_a_script_orders_runs_and_releases_an_8_card_host_and_pays_to_the_second
     stack = demo_stack
     session = httpx.Client(base_url=stack.url, timeout=30)
     _login(session)
+    api = _token_client(session, stack)
+    order = {"gpu_model": MODEL, "cards": 8, "name": "script-host"}
+    free_before = _refused_without_funds(api, order)
+    spendable_before = _top_up(api, session)
+    instance, url = _order_to_running(api, order, stack, free_before)
 
-    # An API token, created through the API with the logged-in session (shown once).
+    # Bill a few seconds (read from the server's own cost, not slept for).
+    _wait_for("two seconds of billing", lambda: _held(api, url), stack)
+
+    final = _release(api, url, stack)
+    charged = _billed_to_the_second(api, url, instance, final)
+    _charge_in_the_transactions(api, charged, spendable_before)
+
+    # And the GPUs are free again.
+    assert _free(api) == free_before
+    session.close()
+    api.close()
+
+
+def _token_client(session: httpx.Client, stack: servers.Stack) -> httpx.Client:
+    """An API token, created through the API with the logged-in session (shown once); the client
+    the script uses from then on, with only the token, no cookie."""
     created = session.post(
         "/api/v1/api-tokens/", json={"name": "order-script"}, headers=_csrf(session)
     )
     assert created.status_code == 201, created.text
     token = created.json()["token"]
     assert token.startswith("gct_")
-    # From here on the script uses only the token, no cookie.
     api = httpx.Client(base_url=stack.url, timeout=30, headers={"Authorization": f"Bearer {token}"})
     assert httpx.get(f"{stack.url}/api/v1/instances/", timeout=30).status_code == 401
+    return api
 
-    # The demo's trial credit (10 元) does not cover an hour of 8 × RTX 4090: the order is
-    # refused with the amount to top up, and nothing is reserved.
+
+def _refused_without_funds(api: httpx.Client, order: dict[str, Any]) -> int:
+    """The demo's trial credit (10 元) does not cover an hour of 8 × RTX 4090: the order is
+    refused with the amount to top up, and nothing is reserved. Returns the free GPUs."""
     free_before = _free(api)
     assert free_before >= 8
-    order = {"gpu_model": MODEL, "cards": 8, "name": "script-host"}
     refused = api.post("/api/v1/instances/", json=order)
     assert refused.status_code == 402, refused.text
     assert refused.json()["error"] == "insufficient_funds"
     assert Decimal(refused.json()["shortfall"]) > 0
     assert _free(api) == free_before
     assert api.get("/api/v1/instances/").json()["results"] == []
+    return free_before
 
-    # Top up through the sandbox: start it with the token, pay on the checkout page.
+
+def _top_up(api: httpx.Client, session: httpx.Client) -> Decimal:
+    """Top up through the sandbox: start it with the token, pay on the checkout page. Returns the
+    spendable balance after it."""
     topup = api.post("/api/v1/billing/top-ups/", json={"amount": "100.00"})
     assert topup.status_code == 201, topup.text
     checkout = topup.json()["checkout_url"]
@@ -129,9 +157,14 @@ def test_a_script_orders_runs_and_releases_an_8_card_host_and_pays_to_the_second
     assert paid.status_code == 302, paid.text[:500]
     wallet = api.get("/api/v1/billing/wallet/").json()
     assert Decimal(wallet["cash"]) == Decimal("100.00")
-    spendable_before = Decimal(wallet["spendable"])
+    return Decimal(wallet["spendable"])
 
-    # Order: 202 with the instance in a transitional state; the same key again is the same order.
+
+def _order_to_running(
+    api: httpx.Client, order: dict[str, Any], stack: servers.Stack, free_before: int
+) -> tuple[dict[str, Any], str]:
+    """Order: 202 with the instance in a transitional state; the same key again is the same
+    order; then running, with its 8 GPUs taken and a usage session open."""
     headers = {"Idempotency-Key": "script-order-1"}
     response = api.post("/api/v1/instances/", json=order, headers=headers)
     assert response.status_code == 202, response.text
@@ -152,20 +185,26 @@ def test_a_script_orders_runs_and_releases_an_8_card_host_and_pays_to_the_second
     assert len(running["nodes"]) == 1  # an 8-card host is one whole node
     assert _free(api) == free_before - 8
     assert api.get("/api/v1/billing/wallet/").json()["open_sessions"] == 1
+    return instance, url
 
-    # Bill a few seconds (read from the server's own cost, not slept for).
-    _wait_for("two seconds of billing", lambda: _held(api, url), stack)
 
+def _release(api: httpx.Client, url: str, stack: servers.Stack) -> dict[str, Any]:
     released = api.post(f"{url}release/")
     assert released.status_code == 202, released.text
     assert released.json()["state"] in {"releasing", "released"}
     assert api.post(f"{url}release/").status_code == 202  # idempotent
-    final = _wait_for(
+    final: dict[str, Any] = _wait_for(
         "released", lambda: (r := api.get(url).json())["state"] == "released" and r, stack
     )
     assert final["ended_at"]
+    return final
 
-    # The usage session: opened at running, closed at the release request, billed to the second.
+
+def _billed_to_the_second(
+    api: httpx.Client, url: str, instance: dict[str, Any], final: dict[str, Any]
+) -> Decimal:
+    """The usage session: opened at running, closed at the release request, billed to the
+    second. Returns the charge."""
     events = api.get(f"{url}events/").json()
     codes = [e["code"] for e in events]
     assert codes.count("running") == 1 and codes.count("billing_started") == 1
@@ -188,20 +227,20 @@ def test_a_script_orders_runs_and_releases_an_8_card_host_and_pays_to_the_second
     charged = Decimal(bill["charged"])
     assert abs(charged - expected) <= Decimal("0.01"), (charged, expected)
     assert charged > 0
+    return charged
 
-    # The wallet's transactions hold that charge (usage postings sum to it), and nothing else
-    # was taken: the balance moved by exactly the charge.
+
+def _charge_in_the_transactions(
+    api: httpx.Client, charged: Decimal, spendable_before: Decimal
+) -> None:
+    """The wallet's transactions hold that charge (usage postings sum to it), and nothing else
+    was taken: the balance moved by exactly the charge."""
     transactions = api.get("/api/v1/billing/transactions/").json()["results"]
     usage_total = sum(Decimal(t["amount"]) for t in transactions if t["kind"] == "usage")
     assert usage_total == -charged, transactions
     wallet = api.get("/api/v1/billing/wallet/").json()
     assert Decimal(wallet["spendable"]) == spendable_before - charged
     assert wallet["open_sessions"] == 0
-
-    # And the GPUs are free again.
-    assert _free(api) == free_before
-    session.close()
-    api.close()
 
 
 def _held(api: httpx.Client, url: str) -> bool:

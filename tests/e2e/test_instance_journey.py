@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
@@ -46,7 +47,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
     servers.manage(env, "demo_setup")
     server = servers.Stack(env=env, port=servers.free_port(), tmp=tmp)
     try:
-        server.start_web()
+        try:
+            server.start_web()
+        except RuntimeError:  # not healthy within 60 s: a loaded machine gets longer
+            server.wait_healthy(timeout=240)
         yield server
     finally:
         server.stop()
@@ -103,8 +107,23 @@ def test_customer_orders_watches_releases_and_pays_to_the_second(
 ) -> None:
     page = customer
     shots = Path(SHOTS) if SHOTS else tmp_path
+    _top_up(page)
+    _order_from_the_form(page)
+    public_id = _provisioning_page(page, shots)
+    api_url = f"/api/v1/instances/{public_id}/"
+    _running_without_a_reload(page, api_url, stack, shots)
 
-    # Top up 100 元 through the sandbox checkout (the trial credit does not cover an hour of 8 cards).
+    # Let it run a couple of seconds (by its running_at; the page does not tick its cost).
+    _wait_until_billed(page, api_url, seconds=2)
+
+    _release_with_confirmation(page, api_url, stack)
+    bill = _usage_row(page, public_id)
+    _billed_to_the_second(page, api_url, public_id, bill)
+
+
+def _top_up(page: Page) -> None:
+    """Top up 100 元 through the sandbox checkout (the trial credit does not cover an hour of 8
+    cards)."""
     page.goto("/billing/")
     page.fill("#id_amount", "100")
     page.click("#topup-form button[type=submit]")
@@ -113,7 +132,9 @@ def test_customer_orders_watches_releases_and_pays_to_the_second(
     expect(page).to_have_url(re.compile(r"/billing/$"))
     expect(page.locator("#balance-cash")).to_contain_text("100.00")
 
-    # The order form: choose the GPU model, then 8 cards (each change re-renders the form).
+
+def _order_from_the_form(page: Page) -> None:
+    """The order form: choose the GPU model, then 8 cards (each change re-renders the form)."""
     page.goto("/instances/new/")
     # (Wait for each re-render: the response to the first change replaces the whole form.)
     page.select_option("#id_gpu_model", "RTX4090")
@@ -126,7 +147,9 @@ def test_customer_orders_watches_releases_and_pays_to_the_second(
     expect(page.locator("#order-button")).to_be_enabled()
     page.click("#order-button")
 
-    # The instance page: it opens while the host is still coming up.
+
+def _provisioning_page(page: Page, shots: Path) -> str:
+    """The instance page: it opens while the host is still coming up. Returns its public id."""
     expect(page).to_have_url(re.compile(r"/instances/[0-9a-f-]{36}/$"))
     public_id = page.url.rstrip("/").rsplit("/", 1)[1]
     badge = page.locator("#instance-state")
@@ -136,10 +159,14 @@ def test_customer_orders_watches_releases_and_pays_to_the_second(
     page.evaluate("window.__sameDocument = 'not reloaded'")
     expect(page.locator("#instance-progress .progress-bar").first).to_be_visible()
     page.screenshot(path=str(shots / "instance-provisioning.png"))
+    return public_id
 
-    # Running, reached by the live region alone: the same document, the SSH command shown. The
-    # server's state is read first, so a slow machine and a page that missed the change fail apart.
-    api_url = f"/api/v1/instances/{public_id}/"
+
+def _running_without_a_reload(page: Page, api_url: str, stack: servers.Stack, shots: Path) -> None:
+    """Running, reached by the live region alone: the same document, the SSH command shown. The
+    server's state is read first, so a slow machine and a page that missed the change fail
+    apart."""
+    badge = page.locator("#instance-state")
     _wait_for_state(page, api_url, "running", stack)
     expect(badge, "the server says running; the page did not follow").to_have_attribute(
         "data-state", "running", timeout=PAGE_MS
@@ -150,10 +177,10 @@ def test_customer_orders_watches_releases_and_pays_to_the_second(
     expect(page.locator("#instance-logs")).not_to_be_empty()  # log lines pushed as they came
     page.screenshot(path=str(shots / "instance-running.png"))
 
-    # Let it run a couple of seconds (by its running_at; the page does not tick its cost).
-    _wait_until_billed(page, api_url, seconds=2)
 
-    # One-click release, confirmed in the dialog.
+def _release_with_confirmation(page: Page, api_url: str, stack: servers.Stack) -> None:
+    """One-click release, confirmed in the dialog."""
+    badge = page.locator("#instance-state")
     dialogs: list[str] = []
 
     def accept(dialog) -> None:  # noqa: ANN001 - Playwright's Dialog
@@ -170,7 +197,9 @@ def test_customer_orders_watches_releases_and_pays_to_the_second(
     )
     expect(page.locator("#release-button")).to_have_count(0)
 
-    # Billing: the usage row of this instance, closed, with its seconds.
+
+def _usage_row(page: Page, public_id: str) -> dict[str, Any]:
+    """Billing: the usage row of this instance, closed, with its seconds."""
     page.goto("/billing/")
     row = page.locator("#billing-usage tbody tr", has_text=NAME)
     expect(row).to_have_count(1)
@@ -179,8 +208,11 @@ def test_customer_orders_watches_releases_and_pays_to_the_second(
     assert bill["state"] == "closed" and bill["cards"] == 8
     expect(row.locator("td").nth(5)).to_contain_text(str(bill["settled_seconds"]))
     expect(row.locator("td").nth(6)).to_contain_text(bill["charged"])
+    return bill
 
-    # To the second: running → release request, by the server's own event times.
+
+def _billed_to_the_second(page: Page, api_url: str, public_id: str, bill: dict[str, Any]) -> None:
+    """To the second: running → release request, by the server's own event times."""
     instance = json.loads(page.request.get(api_url).text())
     events = json.loads(page.request.get(f"/api/v1/instances/{public_id}/events/").text())
     release_at = _when(next(e["at"] for e in events if e["code"] == "release_requested"))

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from console.models import User
+from slices import services
 from slices.fleetfile import parse_fleet
+from slices.models import Instance
 from slices.services import load_fleet
 
 SMALL_FLEET = """\
@@ -70,3 +76,13 @@ def make_instance(owner, **fields):
         **fields,
     }
     return Instance.objects.create(owner=owner, **values)
+
+
+def run_order(user: User, capture: Callable[..., Any], **kw: Any) -> Instance:
+    """Order (8 × RTX4090 unless ``kw`` says otherwise) with the on-commit callbacks run, so the
+    simulated provisioning completes; the instance as it then is."""
+    req = services.OrderRequest(**{"gpu_model": "RTX4090", "cards": 8, **kw})
+    with capture(execute=True):
+        instance, _created = services.order_instance(user, req)
+    instance.refresh_from_db()
+    return instance

@@ -8,44 +8,23 @@ from decimal import Decimal
 
 import pytest
 from django.http import Http404
+from django.utils import translation
 
 from billing import services as billing
 from billing.models import UsageSession
 from slices import services
 from slices.choices import InstanceState
 from slices.services import disks
-from tests.slices.factories import load_small_fleet, make_instance
+from tests.slices.factories import make_instance, run_order
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def fleet(settings):
-    settings.SIM_TIME_SCALE = 0
-    settings.SLICES_DRIVER = "sim"
-    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
-    load_small_fleet()
-
-
-@pytest.fixture
-def funded(alice):
-    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
-    return alice
 
 
 def _storage_sessions(user):
     return UsageSession.objects.filter(resource_kind="storage", resource_id=str(user.public_id))
 
 
-def _order(user, capture, **kw):
-    req = services.OrderRequest(**{"gpu_model": "RTX4090", "cards": 8, **kw})
-    with capture(execute=True):
-        instance, _created = services.order_instance(user, req)
-    instance.refresh_from_db()
-    return instance
-
-
-def test_free_quota_then_billed_per_gb_day(fleet, funded):
+def test_free_quota_then_billed_per_gb_day(sim_fleet, funded):
     book = billing.current_price_book()
     free = book.storage_free_gb
     small = disks.create_disk(funded, name="data", size_gb=free, region="xiamen")
@@ -65,7 +44,7 @@ def test_free_quota_then_billed_per_gb_day(fleet, funded):
     assert summary.per_day == (book.storage_per_gb_day * 40).quantize(Decimal("0.01"))
 
 
-def test_storage_charge_accrues_per_gb_day(fleet, funded):
+def test_storage_charge_accrues_per_gb_day(sim_fleet, funded):
     from billing.settlement import settle_usage
 
     free = billing.current_price_book().storage_free_gb
@@ -77,7 +56,7 @@ def test_storage_charge_accrues_per_gb_day(fleet, funded):
     assert before - after == (session.rate * 100).quantize(Decimal("0.01"))
 
 
-def test_resize_only_grows_and_size_limits(fleet, funded, settings):
+def test_resize_only_grows_and_size_limits(sim_fleet, funded, settings):
     disk = disks.create_disk(funded, name="d", size_gb=10, region="xiamen")
     with pytest.raises(disks.DiskRefused):
         disks.resize_disk(disk, 5)
@@ -89,7 +68,7 @@ def test_resize_only_grows_and_size_limits(fleet, funded, settings):
         disks.create_disk(funded, name="d", size_gb=10, region="atlantis")
 
 
-def test_multi_attach_same_region_rw_and_ro(fleet, funded):
+def test_multi_attach_same_region_rw_and_ro(sim_fleet, funded):
     disk = disks.create_disk(funded, name="shared", size_gb=20, region="xiamen")
     a = make_instance(funded, region=disk.region)
     b = make_instance(funded, region=disk.region)
@@ -101,21 +80,24 @@ def test_multi_attach_same_region_rw_and_ro(fleet, funded):
         disks.attach_disk(disk, a, "ro")  # once per instance
 
 
-def test_attach_refuses_other_region_and_other_owner(fleet, funded, bob):
+def test_attach_refuses_other_region_and_other_owner(sim_fleet, funded, bob):
     from slices.models import Region
 
     disk = disks.create_disk(funded, name="d", size_gb=20, region="xiamen")
     far = make_instance(funded, region=Region.objects.get(code="yinchuan"))
     with pytest.raises(disks.DiskRefused) as err:
         disks.attach_disk(disk, far)
-    assert "region" in err.value.message()
+    with translation.override("en"):
+        assert "in Xiamen and the instance in Yinchuan" in err.value.message()
+    with translation.override("zh-hans"):
+        assert "厦门" in err.value.message() and "银川" in err.value.message()
     with pytest.raises(Http404):
         disks.attach_disk(disk, make_instance(bob, region=disk.region))
     with pytest.raises(Http404):
         disks.get_disk_for_user(bob, disk.public_id)
 
 
-def test_disk_in_use_cannot_be_deleted(fleet, funded):
+def test_disk_in_use_cannot_be_deleted(sim_fleet, funded):
     disk = disks.create_disk(funded, name="d", size_gb=20, region="xiamen")
     inst = make_instance(funded, region=disk.region)
     disks.attach_disk(disk, inst)
@@ -130,10 +112,12 @@ def test_disk_in_use_cannot_be_deleted(fleet, funded):
 
 
 def test_order_with_disks_attaches_and_release_keeps_them(
-    fleet, funded, django_capture_on_commit_callbacks
+    sim_fleet, funded, django_capture_on_commit_callbacks
 ):
     disk = disks.create_disk(funded, name="ds", size_gb=80, region="xiamen")
-    inst = _order(funded, django_capture_on_commit_callbacks, disks=((str(disk.public_id), "ro"),))
+    inst = run_order(
+        funded, django_capture_on_commit_callbacks, disks=((str(disk.public_id), "ro"),)
+    )
     assert inst.state == InstanceState.RUNNING
     assert inst.region.code == "xiamen"
     [att] = disks.instance_disks(inst)
@@ -148,10 +132,10 @@ def test_order_with_disks_attaches_and_release_keeps_them(
     disks.delete_disk(disk)  # and is free to delete now
 
 
-def test_order_refuses_disk_in_other_region(fleet, funded, django_capture_on_commit_callbacks):
+def test_order_refuses_disk_in_other_region(sim_fleet, funded, django_capture_on_commit_callbacks):
     disk = disks.create_disk(funded, name="ds", size_gb=20, region="yinchuan")
     with pytest.raises(disks.DiskRefused):
-        _order(
+        run_order(
             funded,
             django_capture_on_commit_callbacks,
             region="xiamen",
@@ -159,7 +143,7 @@ def test_order_refuses_disk_in_other_region(fleet, funded, django_capture_on_com
         )
 
 
-def test_storage_needs_funds_beyond_free(fleet, alice):
+def test_storage_needs_funds_beyond_free(sim_fleet, alice):
     free = billing.current_price_book().storage_free_gb
     disks.create_disk(alice, name="free", size_gb=free, region="xiamen")  # free: no balance needed
     with pytest.raises(billing.InsufficientFunds):

@@ -10,18 +10,9 @@ from rest_framework.test import APIClient
 from billing import services as billing
 from billing.models import UsageSession
 from slices.models import Instance, Node
-from tests.slices.factories import load_small_fleet
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/instances/"
-
-
-@pytest.fixture
-def fleet(settings):
-    settings.SIM_TIME_SCALE = 0
-    settings.SLICES_DRIVER = "sim"
-    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
-    load_small_fleet()
 
 
 def _client(user) -> APIClient:
@@ -35,7 +26,7 @@ def _fund(user, amount="5000"):
 
 
 def test_order_runs_and_release_charges_to_the_second(
-    fleet, alice, django_capture_on_commit_callbacks
+    sim_fleet, alice, django_capture_on_commit_callbacks
 ):
     _fund(alice)
     api = _client(alice)
@@ -60,7 +51,7 @@ def test_order_runs_and_release_charges_to_the_second(
 
 
 def test_idempotency_key_replays_and_refuses_another_body(
-    fleet, alice, django_capture_on_commit_callbacks
+    sim_fleet, alice, django_capture_on_commit_callbacks
 ):
     _fund(alice)
     api = _client(alice)
@@ -75,7 +66,7 @@ def test_idempotency_key_replays_and_refuses_another_body(
     assert other.status_code == 422 and other.json()["error"] == "idempotency_key_reused"
 
 
-def test_runway_refusal_names_the_amount_to_top_up(fleet, alice):
+def test_runway_refusal_names_the_amount_to_top_up(sim_fleet, alice):
     _fund(alice, "10")
     r = _client(alice).post(URL, {"gpu_model": "A800", "cards": 128}, format="json")
     assert r.status_code == 402, r.json()
@@ -85,7 +76,7 @@ def test_runway_refusal_names_the_amount_to_top_up(fleet, alice):
     assert not Instance.objects.exists()
 
 
-def test_no_capacity_is_409_with_alternatives_and_nothing_kept(fleet, alice):
+def test_no_capacity_is_409_with_alternatives_and_nothing_kept(sim_fleet, alice):
     _fund(alice, "50000")
     r = _client(alice).post(
         URL, {"gpu_model": "A800", "cards": 1024, "region": "yinchuan"}, format="json"
@@ -95,7 +86,7 @@ def test_no_capacity_is_409_with_alternatives_and_nothing_kept(fleet, alice):
     assert all(n.free_mask == n.full_mask for n in Node.objects.all())
 
 
-def test_quota_is_enforced(fleet, alice, settings, django_capture_on_commit_callbacks):
+def test_quota_is_enforced(sim_fleet, alice, settings, django_capture_on_commit_callbacks):
     settings.SLICES_DEFAULT_GPU_QUOTA = 8
     _fund(alice)
     api = _client(alice)
@@ -105,7 +96,7 @@ def test_quota_is_enforced(fleet, alice, settings, django_capture_on_commit_call
     assert r.status_code == 409 and r.json()["error"] == "quota_exceeded"
 
 
-def test_hostile_env_names_are_refused(fleet, alice):
+def test_hostile_env_names_are_refused(sim_fleet, alice):
     _fund(alice)
     r = _client(alice).post(
         URL, {"gpu_model": "RTX4090", "cards": 1, "env": {"A;rm -rf /": "x"}}, format="json"
@@ -113,7 +104,7 @@ def test_hostile_env_names_are_refused(fleet, alice):
     assert r.status_code == 400 and not Instance.objects.exists()
 
 
-def test_state_cannot_be_set_through_the_api(fleet, alice, django_capture_on_commit_callbacks):
+def test_state_cannot_be_set_through_the_api(sim_fleet, alice, django_capture_on_commit_callbacks):
     _fund(alice)
     with django_capture_on_commit_callbacks(execute=True):
         r = _client(alice).post(
@@ -125,7 +116,7 @@ def test_state_cannot_be_set_through_the_api(fleet, alice, django_capture_on_com
     assert Instance.objects.get().owner == alice
 
 
-def test_other_customers_get_404(fleet, alice, bob, django_capture_on_commit_callbacks):
+def test_other_customers_get_404(sim_fleet, alice, bob, django_capture_on_commit_callbacks):
     _fund(alice)
     with django_capture_on_commit_callbacks(execute=True):
         pid = (
@@ -143,7 +134,7 @@ def test_other_customers_get_404(fleet, alice, bob, django_capture_on_commit_cal
     )
 
 
-def test_quotes_accept_the_fleet_code_and_the_product_name(fleet, alice):
+def test_quotes_accept_the_fleet_code_and_the_product_name(sim_fleet, alice):
     api = _client(alice)
     by_code = api.post(
         "/api/v1/billing/quotes/", {"gpu_model": "RTX4090", "cards": 8}, format="json"

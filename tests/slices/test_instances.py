@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 import pytest
 
 from billing import services as billing
@@ -11,35 +9,13 @@ from billing.models import UsageSession
 from slices import services
 from slices.choices import InstanceState
 from slices.models import Instance, InstanceEvent, Node
-from tests.slices.factories import load_small_fleet
+from tests.slices.factories import run_order
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def fleet(settings):
-    settings.SIM_TIME_SCALE = 0
-    settings.SLICES_DRIVER = "sim"
-    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
-    load_small_fleet()
-
-
-@pytest.fixture
-def funded(alice):
-    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
-    return alice
-
-
-def _order(user, capture, **kw):
-    req = services.OrderRequest(**{"gpu_model": "RTX4090", "cards": 8, **kw})
-    with capture(execute=True):
-        instance, created = services.order_instance(user, req)
-    instance.refresh_from_db()
-    return instance
-
-
-def test_order_runs_to_running_and_bills(fleet, funded, django_capture_on_commit_callbacks):
-    instance = _order(funded, django_capture_on_commit_callbacks, name="my box")
+def test_order_runs_to_running_and_bills(sim_fleet, funded, django_capture_on_commit_callbacks):
+    instance = run_order(funded, django_capture_on_commit_callbacks, name="my box")
     assert instance.state == InstanceState.RUNNING, list(
         instance.events.values_list("code", "text")
     )
@@ -53,8 +29,10 @@ def test_order_runs_to_running_and_bills(fleet, funded, django_capture_on_commit
     assert instance.ssh_host
 
 
-def test_release_frees_gpus_and_closes_billing(fleet, funded, django_capture_on_commit_callbacks):
-    instance = _order(funded, django_capture_on_commit_callbacks)
+def test_release_frees_gpus_and_closes_billing(
+    sim_fleet, funded, django_capture_on_commit_callbacks
+):
+    instance = run_order(funded, django_capture_on_commit_callbacks)
     node = Node.objects.get(pk=instance.nodes.get().node_id)
     assert node.free_mask == 0
     with django_capture_on_commit_callbacks(execute=True):
@@ -70,8 +48,8 @@ def test_release_frees_gpus_and_closes_billing(fleet, funded, django_capture_on_
     assert not services.release_instance(instance, by="alice")
 
 
-def test_failed_step_fails_cleanly(fleet, funded, django_capture_on_commit_callbacks):
-    instance = _order(funded, django_capture_on_commit_callbacks, env={"SIM_FAIL": "start"})
+def test_failed_step_fails_cleanly(sim_fleet, funded, django_capture_on_commit_callbacks):
+    instance = run_order(funded, django_capture_on_commit_callbacks, env={"SIM_FAIL": "start"})
     assert instance.state == InstanceState.FAILED
     assert instance.failure_code == "sim_failure"
     node = Node.objects.get(pk=instance.nodes.get().node_id)
@@ -79,14 +57,16 @@ def test_failed_step_fails_cleanly(fleet, funded, django_capture_on_commit_callb
     assert not UsageSession.objects.filter(resource_id=str(instance.public_id)).exists()
 
 
-def test_transient_failure_is_retried(fleet, funded, django_capture_on_commit_callbacks):
-    instance = _order(funded, django_capture_on_commit_callbacks, env={"SIM_FAIL": "mount~"})
+def test_transient_failure_is_retried(sim_fleet, funded, django_capture_on_commit_callbacks):
+    instance = run_order(funded, django_capture_on_commit_callbacks, env={"SIM_FAIL": "mount~"})
     assert instance.state == InstanceState.RUNNING
     assert InstanceEvent.objects.filter(instance=instance, code="step_retry").count() == 1
 
 
-def test_slice_runs_with_partition_and_allreduce(fleet, funded, django_capture_on_commit_callbacks):
-    instance = _order(funded, django_capture_on_commit_callbacks, gpu_model="A800", cards=64)
+def test_slice_runs_with_partition_and_allreduce(
+    sim_fleet, funded, django_capture_on_commit_callbacks
+):
+    instance = run_order(funded, django_capture_on_commit_callbacks, gpu_model="A800", cards=64)
     assert instance.state == InstanceState.RUNNING
     assert instance.nodes.count() == 8
     assert instance.partition_key
@@ -94,7 +74,7 @@ def test_slice_runs_with_partition_and_allreduce(fleet, funded, django_capture_o
 
 
 def test_reconciler_auto_releases_and_frees_leaks(
-    fleet, funded, django_capture_on_commit_callbacks
+    sim_fleet, funded, django_capture_on_commit_callbacks
 ):
     from datetime import timedelta
 
@@ -102,7 +82,7 @@ def test_reconciler_auto_releases_and_frees_leaks(
 
     from slices.services.reconcile import reconcile
 
-    instance = _order(funded, django_capture_on_commit_callbacks)
+    instance = run_order(funded, django_capture_on_commit_callbacks)
     stray = services.allocate(funded, 1, "RTX4090")  # GPUs held by no instance
     later = timezone.now() + timedelta(hours=2)
     Instance.objects.filter(pk=instance.pk).update(auto_release_at=timezone.now())
@@ -113,15 +93,15 @@ def test_reconciler_auto_releases_and_frees_leaks(
     instance.refresh_from_db()
     assert instance.state == InstanceState.RELEASED
     # Running but no open usage session (billing stopped it): released by the reconciler.
-    other = _order(funded, django_capture_on_commit_callbacks)
+    other = run_order(funded, django_capture_on_commit_callbacks)
     billing.close_usage_session("instance", str(other.public_id))
     with django_capture_on_commit_callbacks(execute=True):
         report = reconcile()
     assert report.unbilled == [str(other.public_id)]
 
 
-def test_billing_stop_releases_the_instance(fleet, funded, django_capture_on_commit_callbacks):
-    instance = _order(funded, django_capture_on_commit_callbacks)
+def test_billing_stop_releases_the_instance(sim_fleet, funded, django_capture_on_commit_callbacks):
+    instance = run_order(funded, django_capture_on_commit_callbacks)
     with django_capture_on_commit_callbacks(execute=True):
         services.stop_for_billing("instance", str(instance.public_id), "balance exhausted")
     instance.refresh_from_db()

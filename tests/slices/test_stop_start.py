@@ -18,32 +18,19 @@ from slices.models import Instance, Node
 from slices.services import disks, power
 from slices.services.allocation import NoCapacity
 from slices.services.reconcile import reconcile
-from tests.slices.factories import load_small_fleet
+from tests.slices.factories import run_order
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def fleet(settings):
-    settings.SIM_TIME_SCALE = 0
-    settings.SLICES_DRIVER = "sim"
-    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+def sim_fleet(sim_fleet, settings):
     settings.SLICES_SYSTEM_DISK_GB = 50
-    load_small_fleet()
-
-
-@pytest.fixture
-def funded(alice):
-    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
-    return alice
+    return sim_fleet
 
 
 def _order(user, capture, **kw):
-    req = services.OrderRequest(**{"gpu_model": "RTX4090", "cards": 4, **kw})
-    with capture(execute=True):
-        instance, _created = services.order_instance(user, req)
-    instance.refresh_from_db()
-    return instance
+    return run_order(user, capture, **{"cards": 4, **kw})
 
 
 def _gpu_sessions(instance):
@@ -72,7 +59,7 @@ def _start(instance, capture, mode="auto"):
 
 
 def test_stop_closes_gpu_charge_and_bills_the_system_disk(
-    fleet, funded, django_capture_on_commit_callbacks
+    sim_fleet, funded, django_capture_on_commit_callbacks
 ):
     book = billing.current_price_book()
     # Fill the free storage quota with a disk, so the system disk is billable.
@@ -98,7 +85,7 @@ def test_stop_closes_gpu_charge_and_bills_the_system_disk(
 
 
 def test_start_on_the_same_host_reopens_gpu_charge(
-    fleet, funded, django_capture_on_commit_callbacks
+    sim_fleet, funded, django_capture_on_commit_callbacks
 ):
     inst = _order(funded, django_capture_on_commit_callbacks)
     host = inst.nodes.get().hostname
@@ -111,7 +98,9 @@ def test_start_on_the_same_host_reopens_gpu_charge(
     assert Node.objects.get(hostname=host).free_gpus == 4
 
 
-def test_start_on_another_host_moves_the_disk(fleet, funded, django_capture_on_commit_callbacks):
+def test_start_on_another_host_moves_the_disk(
+    sim_fleet, funded, django_capture_on_commit_callbacks
+):
     inst = _order(funded, django_capture_on_commit_callbacks)
     host = inst.nodes.get().hostname
     _stop(inst, django_capture_on_commit_callbacks)
@@ -128,7 +117,7 @@ def test_start_on_another_host_moves_the_disk(fleet, funded, django_capture_on_c
 
 
 def test_same_host_only_refuses_when_busy_and_offers_gpuless(
-    fleet, funded, django_capture_on_commit_callbacks
+    sim_fleet, funded, django_capture_on_commit_callbacks
 ):
     inst = _order(funded, django_capture_on_commit_callbacks)
     host = inst.nodes.get().hostname
@@ -152,7 +141,7 @@ def test_same_host_only_refuses_when_busy_and_offers_gpuless(
     assert inst.state == InstanceState.RUNNING
 
 
-def test_only_running_hosts_stop(fleet, funded, django_capture_on_commit_callbacks):
+def test_only_running_hosts_stop(sim_fleet, funded, django_capture_on_commit_callbacks):
     inst = _order(funded, django_capture_on_commit_callbacks)
     _stop(inst, django_capture_on_commit_callbacks)
     with pytest.raises(InstanceConflict):
@@ -163,7 +152,7 @@ def test_only_running_hosts_stop(fleet, funded, django_capture_on_commit_callbac
 
 
 def test_long_stopped_instance_is_warned_then_released(
-    fleet, funded, settings, django_capture_on_commit_callbacks
+    sim_fleet, funded, settings, django_capture_on_commit_callbacks
 ):
     settings.SLICES_STOPPED_RELEASE_DAYS = 7
     settings.SLICES_STOPPED_WARN_DAYS = [3, 1]
@@ -186,7 +175,7 @@ def test_long_stopped_instance_is_warned_then_released(
 
 
 def test_release_a_stopped_instance_stops_the_storage_charge(
-    fleet, funded, django_capture_on_commit_callbacks
+    sim_fleet, funded, django_capture_on_commit_callbacks
 ):
     book = billing.current_price_book()
     disks.create_disk(funded, name="d", size_gb=book.storage_free_gb, region="xiamen")

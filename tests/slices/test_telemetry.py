@@ -10,7 +10,6 @@ import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.core import mail
 
-from billing import services as billing
 from slices import services
 from slices.choices import InstanceState
 from slices.models import GpuRollup, IdleWatch, Instance
@@ -28,32 +26,15 @@ from slices.telemetry.ring import MemoryRing, RedisRing
 from slices.telemetry.rollup import MinuteAccumulator, MinuteOfGpu, judge_idle
 from slices.telemetry.samples import parse_sample
 from slices.telemetry.workload import CHECKPOINT_EVERY, LOST_AFTER, SimWorkload
-from tests.slices.factories import load_small_fleet
+from tests.slices.factories import run_order
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def fleet(settings):
-    settings.SIM_TIME_SCALE = 0
-    settings.SLICES_DRIVER = "sim"
-    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
-    load_small_fleet()
-
-
-@pytest.fixture
-def funded(alice):
-    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
-    return alice
-
-
-@pytest.fixture
-def order(fleet, funded, django_capture_on_commit_callbacks):
+def order(sim_fleet, funded, django_capture_on_commit_callbacks):
     def make(cards: int = 8, **env: str) -> Instance:
-        req = services.OrderRequest(gpu_model="RTX4090", cards=cards, env=env)
-        with django_capture_on_commit_callbacks(execute=True):
-            instance, _created = services.order_instance(funded, req)
-        instance.refresh_from_db()
+        instance = run_order(funded, django_capture_on_commit_callbacks, cards=cards, env=env)
         assert instance.state == InstanceState.RUNNING
         return instance
 

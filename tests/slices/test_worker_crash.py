@@ -62,24 +62,40 @@ def test_worker_killed_mid_provisioning_finishes_cleanly(stack) -> None:
     stack.start_worker()
     public_id = servers.manage(stack.env, "shell", "-c", ORDER).strip().splitlines()[-1]
     iid = _query(url, "SELECT id FROM slices_instance WHERE public_id = %s", public_id)[0][0]
+    before = _kill_the_worker_mid_provisioning(stack, url, iid)
+    state, alloc_id = _redrive_until_settled(stack, url, iid)
+    _settled_once(url, iid, public_id, state, before)
+    _no_gpu_double_booked(url)
+    _release_frees_the_gpus(stack, url, iid, alloc_id, public_id)
 
-    def steps() -> list[str]:
-        return [
-            r[0]
-            for r in _query(url, "SELECT step FROM slices_instancenode WHERE instance_id = %s", iid)
-        ]
 
-    # Kill the worker once some nodes are past "prepare" (mid-provisioning).
-    _wait(lambda: any(s in ("mount", "start") for s in steps()), 120, "provisioning to get going")
+def _steps(url: str, iid: int) -> list[str]:
+    return [
+        r[0]
+        for r in _query(url, "SELECT step FROM slices_instancenode WHERE instance_id = %s", iid)
+    ]
+
+
+def _kill_the_worker_mid_provisioning(stack: servers.Stack, url: str, iid: int) -> list[str]:
+    """Kill the worker once some nodes are past "prepare" (mid-provisioning); returns the nodes'
+    steps at that moment."""
+    _wait(
+        lambda: any(s in ("mount", "start") for s in _steps(url, iid)),
+        120,
+        "provisioning to get going",
+    )
     worker = stack.procs[-1]
     os.killpg(worker.popen.pid, signal.SIGKILL)
     worker.popen.wait(timeout=10)
     stack.procs.remove(worker)
     state = _query(url, "SELECT state FROM slices_instance WHERE id = %s", iid)[0][0]
     assert state == "provisioning"
-    before = steps()
+    return _steps(url, iid)
 
-    # A new worker; the reconciler re-drives the instance once its lease expired.
+
+def _redrive_until_settled(stack: servers.Stack, url: str, iid: int) -> tuple[str, int]:
+    """A new worker; the reconciler re-drives the instance once its lease expired. Returns the
+    state it settled in and its allocation."""
     stack.start_worker()
     time.sleep(7)  # lease (3 s) and the reconciler's grace (the lease again) must pass
     servers.manage(stack.env, "reconcile_instances")
@@ -94,6 +110,11 @@ def test_worker_killed_mid_provisioning_finishes_cleanly(stack) -> None:
     state, alloc_id = _query(
         url, "SELECT state, allocation_id FROM slices_instance WHERE id = %s", iid
     )[0]
+    return state, alloc_id
+
+
+def _settled_once(url: str, iid: int, public_id: str, state: str, before: list[str]) -> None:
+    """Re-driven, billed once if it runs (nodes resumed after their last recorded step)."""
     events = [
         r[0]
         for r in _query(
@@ -109,10 +130,13 @@ def test_worker_killed_mid_provisioning_finishes_cleanly(stack) -> None:
     if state == "running":
         assert len(sessions) == 1  # exactly one billing start
         # Nodes resumed after their last recorded step (not from the beginning).
-        assert all(s == "ready" for s in steps()) and before
+        assert all(s == "ready" for s in _steps(url, iid)) and before
     else:
         assert sessions == []
-    # No GPU double-booked or leaked: masks agree with active allocations.
+
+
+def _no_gpu_double_booked(url: str) -> None:
+    """No GPU double-booked or leaked: masks agree with active allocations."""
     held = _query(
         url,
         "SELECT an.node_id, an.gpu_mask FROM slices_allocationnode an JOIN slices_allocation a "
@@ -121,7 +145,12 @@ def test_worker_killed_mid_provisioning_finishes_cleanly(stack) -> None:
     masks = dict(_query(url, "SELECT id, free_mask FROM slices_node"))
     for node_id, mask in held:
         assert masks[node_id] & mask == 0
-    # Release: billing closes, GPUs come back.
+
+
+def _release_frees_the_gpus(
+    stack: servers.Stack, url: str, iid: int, alloc_id: int, public_id: str
+) -> None:
+    """Release: billing closes, GPUs come back."""
     servers.manage(
         stack.env,
         "shell",

@@ -1,0 +1,27 @@
+"""Fixtures shared by the slices tests that order instances on the simulated fleet."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from billing import services as billing
+from console.models import User
+from tests.slices.factories import load_small_fleet
+
+
+@pytest.fixture
+def sim_fleet(settings) -> None:
+    """The small fleet on the simulated driver, steps instant and retried at once."""
+    settings.SIM_TIME_SCALE = 0
+    settings.SLICES_DRIVER = "sim"
+    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+    load_small_fleet()
+
+
+@pytest.fixture
+def funded(alice: User) -> User:
+    """Alice with a 5,000 元 voucher: enough for any order of these tests."""
+    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
+    return alice
