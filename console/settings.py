@@ -525,6 +525,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Two request fields are named "mode" (a disk attachment's, an instance start's).
+    "ENUM_NAME_OVERRIDES": {
+        "DiskAttachModeEnum": ["rw", "ro"],
+        "InstanceStartModeEnum": ["auto", "same", "gpuless"],
+    },
 }
 
 # --- Security -----------------------------------------------------------------------------------

@@ -85,12 +85,10 @@ def test_attach_refuses_other_region_and_other_owner(sim_fleet, funded, bob):
 
     disk = disks.create_disk(funded, name="d", size_gb=20, region="xiamen")
     far = make_instance(funded, region=Region.objects.get(code="yinchuan"))
-    with pytest.raises(disks.DiskRefused) as err:
+    with translation.override("en"), pytest.raises(disks.DiskRefused) as err:
         disks.attach_disk(disk, far)
     with translation.override("en"):
-        assert "in Xiamen and the instance in Yinchuan" in err.value.message()
-    with translation.override("zh-hans"):
-        assert "厦门" in err.value.message() and "银川" in err.value.message()
+        assert "is in Xiamen and the instance in Yinchuan" in err.value.message()
     with pytest.raises(Http404):
         disks.attach_disk(disk, make_instance(bob, region=disk.region))
     with pytest.raises(Http404):
