@@ -116,6 +116,8 @@ CMD_READ_DOCKER_OUTPUT = (
     's=$(docker container inspect --format {fmt} {name} 2>&1); [ "$s" = true ] || echo __exited__ >&2'
 )
 CMD_STOP_DOCKER = "docker rm -f {name} >/dev/null 2>&1; true"
+# 关机: the container stops and is kept (its writable layer is the system disk); start reuses it.
+CMD_PAUSE_DOCKER = "docker stop {name} >/dev/null 2>&1; true"
 CMD_STOP_ENROOT = CMD_STOP_PROCESS + "; enroot remove -f {name} >/dev/null 2>&1; true"
 # Links first (rm never follows them into the PFS), then the instance's directory.
 CMD_REMOVE = 'for l in {links}; do [ -L "$l" ] && rm -f -- "$l"; done; rm -rf -- {root}; true'

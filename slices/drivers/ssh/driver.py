@@ -25,6 +25,7 @@ from slices.drivers.ssh.commands import (
     CMD_ID,
     CMD_LINK,
     CMD_MOUNT_CHECK,
+    CMD_PAUSE_DOCKER,
     CMD_PROCESS_HEALTH,
     CMD_READ_DOCKER_OUTPUT,
     CMD_READ_OUTPUT,
@@ -502,6 +503,19 @@ class SshDriver(SshConnections):
                 self.run(client, node, CMD_STOP_PROCESS, pid=paths.pid, log=log)
             self.run(client, node, CMD_REMOVE, links=links, root=paths.root, log=log)
         log(f"stopped {spec.slug} and removed {paths.root}")
+        return StepResult()
+
+    def stop(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
+        """关机: stop what runs for the instance; keep its directory (the system disk), its links
+        and a docker container's writable layer, for the next start on this node."""
+        paths = self._paths(spec, node)
+        runtime = self._runtime(node)
+        with self.session(node, last=True) as client:
+            if runtime == "docker":
+                self.run(client, node, CMD_PAUSE_DOCKER, name=spec.slug, log=log)
+            else:
+                self.run(client, node, CMD_STOP_PROCESS, pid=paths.pid, log=log)
+        log(f"stopped {spec.slug}; kept {paths.root}")
         return StepResult()
 
 

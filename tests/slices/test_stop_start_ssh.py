@@ -1,0 +1,85 @@
+"""关机 / 开机 on a real sshd test host: stop ends the job and keeps the instance's directory (its
+system disk); start on the same host finds the files and runs the job again."""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from billing import services as billing
+from billing.models import UsageSession
+from slices import services
+from slices.choices import InstanceState
+from slices.models import Node
+from slices.services import power
+from tests.slices.factories import load_small_fleet
+from tests.support.sshd import SshHostPool, configure_ssh_fleet, ssh_hosts  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "Z" not in next(s for s in status.splitlines() if s.startswith("State:")).split()[1]
+
+
+def test_stop_keeps_the_system_disk_and_start_runs_again(
+    settings,
+    ssh_hosts: SshHostPool,
+    funded_alice,
+    tmp_path: Path,
+    django_capture_on_commit_callbacks,  # noqa: F811
+) -> None:
+    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+    settings.SLICES_SSH_CONNECT_TIMEOUT = 5.0
+    settings.SLICES_SSH_COMMAND_TIMEOUT = 30.0
+    load_small_fleet()
+    node = Node.objects.get(hostname="xm-4090-r01-n01")
+    for other in Node.objects.filter(cluster__code="xm-4090").exclude(pk=node.pk):
+        services.change_node_state(other, "maintenance", "not a test host")
+    fleet = configure_ssh_fleet(
+        settings, ssh_hosts.get(1), [node], tmp_path, client_key=ssh_hosts.client_key
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        inst, _ = services.order_instance(
+            funded_alice, services.OrderRequest(gpu_model="RTX4090", cards=4, name="box")
+        )
+    inst.refresh_from_db()
+    assert inst.state == InstanceState.RUNNING, list(inst.events.values_list("code", "text"))
+    root = fleet.workdirs[node.hostname] / "instances" / inst.slug
+    (root / "notes.txt").write_text("my work")  # something on the system disk
+    pid = int((root / "pid").read_text())
+    assert _alive(pid)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert power.stop_instance(inst, by="alice")
+    inst.refresh_from_db()
+    assert inst.state == InstanceState.STOPPED
+    assert not _alive(pid) and (root / "notes.txt").read_text() == "my work"
+    assert os.path.islink(root / "pfs")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        result = power.start_instance(inst, by="alice")
+    inst.refresh_from_db()
+    assert inst.state == InstanceState.RUNNING and result.node == node.hostname
+    assert (root / "notes.txt").read_text() == "my work"  # nothing on the disk was lost
+    new_pid = int((root / "pid").read_text())
+    assert new_pid != pid and _alive(new_pid)
+    sessions = UsageSession.objects.filter(
+        resource_kind="instance", resource_id=str(inst.public_id)
+    )
+    assert [s.state for s in sessions.order_by("id")] == ["closed", "open"]
+    with django_capture_on_commit_callbacks(execute=True):
+        services.release_instance(inst, by="alice")
+
+
+@pytest.fixture
+def funded_alice(alice):  # noqa: ANN001, ANN201
+    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
+    return alice
