@@ -31,10 +31,10 @@ def _alive(pid: int) -> bool:
 
 def test_stop_keeps_the_system_disk_and_start_runs_again(
     settings,
-    ssh_hosts: SshHostPool,
+    ssh_hosts: SshHostPool,  # noqa: F811
     funded_alice,
     tmp_path: Path,
-    django_capture_on_commit_callbacks,  # noqa: F811
+    django_capture_on_commit_callbacks,
 ) -> None:
     settings.SLICES_RETRY_BACKOFF_SECONDS = 0
     settings.SLICES_SSH_CONNECT_TIMEOUT = 5.0
@@ -83,3 +83,47 @@ def test_stop_keeps_the_system_disk_and_start_runs_again(
 def funded_alice(alice):  # noqa: ANN001, ANN201
     billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
     return alice
+
+
+def test_start_on_another_host_moves_the_system_disk(
+    settings,
+    ssh_hosts: SshHostPool,  # noqa: F811
+    funded_alice,
+    tmp_path: Path,
+    django_capture_on_commit_callbacks,
+) -> None:
+    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+    settings.SLICES_SSH_CONNECT_TIMEOUT = 5.0
+    settings.SLICES_SSH_COMMAND_TIMEOUT = 30.0
+    load_small_fleet()
+    a, b = Node.objects.filter(cluster__code="xm-4090").order_by("hostname")
+    fleet = configure_ssh_fleet(
+        settings, ssh_hosts.get(2), [a, b], tmp_path, client_key=ssh_hosts.client_key
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        inst, _ = services.order_instance(
+            funded_alice, services.OrderRequest(gpu_model="RTX4090", cards=8, name="box")
+        )
+    inst.refresh_from_db()
+    assert inst.state == InstanceState.RUNNING, list(inst.events.values_list("code", "text"))
+    first = inst.nodes.get().node
+    second = b if first.pk == a.pk else a
+    old_root = fleet.workdirs[first.hostname] / "instances" / inst.slug
+    (old_root / "data").mkdir()
+    (old_root / "data" / "notes.txt").write_text("my work")
+    with django_capture_on_commit_callbacks(execute=True):
+        power.stop_instance(inst, by="alice")
+    services.change_node_state(first, "drain", "disk swap")  # its cards are not offered now
+    with django_capture_on_commit_callbacks(execute=True):
+        result = power.start_instance(inst, by="alice")
+    inst.refresh_from_db()
+    assert inst.state == InstanceState.RUNNING, list(inst.events.values_list("code", "text"))
+    assert result.moved_from == first.hostname and result.node == second.hostname
+    new_root = fleet.workdirs[second.hostname] / "instances" / inst.slug
+    assert (new_root / "data" / "notes.txt").read_text() == "my work"  # the disk moved
+    assert os.readlink(new_root / "pfs") == str(fleet.pfs_root / str(funded_alice.public_id))
+    assert _alive(int((new_root / "pid").read_text()))
+    second.refresh_from_db()
+    assert inst.ssh_port == second.ssh_port
+    with django_capture_on_commit_callbacks(execute=True):
+        services.release_instance(inst, by="alice")

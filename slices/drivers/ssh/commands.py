@@ -118,6 +118,10 @@ CMD_READ_DOCKER_OUTPUT = (
 CMD_STOP_DOCKER = "docker rm -f {name} >/dev/null 2>&1; true"
 # 关机: the container stops and is kept (its writable layer is the system disk); start reuses it.
 CMD_PAUSE_DOCKER = "docker stop {name} >/dev/null 2>&1; true"
+# 开机 on another node: the instance's directory streams from one node to the other through the
+# console (tar keeps the links to the PFS as links; the old pid file stays behind).
+CMD_TAR_OUT = "cd {root} && tar --exclude=./pid -cf - ."
+CMD_TAR_IN = "mkdir -p -- {root} && tar -C {root} -xf -"
 CMD_STOP_ENROOT = CMD_STOP_PROCESS + "; enroot remove -f {name} >/dev/null 2>&1; true"
 # Links first (rm never follows them into the PFS), then the instance's directory.
 CMD_REMOVE = 'for l in {links}; do [ -L "$l" ] && rm -f -- "$l"; done; rm -rf -- {root}; true'

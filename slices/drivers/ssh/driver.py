@@ -36,6 +36,8 @@ from slices.drivers.ssh.commands import (
     CMD_STOP_DOCKER,
     CMD_STOP_ENROOT,
     CMD_STOP_PROCESS,
+    CMD_TAR_IN,
+    CMD_TAR_OUT,
     CMD_TOOLS,
     IMAGE_REF,
     NO_GPU_DRIVER,
@@ -47,6 +49,7 @@ from slices.drivers.ssh.commands import (
     Arg,
     clean_abs,
     env_file,
+    render,
 )
 
 # Rough expectations per step on one node (for the ETA); a docker start includes the image pull.
@@ -517,6 +520,41 @@ class SshDriver(SshConnections):
                 self.run(client, node, CMD_STOP_PROCESS, pid=paths.pid, log=log)
         log(f"stopped {spec.slug}; kept {paths.root}")
         return StepResult()
+
+    def move_disk(
+        self, spec: InstanceSpec, src: NodeTarget, dst: NodeTarget, log: LogFn
+    ) -> StepResult:
+        """Copy the instance's directory (its system disk) from ``src`` to ``dst``: a tar stream
+        out of one SSH channel into the other, through the console (nodes need no keys)."""
+        out_cmd = render(CMD_TAR_OUT, root=self._paths(spec, src).root)
+        in_cmd = render(CMD_TAR_IN, root=self._paths(spec, dst).root)
+        total = 0
+        with self.session(src, last=True) as a, self.session(dst) as b:
+            ta, tb = a.get_transport(), b.get_transport()
+            if ta is None or tb is None:
+                raise DriverError("unreachable", f"{src.hostname} or {dst.hostname} disconnected")
+            reader, writer = ta.open_session(), tb.open_session()
+            reader.settimeout(self.settings.command_timeout)
+            writer.settimeout(self.settings.command_timeout)
+            reader.exec_command(out_cmd)
+            writer.exec_command(in_cmd)
+            while data := reader.recv(1 << 16):
+                writer.sendall(data)
+                total += len(data)
+            writer.shutdown_write()
+            status_out, status_in = reader.recv_exit_status(), writer.recv_exit_status()
+            errors = (reader.recv_stderr(2000) + writer.recv_stderr(2000)).decode(errors="replace")
+        if status_out or status_in:
+            raise DriverError(
+                "disk_move_failed",
+                f"{src.hostname} → {dst.hostname}: tar exited {status_out}/{status_in} "
+                f"{errors.strip()[-300:]}",
+            )
+        log(
+            f"copied the system disk of {spec.slug} ({total} bytes) from {src.hostname} to "
+            f"{dst.hostname}"
+        )
+        return StepResult({"bytes": total})
 
 
 def _authorized_keys(spec: InstanceSpec) -> str:
