@@ -102,6 +102,7 @@ def test_a_new_user_runs_the_llama_demo_on_the_trial_credit(
     expect(page.locator("#demo-license-summary")).to_contain_text("Meta")
     launch = page.locator("#demo-launch-button")
     expect(launch).to_be_enabled()
+    page.screenshot(path=str(tmp_path / "demo-page.png"), full_page=True)
     page.check("#accept-license")
     launch.click()
 
