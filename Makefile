@@ -72,7 +72,8 @@ TYPED := console/services.py console/dashboard.py slices/services/ slices/models
 	slices/topology/ slices/perf.py slices/fleetfile.py billing/money.py billing/pricing.py \
 	billing/lowbalance.py billing/clock.py billing/offers.py marketplace/mounts.py marketplace/catalogue.py console/sshkeys.py \
 	billing/ledger.py billing/settlement.py billing/sql.py billing/errors.py billing/statements.py \
-	billing/views.py billing/tasks.py billing/api/ billing/providers/ console/errors.py console/api/exceptions.py
+	billing/views.py billing/tasks.py billing/api/ billing/providers/ console/errors.py console/api/exceptions.py \
+	console/ids.py console/loading.py
 
 # lint-imports checks the boundaries written in pyproject.toml [tool.importlinter].
 lint: $(VENV)/.synced
