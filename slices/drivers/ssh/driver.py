@@ -67,39 +67,31 @@ STEP_SECONDS: dict[str, float] = {
 
 @dataclass(frozen=True)
 class _Paths:
+    """Where an instance's files are on a node (see the package's docstring)."""
+
     root: str  # <workdir>/instances/<slug>
+    env: str
+    env_names: str
+    hostfile: str
+    authorized_keys: str
+    pid: str
+    log: str
+    pfs: str
+    squashfs: str
 
-    @property
-    def env(self) -> str:
-        return f"{self.root}/env.sh"
-
-    @property
-    def env_names(self) -> str:
-        return f"{self.root}/docker.env"
-
-    @property
-    def hostfile(self) -> str:
-        return f"{self.root}/hostfile"
-
-    @property
-    def authorized_keys(self) -> str:
-        return f"{self.root}/authorized_keys"
-
-    @property
-    def pid(self) -> str:
-        return f"{self.root}/pid"
-
-    @property
-    def log(self) -> str:
-        return f"{self.root}/output.log"
-
-    @property
-    def pfs(self) -> str:
-        return f"{self.root}/pfs"
-
-    @property
-    def squashfs(self) -> str:
-        return f"{self.root}/image.sqsh"
+    @classmethod
+    def under(cls, root: str) -> _Paths:
+        return cls(
+            root=root,
+            env=f"{root}/env.sh",
+            env_names=f"{root}/docker.env",
+            hostfile=f"{root}/hostfile",
+            authorized_keys=f"{root}/authorized_keys",
+            pid=f"{root}/pid",
+            log=f"{root}/output.log",
+            pfs=f"{root}/pfs",
+            squashfs=f"{root}/image.sqsh",
+        )
 
     def inside(self, target: str) -> str:
         return f"{self.root}/{target.lstrip('/')}"
@@ -117,7 +109,7 @@ class SshDriver(SshConnections):
         if not SLUG.match(spec.slug):
             raise DriverError("bad_identifier", f"instance slug {spec.slug!r}", permanent=True)
         workdir = clean_abs(node.workdir, "the node's workdir")
-        return _Paths(f"{workdir}/instances/{spec.slug}")
+        return _Paths.under(f"{workdir}/instances/{spec.slug}")
 
     def _runtime(self, node: NodeTarget) -> str:
         if node.runtime not in RUNTIMES:
