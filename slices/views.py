@@ -153,7 +153,9 @@ def instance_new(request: HttpRequest) -> HttpResponse:
 @require_GET
 def instance_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     instance = services.get_instance_for_user(request.user, public_id)
-    return render_page(request, "slices/instance_detail.html", _detail_context(instance), "live")
+    # htmx asks for one region: the live overview (default) or the event list (?part=events).
+    part = "events" if request.GET.get("part") == "events" else "live"
+    return render_page(request, "slices/instance_detail.html", _detail_context(instance), part)
 
 
 def _detail_context(instance: Instance) -> dict[str, Any]:

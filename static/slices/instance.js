@@ -8,16 +8,20 @@
     var page = document.getElementById("instance-page");
     if (!page) return;
     var liveUrl = page.dataset.liveUrl;
-    var pending = false, lastFetch = 0, pollTimer = null;
+    var pending = false, dirty = false, lastFetch = 0, pollTimer = null;
+    // A change announced while a fetch is in flight is fetched again after it (dirty), so the
+    // page never stays on a state read just before the change.
     function refresh() {
       var now = Date.now();
-      if (pending) return;
+      if (pending) { dirty = true; return; }
       var wait = Math.max(0, 700 - (now - lastFetch));
       pending = true;
+      dirty = false;
       setTimeout(function () {
         lastFetch = Date.now();
+        var done = function () { pending = false; if (dirty) refresh(); };
         window.htmx.ajax("GET", liveUrl, { target: "#instance-live", swap: "outerHTML", select: "#instance-live" })
-          .then(function () { pending = false; }, function () { pending = false; });
+          .then(done, done);
       }, wait);
     }
     function appendEvent(p) {
@@ -31,15 +35,19 @@
       }
       refreshEvents();
     }
-    var eventsPending = false;
+    var eventsPending = false, eventsDirty = false;
     function refreshEvents() {
-      if (eventsPending) return;
+      if (eventsPending) { eventsDirty = true; return; }
       eventsPending = true;
+      eventsDirty = false;
       setTimeout(function () {
-        window.htmx.ajax("GET", liveUrl, { target: "#instance-events", swap: "outerHTML", select: "#instance-events" })
-          .then(function () { eventsPending = false; }, function () { eventsPending = false; });
+        var done = function () { eventsPending = false; if (eventsDirty) refreshEvents(); };
+        window.htmx.ajax("GET", liveUrl + "?part=events", { target: "#instance-events", swap: "outerHTML", select: "#instance-events" })
+          .then(done, done);
       }, 500);
     }
+    // While running, the cost so far and the elapsed time move on their own: refresh them.
+    setInterval(function () { if (state() === "running" && !document.hidden) refresh(); }, 15000);
     function state() {
       var live = document.getElementById("instance-live");
       return live ? live.dataset.state : "";

@@ -100,3 +100,23 @@ def test_fabric_map_names_the_instance_holding_a_node(
     html = client.get(f"/ops/clusters/{cluster}/").content.decode()
     assert "fabric-holder" in html
     assert "fabric-holder" in client.get("/ops/instances/").content.decode()
+
+
+def test_the_event_list_is_served_on_its_own_for_live_updates(alice, alice_client: Client, world):
+    from tests.slices.factories import make_instance
+
+    instance = make_instance(alice)
+    from slices.services.instances import record_event
+
+    record_event(
+        instance,
+        "state",
+        code="ordered",
+        params={"cards": 1, "gpu_model": "RTX4090", "user": "alice"},
+    )
+    url = f"/instances/{instance.public_id}/"
+    html = alice_client.get(url, {"part": "events"}, HTTP_HX_REQUEST="true").content.decode()
+    assert html.lstrip().startswith('<ol class="list-unstyled small mb-0" id="instance-events">')
+    assert "<li" in html
+    live = alice_client.get(url, HTTP_HX_REQUEST="true").content.decode()
+    assert live.lstrip().startswith('<div id="instance-live"')
