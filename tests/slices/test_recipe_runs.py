@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from billing import services as billing
+from billing.models import UsageSession
 from billing.seed import seed_default_prices
 from marketplace import recipes as catalogue_recipes
 from marketplace.services import load_catalogue
@@ -191,5 +192,22 @@ def test_the_recipe_trains_checkpoints_resumes_and_saves_the_adapter_over_ssh(
     # Both runs were paid by the trial credit, to the second; cash untouched.
     after = billing.get_wallet_summary(alice)
     spent = before.trial - after.trial
-    assert Decimal("0") < spent < billing.TRIAL_CREDIT
+    charged = sum(
+        (
+            s.charged
+            for s in UsageSession.objects.filter(
+                resource_id__in=[str(first.public_id), str(second.public_id)]
+            )
+        ),
+        Decimal("0"),
+    )
+    # Exactly what the two sessions charged (a fast machine may finish in a second or two, so
+    # the amount itself can round to 0.00); never more than the trial credit.
+    assert spent == charged and Decimal("0") <= spent < billing.TRIAL_CREDIT
+    assert (
+        UsageSession.objects.filter(
+            resource_id__in=[str(first.public_id), str(second.public_id)], state="closed"
+        ).count()
+        == 2
+    )
     assert after.cash == before.cash
