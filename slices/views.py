@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from decimal import Decimal
@@ -20,6 +21,7 @@ from console.auth import staff_required
 from console.errors import DomainError
 from console.htmx import render_page, stop_polling
 from console.ids import parse_uuid
+from marketplace import recipes as catalogue_recipes
 from marketplace.services import asset_picker
 from slices import lifecycle, services
 from slices.choices import (
@@ -34,7 +36,7 @@ from slices.choices import (
 from slices.forms import DiskForm, OrderForm, OrderPreviewForm
 from slices.messages import event_text, failure_text, step_label
 from slices.models import Cluster, Disk, Instance, Node, Region
-from slices.services import NoCapacity, migration, power, storage
+from slices.services import NoCapacity, migration, power, recipes, storage
 from slices.services import disks as disk_service
 from slices.services.instances import instance_cost
 
@@ -361,13 +363,6 @@ def ops_instances(request: HttpRequest) -> HttpResponse:
 def demo(request: HttpRequest, name: str) -> HttpResponse:
     """What the demo runs, for how long, the most it can cost (from the price book), what the user
     gets, the licence of the weights to accept here, and one launch button."""
-    import uuid
-
-    from django.http import Http404
-
-    from marketplace import recipes as catalogue_recipes
-    from slices.services import recipes
-
     recipe = catalogue_recipes.get_demo(name)
     if recipe is None:
         raise Http404

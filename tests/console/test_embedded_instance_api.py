@@ -33,19 +33,8 @@ SETTLE_TIMEOUT = 120.0
 @pytest.fixture(scope="module")
 def demo_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
     tmp = tmp_path_factory.mktemp("embedded-instances")
-    env = servers.embedded_env(tmp)
-    env.update(SIM_TIME_SCALE="0.01", SLICES_DRIVER="sim")
-    servers.manage(env, "migrate", "--noinput", "-v", "0")
-    servers.manage(env, "demo_setup")
-    stack = servers.Stack(env=env, port=servers.free_port(), tmp=tmp)
-    try:
-        try:
-            stack.start_web()
-        except RuntimeError:  # not healthy within 60 s: a loaded machine gets longer
-            stack.wait_healthy(timeout=240)
+    with servers.embedded_demo(tmp, SIM_TIME_SCALE="0.01", SLICES_DRIVER="sim") as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def _csrf(client: httpx.Client) -> dict[str, str]:

@@ -33,22 +33,15 @@ SETTLE_MS = 180_000
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
     tmp = tmp_path_factory.mktemp("demo-journey")
-    env = servers.embedded_env(tmp)
-    env.update(
+    with servers.embedded_demo(
+        tmp,
         SIM_TIME_SCALE="0.02",
         SLICES_DRIVER="sim",
         STATE_DIR=str(tmp / "state"),
         RECIPE_TIME_LIMIT_SECONDS="600",
         RECIPE_FOLLOW_INTERVAL="0.5",
-    )
-    servers.manage(env, "migrate", "--noinput", "-v", "0")
-    servers.manage(env, "demo_setup")
-    server = servers.Stack(env=env, port=servers.free_port(), tmp=tmp)
-    try:
-        server.start_web()
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _verification_link(mail_dir: Path, deadline: float) -> str:

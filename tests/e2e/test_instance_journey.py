@@ -41,19 +41,8 @@ SHOTS = os.environ.get("SCREENSHOT_DIR", "")
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
     tmp = tmp_path_factory.mktemp("instance-journey")
-    env = servers.embedded_env(tmp)
-    env.update(SIM_TIME_SCALE="0.1", SLICES_DRIVER="sim")
-    servers.manage(env, "migrate", "--noinput", "-v", "0")
-    servers.manage(env, "demo_setup")
-    server = servers.Stack(env=env, port=servers.free_port(), tmp=tmp)
-    try:
-        try:
-            server.start_web()
-        except RuntimeError:  # not healthy within 60 s: a loaded machine gets longer
-            server.wait_healthy(timeout=240)
+    with servers.embedded_demo(tmp, SIM_TIME_SCALE="0.1", SLICES_DRIVER="sim") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -28,16 +28,8 @@ SETTLE_MS = 120_000
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
     tmp = tmp_path_factory.mktemp("telemetry-chart")
-    env = servers.embedded_env(tmp)
-    env.update(SIM_TIME_SCALE="0", SLICES_DRIVER="sim")
-    servers.manage(env, "migrate", "--noinput", "-v", "0")
-    servers.manage(env, "demo_setup")
-    server = servers.Stack(env=env, port=servers.free_port(), tmp=tmp)
-    try:
-        server.start_web()
+    with servers.embedded_demo(tmp, SIM_TIME_SCALE="0", SLICES_DRIVER="sim") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _logged_in(browser: Browser, stack: servers.Stack, user: str, password: str) -> Page:

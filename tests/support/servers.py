@@ -10,8 +10,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -234,3 +235,23 @@ def login(client: httpx.Client, username: str, password: str) -> None:
         headers={"Referer": f"{client.base_url}/admin/login/"},
     )
     assert response.status_code == 302, response.text[:500]
+
+
+@contextmanager
+def embedded_demo(tmp: Path, **env: str) -> Iterator[Stack]:
+    """The embedded console with the demo data (``demo_setup``) as a real server process, with
+    ``env`` on top of the embedded defaults; stopped on exit. A loaded machine gets 240 s to
+    become healthy."""
+    environ = embedded_env(tmp)
+    environ.update(env)
+    manage(environ, "migrate", "--noinput", "-v", "0")
+    manage(environ, "demo_setup")
+    stack = Stack(env=environ, port=free_port(), tmp=tmp)
+    try:
+        try:
+            stack.start_web()
+        except RuntimeError:  # not healthy within 60 s
+            stack.wait_healthy(timeout=240)
+        yield stack
+    finally:
+        stack.stop()
