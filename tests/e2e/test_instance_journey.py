@@ -24,6 +24,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.support import servers
+from tests.support.browser import select_and_settle
 
 pytestmark = pytest.mark.e2e
 
@@ -125,10 +126,10 @@ def _top_up(page: Page) -> None:
 def _order_from_the_form(page: Page) -> None:
     """The order form: choose the GPU model, then 8 cards (each change re-renders the form)."""
     page.goto("/instances/new/")
-    # (Wait for each re-render: the response to the first change replaces the whole form.)
-    page.select_option("#id_gpu_model", "RTX4090")
+    # Each change re-renders the whole form: wait for htmx to settle before the next one.
+    select_and_settle(page, "#id_gpu_model", "RTX4090")
     expect(page).to_have_url(re.compile(r"[?&]gpu_model=RTX4090"))
-    page.select_option("#id_cards", "8")
+    select_and_settle(page, "#id_cards", "8")
     expect(page).to_have_url(re.compile(r"[?&]cards=8(&|$)"))
     expect(page.locator("#order-placement h2")).to_contain_text("8 × RTX4090")
     expect(page.locator("#id_cards")).to_have_value("8")
