@@ -36,6 +36,7 @@ import random
 import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -168,32 +169,62 @@ def save_checkpoint(model: Any, optimizer: Any, step: int, loss: float, target: 
     tmp.rename(target)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+@dataclass
+class Run:
+    """Where this process runs and what it writes: one per rank."""
+
+    args: argparse.Namespace
+    world: int
+    rank: int
+    local_rank: int
+    device: torch.device
+    output: Path
+    run_dir: Path
+    shown: str  # the output path as the user sees it (/pfs), for the console's lines
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def shown_checkpoint(self, step: int) -> str:
+        return f"{self.shown}/checkpoints/{self.args.run_name}/step-{step}"
+
+
+def start_run(args: argparse.Namespace) -> Run:
+    """This rank's device and process group (NCCL on GPUs, gloo on the CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if world > 1:
         dist.init_process_group("nccl" if cuda else "gloo")
-    started = time.monotonic()
     torch.manual_seed(args.seed)
-
-    model_dir, data_dir = resolve(args.model), resolve(args.dataset)
     output = resolve(args.output)
-    shown = args.output.rstrip("/") or "/"  # paths are reported as the user sees them (/pfs/...)
-    run_dir = output / "checkpoints" / args.run_name
-    say(rank, f"loading {model_dir} on {world} process(es), {device.type}")
+    return Run(
+        args=args,
+        world=world,
+        rank=rank,
+        local_rank=local_rank,
+        device=torch.device("cuda", local_rank) if cuda else torch.device("cpu"),
+        output=output,
+        run_dir=output / "checkpoints" / args.run_name,
+        shown=args.output.rstrip("/") or "/",
+    )
+
+
+def load_model(run: Run, model_dir: Path) -> tuple[Any, Any]:
+    """The tokenizer and the base model wrapped with LoRA adapters (only those are trained)."""
+    args = run.args
+    say(run.rank, f"loading {model_dir} on {run.world} process(es), {run.device.type}")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+    dtype = torch.bfloat16 if run.cuda and torch.cuda.is_bf16_supported() else torch.float32
     # Transformers 4.56 renamed torch_dtype to dtype (the images ship 4.x, the CPU test 5.x).
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-    base = AutoModelForCausalLM.from_pretrained(model_dir, **{key: dtype}).to(device)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, **{key: dtype}).to(run.device)
     lora = LoraConfig(
         r=args.lora_r,
         lora_alpha=2 * args.lora_r,
@@ -201,115 +232,158 @@ def main(argv: list[str] | None = None) -> int:
         target_modules=[t.strip() for t in args.lora_targets.split(",") if t.strip()],
         task_type="CAUSAL_LM",
     )
-    model = get_peft_model(base, lora)
+    return tokenizer, get_peft_model(base, lora)
+
+
+def resume_step(run: Run, model: Any, optimizer: Any) -> int | None:
+    """Load the checkpoint ``--resume`` names (``auto``: the run's latest); its step, or None."""
+    args = run.args
+    if args.resume in ("", "none"):
+        return None
+    resume = latest_checkpoint(run.run_dir) if args.resume == "auto" else resolve(args.resume)
+    if resume is None:
+        return None
+    if not (resume / "trainer_state.json").is_file():
+        raise SystemExit(f"RESUME_FROM={args.resume}: not a checkpoint directory")
+    set_peft_model_state_dict(model, load_file(resume / "adapter_model.safetensors"))
+    optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location=run.device))
+    step = int(json.loads((resume / "trainer_state.json").read_text())["step"])
+    say(run.rank, f"resumed from {resume} at step {step}")
+    return step
+
+
+@dataclass
+class Progress:
+    """The loop's running figures: step, last loss, recent step times."""
+
+    step: int
+    loss: float = math.nan
+    step_times: list[float] = field(default_factory=list)
+
+    def per_step(self) -> float:
+        recent = self.step_times[-20:]
+        return sum(recent) / len(recent)
+
+
+def train_step(run: Run, ddp: Any, optimizer: Any, batch: Any) -> tuple[float, float]:
+    """One optimiser step; the loss averaged over ranks and the tokens seen by all of them."""
+    ids, labels, mask = (t.to(run.device) for t in batch)
+    out = ddp(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    figures = torch.tensor(
+        [out.loss.detach().float().item(), float(mask.sum().item())], device=run.device
+    )
+    if run.world > 1:
+        dist.all_reduce(figures)
+    return figures[0].item() / run.world, figures[1].item()
+
+
+def report_step(run: Run, progress: Progress, tokens: float, seconds: float) -> None:
+    """The progress line (every ``--log-every`` steps and the last one)."""
+    args = run.args
+    elapsed = time.monotonic() - run.started
+    eta = (args.max_steps - progress.step) * progress.per_step()
+    if args.time_limit:
+        eta = min(eta, max(0.0, args.time_limit - SAVE_MARGIN_S - elapsed))
+    if progress.step % args.log_every == 0 or progress.step == args.max_steps:
+        emit(
+            run.rank,
+            "progress",
+            step=progress.step,
+            max_steps=args.max_steps,
+            loss=round(progress.loss, 4),
+            lr=args.lr,
+            tokens_per_s=round(tokens / seconds, 1) if seconds else None,
+            eta_s=round(eta, 1),
+            elapsed_s=round(elapsed, 1),
+        )
+
+
+def train(run: Run, model: Any, optimizer: Any, stream: Any, progress: Progress) -> str:
+    """Train until ``--max-steps`` or the time limit (less the time to save); why it stopped."""
+    args = run.args
+    ddp = (
+        torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[run.local_rank] if run.cuda else None
+        )
+        if run.world > 1
+        else model
+    )
+    model.train()
+    while progress.step < args.max_steps:
+        t0 = time.monotonic()
+        progress.loss, tokens = train_step(run, ddp, optimizer, next(stream))
+        progress.step += 1
+        seconds = time.monotonic() - t0
+        progress.step_times.append(seconds)
+        report_step(run, progress, tokens, seconds)
+        step = progress.step
+        if args.save_every and step % args.save_every == 0 and step < args.max_steps:
+            if run.rank == 0:
+                save_checkpoint(model, optimizer, step, progress.loss, run.run_dir / f"step-{step}")
+            emit(run.rank, "checkpoint", step=step, path=run.shown_checkpoint(step))
+        elapsed = time.monotonic() - run.started
+        if args.time_limit and elapsed + 2 * progress.per_step() + SAVE_MARGIN_S > args.time_limit:
+            return "time_limit"
+    return "max_steps"
+
+
+def finish(run: Run, model: Any, optimizer: Any, progress: Progress, reason: str) -> None:
+    """The last checkpoint and the adapter (rank 0), then the done line."""
+    step, name = progress.step, run.args.run_name
+    if run.rank == 0:
+        save_checkpoint(model, optimizer, step, progress.loss, run.run_dir / f"step-{step}")
+        emit(run.rank, "checkpoint", step=step, path=run.shown_checkpoint(step))
+        adapter = run.output / "adapters" / name
+        adapter.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(adapter)
+    if run.world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    emit(
+        run.rank,
+        "done",
+        step=step,
+        loss=round(progress.loss, 4),
+        adapter=f"{run.shown}/adapters/{name}",
+        reason=reason,
+        elapsed_s=round(time.monotonic() - run.started, 1),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    run = start_run(args)
+    tokenizer, model = load_model(run, resolve(args.model))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    resumed = resume_step(run, model, optimizer)
+    progress = Progress(step=resumed or 0)
 
-    step = 0
-    resume = None
-    if args.resume not in ("", "none"):
-        resume = latest_checkpoint(run_dir) if args.resume == "auto" else resolve(args.resume)
-        if resume is not None and not (resume / "trainer_state.json").is_file():
-            raise SystemExit(f"RESUME_FROM={args.resume}: not a checkpoint directory")
-    if resume is not None:
-        set_peft_model_state_dict(model, load_file(resume / "adapter_model.safetensors"))
-        optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location=device))
-        step = int(json.loads((resume / "trainer_state.json").read_text())["step"])
-        say(rank, f"resumed from {resume} at step {step}")
-
-    rows = read_rows(data_dir)
-    mine = [encode(tokenizer, r, args.seq_len) for r in rows[rank::world]] or [
+    rows = read_rows(resolve(args.dataset))
+    mine = [encode(tokenizer, r, args.seq_len) for r in rows[run.rank :: run.world]] or [
         encode(tokenizer, rows[0], args.seq_len)
     ]
-    stream = batches(mine, min(args.batch_size, len(mine)), pad, args.seed + step)
-    ddp = (
-        torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
-        if world > 1
-        else model
-    )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    stream = batches(mine, min(args.batch_size, len(mine)), pad, args.seed + progress.step)
     emit(
-        rank,
+        run.rank,
         "start",
         run=args.run_name,
-        world_size=world,
-        device=device.type,
+        world_size=run.world,
+        device=run.device.type,
         model=str(args.model),
         examples=len(rows),
         trainable_params=trainable,
         total_params=total,
         max_steps=args.max_steps,
-        resumed_from=step if resume is not None else None,
+        resumed_from=resumed,
     )
-
-    model.train()
-    loss_value = math.nan
-    step_times: list[float] = []
-    reason = "max_steps"
-    while step < args.max_steps:
-        t0 = time.monotonic()
-        ids, labels, mask = (t.to(device) for t in next(stream))
-        out = ddp(input_ids=ids, attention_mask=mask, labels=labels)
-        out.loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        figures = torch.tensor(
-            [out.loss.detach().float().item(), float(mask.sum().item())], device=device
-        )
-        if world > 1:
-            dist.all_reduce(figures)
-        step += 1
-        loss_value = figures[0].item() / world
-        seconds = time.monotonic() - t0
-        step_times.append(seconds)
-        per_step = sum(step_times[-20:]) / len(step_times[-20:])
-        elapsed = time.monotonic() - started
-        eta = (args.max_steps - step) * per_step
-        if args.time_limit:
-            eta = min(eta, max(0.0, args.time_limit - SAVE_MARGIN_S - elapsed))
-        if step % args.log_every == 0 or step == args.max_steps:
-            emit(
-                rank,
-                "progress",
-                step=step,
-                max_steps=args.max_steps,
-                loss=round(loss_value, 4),
-                lr=args.lr,
-                tokens_per_s=round(figures[1].item() / seconds, 1) if seconds else None,
-                eta_s=round(eta, 1),
-                elapsed_s=round(elapsed, 1),
-            )
-        if args.save_every and step % args.save_every == 0 and step < args.max_steps:
-            if rank == 0:
-                save_checkpoint(model, optimizer, step, loss_value, run_dir / f"step-{step}")
-            emit(
-                rank,
-                "checkpoint",
-                step=step,
-                path=f"{shown}/checkpoints/{args.run_name}/step-{step}",
-            )
-        if args.time_limit and elapsed + 2 * per_step + SAVE_MARGIN_S > args.time_limit:
-            reason = "time_limit"
-            break
-
-    adapter = output / "adapters" / args.run_name
-    if rank == 0:
-        save_checkpoint(model, optimizer, step, loss_value, run_dir / f"step-{step}")
-        emit(rank, "checkpoint", step=step, path=f"{shown}/checkpoints/{args.run_name}/step-{step}")
-        adapter.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(adapter)
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
-    emit(
-        rank,
-        "done",
-        step=step,
-        loss=round(loss_value, 4),
-        adapter=f"{shown}/adapters/{args.run_name}",
-        reason=reason,
-        elapsed_s=round(time.monotonic() - started, 1),
-    )
+    reason = train(run, model, optimizer, stream, progress)
+    finish(run, model, optimizer, progress, reason)
     return 0
 
 
