@@ -13,6 +13,7 @@ import json
 import math
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from slices.drivers.base import (
@@ -228,87 +229,122 @@ def _int_env(env: dict[str, str], name: str, default: int) -> int:
         return default
 
 
+def _sim_line(**fields: object) -> str:
+    return json.dumps({**fields, "simulated": True}, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class _SimRecipe:
+    """A simulated recipe run's parameters, read from its environment as train.py reads them."""
+
+    run: str
+    world_size: int
+    max_steps: int
+    log_every: int
+    save_every: int
+    limit: float  # TIME_LIMIT_S, real seconds (0: none)
+    tokens: int  # per step, all GPUs
+    step_s: float
+    seed: int
+    time_scale: float
+
+    @classmethod
+    def from_env(cls, env: dict[str, str], world_size: int, time_scale: float) -> _SimRecipe:
+        run = env.get("RUN_NAME", "run")
+        tokens = world_size * _int_env(env, "BATCH_SIZE", 4) * _int_env(env, "SEQ_LEN", 512)
+        return cls(
+            run=run,
+            world_size=world_size,
+            max_steps=_int_env(env, "MAX_STEPS", 300) or 1,
+            log_every=_int_env(env, "LOG_EVERY", 10) or 1,
+            save_every=_int_env(env, "SAVE_EVERY", 100),
+            limit=float(_int_env(env, "TIME_LIMIT_S", 0)),
+            tokens=tokens,
+            step_s=tokens / max(1.0, world_size * SIM_RECIPE_TOKENS_PER_GPU_S),
+            seed=int(hashlib.sha256(run.encode()).hexdigest()[:8], 16),
+            time_scale=time_scale,
+        )
+
+    def loss(self, step: int) -> float:
+        wobble = ((self.seed >> (step % 24)) % 97) / 97 - 0.5
+        return 1.05 + 0.85 * math.exp(-step / (self.max_steps / 5)) + 0.05 * wobble
+
+    def checkpoint(self, step: int) -> str:
+        return _sim_line(
+            event="checkpoint", step=step, path=f"/pfs/checkpoints/{self.run}/step-{step}"
+        )
+
+    def progress(self, step: int, t: float) -> str:
+        eta = (self.max_steps - step) * self.step_s * self.time_scale
+        if self.limit:
+            eta = min(eta, max(0.0, self.limit - 30 - t * self.time_scale))
+        return _sim_line(
+            event="progress",
+            step=step,
+            max_steps=self.max_steps,
+            loss=round(self.loss(step), 4),
+            lr=2e-4,
+            tokens_per_s=round(self.tokens / self.step_s, 1),
+            eta_s=round(eta, 1),
+            elapsed_s=round(t * self.time_scale, 1),
+        )
+
+    def start(self, model_dir: str) -> list[tuple[float, str]]:
+        return [
+            (
+                1.0,
+                f"[sim] torchrun: {self.world_size} processes, NCCL over {self.world_size} GPU(s)",
+            ),
+            (2.0, f"[sim] loading {model_dir} (bf16) on every GPU"),
+            (
+                SIM_RECIPE_LOAD_SECONDS,
+                _sim_line(
+                    event="start",
+                    run=self.run,
+                    world_size=self.world_size,
+                    device="cuda",
+                    trainable_params=4_194_304,
+                    total_params=6_742_609_920,
+                    max_steps=self.max_steps,
+                    resumed_from=None,
+                ),
+            ),
+        ]
+
+    def train(self, out: list[tuple[float, str]]) -> tuple[float, int, str]:
+        """Append the steps' lines; the clock, the last step and why it stopped."""
+        t, step = SIM_RECIPE_LOAD_SECONDS, 0
+        while step < self.max_steps:
+            step += 1
+            t += self.step_s
+            if step % self.log_every == 0 or step == self.max_steps:
+                out.append((t, self.progress(step, t)))
+            if self.save_every and step % self.save_every == 0 and step < self.max_steps:
+                t += 2.0
+                out.append((t, self.checkpoint(step)))
+            if self.limit and (t + 2 * self.step_s) * self.time_scale + 30 > self.limit:
+                return t, step, "time_limit"
+        return t, step, "max_steps"
+
+
 def sim_recipe_lines(
     env: dict[str, str], world_size: int, *, time_scale: float = 1.0
 ) -> list[tuple[float, str]]:
     """(seconds after running, line) for a whole simulated recipe run. The seconds are before
     ``time_scale``; what the lines report (elapsed, ETA) and the time limit (``TIME_LIMIT_S``,
     real seconds) are on the scaled clock the user watches."""
-    run = env.get("RUN_NAME", "run")
-    max_steps = _int_env(env, "MAX_STEPS", 300) or 1
-    log_every = _int_env(env, "LOG_EVERY", 10) or 1
-    save_every = _int_env(env, "SAVE_EVERY", 100)
-    limit = float(_int_env(env, "TIME_LIMIT_S", 0))
-    tokens = world_size * _int_env(env, "BATCH_SIZE", 4) * _int_env(env, "SEQ_LEN", 512)
-    step_s = tokens / max(1.0, world_size * SIM_RECIPE_TOKENS_PER_GPU_S)
-    seed = int(hashlib.sha256(run.encode()).hexdigest()[:8], 16)
-
-    def line(**fields: object) -> str:
-        return json.dumps({**fields, "simulated": True}, ensure_ascii=False)
-
-    out: list[tuple[float, str]] = [
-        (1.0, f"[sim] torchrun: {world_size} processes, NCCL over {world_size} GPU(s)"),
-        (2.0, f"[sim] loading {env.get('MODEL_DIR', '/models')} (bf16) on every GPU"),
-        (
-            SIM_RECIPE_LOAD_SECONDS,
-            line(
-                event="start",
-                run=run,
-                world_size=world_size,
-                device="cuda",
-                trainable_params=4_194_304,
-                total_params=6_742_609_920,
-                max_steps=max_steps,
-                resumed_from=None,
-            ),
-        ),
-    ]
-    t = SIM_RECIPE_LOAD_SECONDS
-    step, reason, loss = 0, "max_steps", 0.0
-    while step < max_steps:
-        step += 1
-        t += step_s
-        wobble = ((seed >> (step % 24)) % 97) / 97 - 0.5
-        loss = 1.05 + 0.85 * math.exp(-step / (max_steps / 5)) + 0.05 * wobble
-        if step % log_every == 0 or step == max_steps:
-            eta = (max_steps - step) * step_s * time_scale
-            if limit:
-                eta = min(eta, max(0.0, limit - 30 - t * time_scale))
-            out.append(
-                (
-                    t,
-                    line(
-                        event="progress",
-                        step=step,
-                        max_steps=max_steps,
-                        loss=round(loss, 4),
-                        lr=2e-4,
-                        tokens_per_s=round(tokens / step_s, 1),
-                        eta_s=round(eta, 1),
-                        elapsed_s=round(t * time_scale, 1),
-                    ),
-                )
-            )
-        if save_every and step % save_every == 0 and step < max_steps:
-            t += 2.0
-            path = f"/pfs/checkpoints/{run}/step-{step}"
-            out.append((t, line(event="checkpoint", step=step, path=path)))
-        if limit and (t + 2 * step_s) * time_scale + 30 > limit:
-            reason = "time_limit"
-            break
+    recipe = _SimRecipe.from_env(env, world_size, time_scale)
+    out = recipe.start(env.get("MODEL_DIR", "/models"))
+    t, step, reason = recipe.train(out)
     t += 3.0
-    out.append((t, line(event="checkpoint", step=step, path=f"/pfs/checkpoints/{run}/step-{step}")))
-    out.append(
-        (
-            t + 1.0,
-            line(
-                event="done",
-                step=step,
-                loss=round(loss, 4),
-                adapter=f"/pfs/adapters/{run}",
-                reason=reason,
-                elapsed_s=round((t + 1.0) * time_scale, 1),
-            ),
-        )
+    out.append((t, recipe.checkpoint(step)))
+    done = _sim_line(
+        event="done",
+        step=step,
+        loss=round(recipe.loss(step), 4),
+        adapter=f"/pfs/adapters/{recipe.run}",
+        reason=reason,
+        elapsed_s=round((t + 1.0) * time_scale, 1),
     )
+    out.append((t + 1.0, done))
     return out
