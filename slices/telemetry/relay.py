@@ -114,6 +114,35 @@ def _message(payload: dict[str, Any]) -> dict[str, Any]:
     return {"type": "telemetry.sample", "text": json.dumps(payload, separators=(",", ":"))}
 
 
+@dataclass
+class _Frame:
+    """What one tick gathers before it sends and records: ring entries by instance, channel-layer
+    sends, the heat map by cluster and host, and the parsed samples."""
+
+    now: float
+    seq: int
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sends: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    clusters: dict[str, dict[str, list[list[Any]]]] = field(default_factory=dict)
+    parsed: list[tuple[_InstanceFeed, _NodeFeed, NodeSample]] = field(default_factory=list)
+
+
+def _read_node(node: _NodeFeed, now: float, stats: TickStats) -> NodeSample | None:
+    """The node's latest sample; None (counted as bad) when it is malformed or the source fails."""
+    try:
+        raw = node.source.read(now)
+        if raw is None:
+            return None
+        return parse_sample(raw, simulated=node.source.simulated)
+    except SampleError as exc:
+        stats.bad_samples += 1
+        logger.debug("bad sample from %s: %s", node.host, exc)
+    except Exception:
+        stats.bad_samples += 1
+        logger.exception("telemetry source of %s failed", node.host)
+    return None
+
+
 class Relay:
     def __init__(self, ring: Ring | None = None, *, layer: Any = None) -> None:
         self.ring = ring if ring is not None else get_ring()
@@ -185,66 +214,67 @@ class Relay:
         now = time.time() if now is None else now
         self.seq += 1
         stats = TickStats(instances=len(self.feeds))
-        entries: dict[str, dict[str, Any]] = {}
-        latest: dict[str, dict[str, Any]] = {}
-        sends: list[tuple[str, dict[str, Any]]] = []
-        clusters: dict[str, dict[str, list[list[Any]]]] = {}
-        parsed: list[tuple[_InstanceFeed, _NodeFeed, NodeSample]] = []
+        frame = _Frame(now=now, seq=self.seq)
         for feed in self.feeds.values():
-            rows: list[list[Any]] = []
-            detail: list[dict[str, Any]] = []
-            problems: list[dict[str, str]] = []
-            small = sum(len(n.source_gpus) for n in feed.nodes) <= DETAIL_MAX_GPUS
-            for node in feed.nodes:
-                try:
-                    raw = node.source.read(now)
-                    if raw is None:
-                        continue
-                    sample = parse_sample(raw, simulated=node.source.simulated)
-                except SampleError as exc:
-                    stats.bad_samples += 1
-                    logger.debug("bad sample from %s: %s", node.host, exc)
-                    continue
-                except Exception:
-                    stats.bad_samples += 1
-                    logger.exception("telemetry source of %s failed", node.host)
-                    continue
-                if sample.state != "ok":
-                    problems.append(
-                        {"host": node.host, "state": sample.state, "error": sample.error}
-                    )
-                    continue
-                parsed.append((feed, node, sample))
-                heat = clusters.setdefault(node.cluster, {}).setdefault(node.host, [])
-                for gpu in sample.gpus:
-                    row = gpu_row(node.rank, gpu)
-                    rows.append(row)
-                    heat.append([gpu.index, row[2], row[4], row[5], row[3]])
-                    if small:
-                        detail.append({"node": node.rank, **gpu.detail()})
-            stats.gpus += len(rows)
-            entry: dict[str, Any] = {"ts": round(now, 3), "seq": self.seq, "g": rows}
-            if feed.simulated:
-                entry["sim"] = True
-            if problems:
-                entry["problems"] = problems
-            entries[feed.public_id] = entry
-            live = dict(entry)
-            if small:
-                live["detail"] = detail
-            sends.append((instance_group(feed.public_id), _message(live)))
-        for code, nodes in clusters.items():
+            self._read_feed(feed, frame, stats)
+        for code, nodes in frame.clusters.items():
             payload = {"ts": round(now, 3), "seq": self.seq, "nodes": nodes}
-            sends.append((cluster_group(code), _message(payload)))
+            frame.sends.append((cluster_group(code), _message(payload)))
         # Browsers first (latency); then the rollups, the ring and the /metrics snapshot.
-        if sends and self.layer is not None:
-            async_to_sync(self._send_all)(sends)
-        for feed, node, sample in parsed:
+        if frame.sends and self.layer is not None:
+            async_to_sync(self._send_all)(frame.sends)
+        latest = self._record(frame)
+        if frame.entries:
+            self.ring.append_many(frame.entries)
+            self.ring.publish_latest(latest)
+        minute = int(now // 60)
+        if self._minute is not None and minute != self._minute:
+            stats.rollups_written = self.flush_rollups(now)
+        self._minute = minute
+        return stats
+
+    def _read_feed(self, feed: _InstanceFeed, frame: _Frame, stats: TickStats) -> None:
+        """Read every node of one instance: its ring entry, its live message, the heat map."""
+        rows: list[list[Any]] = []
+        detail: list[dict[str, Any]] = []
+        problems: list[dict[str, str]] = []
+        small = sum(len(n.source_gpus) for n in feed.nodes) <= DETAIL_MAX_GPUS
+        for node in feed.nodes:
+            sample = _read_node(node, frame.now, stats)
+            if sample is None:
+                continue
+            if sample.state != "ok":
+                problems.append({"host": node.host, "state": sample.state, "error": sample.error})
+                continue
+            frame.parsed.append((feed, node, sample))
+            heat = frame.clusters.setdefault(node.cluster, {}).setdefault(node.host, [])
+            for gpu in sample.gpus:
+                row = gpu_row(node.rank, gpu)
+                rows.append(row)
+                heat.append([gpu.index, row[2], row[4], row[5], row[3]])
+                if small:
+                    detail.append({"node": node.rank, **gpu.detail()})
+        stats.gpus += len(rows)
+        entry: dict[str, Any] = {"ts": round(frame.now, 3), "seq": frame.seq, "g": rows}
+        if feed.simulated:
+            entry["sim"] = True
+        if problems:
+            entry["problems"] = problems
+        frame.entries[feed.public_id] = entry
+        live = dict(entry)
+        if small:
+            live["detail"] = detail
+        frame.sends.append((instance_group(feed.public_id), _message(live)))
+
+    def _record(self, frame: _Frame) -> dict[str, dict[str, Any]]:
+        """Fold the samples into the minute rollups; the latest full sample per instance."""
+        latest: dict[str, dict[str, Any]] = {}
+        for feed, node, sample in frame.parsed:
             full = latest.setdefault(
-                feed.public_id, {"ts": round(now, 3), "sim": feed.simulated, "gpus": []}
+                feed.public_id, {"ts": round(frame.now, 3), "sim": feed.simulated, "gpus": []}
             )["gpus"]
             for gpu in sample.gpus:
-                self.rollups.add(feed.public_id, node.host, gpu, now, feed.simulated)
+                self.rollups.add(feed.public_id, node.host, gpu, frame.now, feed.simulated)
                 if gpu.xid:
                     node.last_xid[gpu.index] = gpu.xid[-1]
                 full.append(
@@ -258,14 +288,7 @@ class Relay:
                         "last_xid": node.last_xid.get(gpu.index, 0),
                     }
                 )
-        if entries:
-            self.ring.append_many(entries)
-            self.ring.publish_latest(latest)
-        minute = int(now // 60)
-        if self._minute is not None and minute != self._minute:
-            stats.rollups_written = self.flush_rollups(now)
-        self._minute = minute
-        return stats
+        return latest
 
     async def _send_all(self, sends: list[tuple[str, dict[str, Any]]]) -> None:
         results = await asyncio.gather(
