@@ -1,10 +1,12 @@
 """The Chinese model families and datasets over the whole shipped catalogue: they are loaded, their
 Chinese names and descriptions are searchable, and with no query the most liked come first.
 
-The ``check_*`` functions hold the expectations; tests/marketplace/test_postgres_search.py runs the
+The ``check_*`` functions (``SEARCH_CHECKS``) hold the expectations; test_postgres_search.py runs the
 same ones against PostgreSQL, so both databases give the same answers."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 from django.test import Client
@@ -106,20 +108,21 @@ def test_the_extra_rows_and_likes_are_loaded(full_catalogue) -> None:
     assert ceval.name_zh.startswith("C-Eval") and "13948" in ceval.description_zh
 
 
-def test_chinese_names_find_their_family_only(full_catalogue, alice_client: Client) -> None:
-    check_chinese_names_find_their_family_only(alice_client)
+SEARCH_CHECKS = (
+    check_chinese_names_find_their_family_only,
+    check_mixed_queries_need_every_term,
+    check_chinese_datasets_are_searchable,
+    check_no_query_lists_the_most_liked_first,
+)
 
 
-def test_mixed_queries_need_every_term(full_catalogue, alice_client: Client) -> None:
-    check_mixed_queries_need_every_term(alice_client)
+def check_name(check: Callable[[Client], None]) -> str:
+    return check.__name__.removeprefix("check_")
 
 
-def test_chinese_datasets_are_searchable(full_catalogue, alice_client: Client) -> None:
-    check_chinese_datasets_are_searchable(alice_client)
-
-
-def test_no_query_lists_the_most_liked_first(full_catalogue, alice_client: Client) -> None:
-    check_no_query_lists_the_most_liked_first(alice_client)
+@pytest.mark.parametrize("check", SEARCH_CHECKS, ids=check_name)
+def test_search(check: Callable[[Client], None], full_catalogue, alice_client: Client) -> None:
+    check(alice_client)
 
 
 def test_the_browse_page_shows_the_chinese_name(full_catalogue, alice_client: Client) -> None:

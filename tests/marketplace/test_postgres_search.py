@@ -3,17 +3,14 @@ substring conditions served by the pg_trgm GIN index."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from django.db import connection
 from django.test import Client
 
 from marketplace.models import Asset
-from tests.marketplace.test_chinese_catalogue import (
-    check_chinese_datasets_are_searchable,
-    check_chinese_names_find_their_family_only,
-    check_mixed_queries_need_every_term,
-    check_no_query_lists_the_most_liked_first,
-)
+from tests.marketplace.test_chinese_catalogue import SEARCH_CHECKS, check_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
@@ -36,20 +33,11 @@ def test_the_trigram_index_exists_and_the_planner_can_use_it(full_catalogue) -> 
         assert "marketplace_asset_search_trgm" in plan, (query, plan)
 
 
-def test_chinese_names_find_their_family_only(full_catalogue, alice_client: Client) -> None:
-    check_chinese_names_find_their_family_only(alice_client)
-
-
-def test_mixed_queries_need_every_term(full_catalogue, alice_client: Client) -> None:
-    check_mixed_queries_need_every_term(alice_client)
-
-
-def test_chinese_datasets_are_searchable(full_catalogue, alice_client: Client) -> None:
-    check_chinese_datasets_are_searchable(alice_client)
-
-
-def test_no_query_lists_the_most_liked_first(full_catalogue, alice_client: Client) -> None:
-    check_no_query_lists_the_most_liked_first(alice_client)
+@pytest.mark.parametrize("check", SEARCH_CHECKS, ids=check_name)
+def test_search_as_on_sqlite(
+    check: Callable[[Client], None], full_catalogue, alice_client: Client
+) -> None:
+    check(alice_client)
 
 
 def test_prefix_search_every_word_must_match(full_catalogue, alice_client: Client) -> None:
