@@ -77,6 +77,18 @@ def make_node(
     )
 
 
+@pytest.fixture
+def driver(ssh_hosts: SshHostPool, roots: dict[str, Path]) -> SshDriver:  # noqa: F811
+    """The driver with the test settings (the key every test host accepts)."""
+    return make_driver(ssh_hosts, roots)
+
+
+@pytest.fixture
+def node(host: SshHost, roots: dict[str, Path]) -> NodeTarget:
+    """The test host pinned by its real host key, working in ``roots["node"]``."""
+    return make_node(host, roots["node"])
+
+
 def make_spec(nodes: tuple[NodeTarget, ...], **kw: object) -> InstanceSpec:
     fields: dict[str, object] = {
         "instance_id": "6f1c7a52-0000-4000-8000-000000000001",
@@ -144,12 +156,8 @@ def test_all_reduce_perf_output_is_parsed() -> None:
 
 
 def test_connect_logs_in_with_the_pinned_key_line(
-    ssh_hosts: SshHostPool,  # noqa: F811
-    host: SshHost,
-    roots: dict[str, Path],
+    driver: SshDriver, node: NodeTarget, host: SshHost
 ) -> None:
-    driver = make_driver(ssh_hosts, roots)
-    node = make_node(host, roots["node"])
     logs = Logs()
     result = driver.connect(make_spec((node,)), node, logs)
     assert result.data["uid"] == "0"
@@ -158,19 +166,17 @@ def test_connect_logs_in_with_the_pinned_key_line(
 
 
 def test_a_pinned_sha256_fingerprint_is_accepted(
-    ssh_hosts: SshHostPool,  # noqa: F811
-    host: SshHost,
-    roots: dict[str, Path],
+    driver: SshDriver, host: SshHost, roots: dict[str, Path]
 ) -> None:
     pinned = fingerprint(parse_key_line(host.host_key_line))
     assert pinned.startswith("SHA256:")
     node = make_node(host, roots["node"], host_key=pinned)
-    assert make_driver(ssh_hosts, roots).connect(make_spec((node,)), node, Logs()).data["uid"]
+    assert driver.connect(make_spec((node,)), node, Logs()).data["uid"]
 
 
 @pytest.mark.parametrize("pin", ["changed-key-line", "changed-fingerprint", "nothing-pinned"])
 def test_an_unknown_or_changed_host_key_is_refused_before_any_command(
-    ssh_hosts: SshHostPool,  # noqa: F811
+    driver: SshDriver,
     host: SshHost,
     roots: dict[str, Path],
     tmp_path: Path,
@@ -182,7 +188,6 @@ def test_an_unknown_or_changed_host_key_is_refused_before_any_command(
         "changed-fingerprint": fingerprint(parse_key_line(other)),
         "nothing-pinned": "",
     }[pin]
-    driver = make_driver(ssh_hosts, roots)
     node = make_node(host, roots["node"], host_key=pinned)
     marker = tmp_path / "ran"
     before = logins(host)
@@ -206,13 +211,12 @@ def test_an_unknown_or_changed_host_key_is_refused_before_any_command(
 
 def test_a_key_the_node_does_not_accept_is_a_permanent_failure(
     ssh_hosts: SshHostPool,  # noqa: F811
-    host: SshHost,
+    node: NodeTarget,
     roots: dict[str, Path],
     tmp_path: Path,
 ) -> None:
     generate_key(tmp_path / "stranger", "stranger")
     driver = make_driver(ssh_hosts, roots, key_file=str(tmp_path / "stranger"))
-    node = make_node(host, roots["node"])
     with pytest.raises(DriverError) as failed:
         driver.connect(make_spec((node,)), node, Logs())
     assert failed.value.code == "unreachable"
@@ -287,13 +291,8 @@ def test_a_port_that_sends_no_banner_fails_within_the_connect_timeout(
 
 
 def test_a_hung_command_times_out_and_is_killed_on_the_node(
-    ssh_hosts: SshHostPool,  # noqa: F811
-    host: SshHost,
-    roots: dict[str, Path],
-    tmp_path: Path,
+    driver: SshDriver, node: NodeTarget, tmp_path: Path
 ) -> None:
-    driver = make_driver(ssh_hosts, roots)
-    node = make_node(host, roots["node"])
     started = time.monotonic()
     with pytest.raises(DriverError) as failed:
         driver.execute(node, "sleep {n}; touch {m}", n="47.25", m=str(tmp_path / "late"), timeout=1)
@@ -321,12 +320,8 @@ def _cmdline(pid: int) -> bytes:
 
 
 def test_ten_mib_of_stdout_and_stderr_completes_with_a_bounded_tail_and_log(
-    ssh_hosts: SshHostPool,  # noqa: F811
-    host: SshHost,
-    roots: dict[str, Path],
+    driver: SshDriver, node: NodeTarget
 ) -> None:
-    driver = make_driver(ssh_hosts, roots)
-    node = make_node(host, roots["node"])
     logs = Logs()
     with driver.session(node) as client:
         result = driver.run(
@@ -361,7 +356,8 @@ def run_steps(driver: SshDriver, spec: InstanceSpec, node: NodeTarget, logs: Log
 
 def test_hostile_text_reaches_the_node_literally_and_runs_nothing(
     ssh_hosts: SshHostPool,  # noqa: F811
-    host: SshHost,
+    driver: SshDriver,
+    node: NodeTarget,
     roots: dict[str, Path],
     tmp_path: Path,
 ) -> None:
@@ -369,8 +365,6 @@ def test_hostile_text_reaches_the_node_literally_and_runs_nothing(
     hostile = HOSTILE.format(m=marker)
     secret = "s3cret-token-do-not-log"
     (roots["assets"] / "models" / "org" / "tiny").mkdir(parents=True)
-    driver = make_driver(ssh_hosts, roots)
-    node = make_node(host, roots["node"])
     spec = make_spec(
         (node,),
         name=f"box{hostile}",
@@ -412,16 +406,14 @@ def test_hostile_text_reaches_the_node_literally_and_runs_nothing(
     ],
 )
 def test_identifiers_outside_the_allow_list_are_refused_up_front(
-    ssh_hosts: SshHostPool,  # noqa: F811
-    host: SshHost,
-    roots: dict[str, Path],
+    driver: SshDriver,
+    node: NodeTarget,
     tmp_path: Path,
     field: str,
     value: str,
 ) -> None:
     marker = tmp_path / "pwned"
     value = value.format(m=marker)
-    node = make_node(host, roots["node"])
     spec = make_spec((node,))
     if field == "slug":
         spec = make_spec((node,), slug=value)
@@ -436,7 +428,6 @@ def test_identifiers_outside_the_allow_list_are_refused_up_front(
             node.hostname, node.address, node.port, node.host_key, 0, (0,), value, "process"
         )
         spec = make_spec((node,))
-    driver = make_driver(ssh_hosts, roots)
     with pytest.raises(DriverError) as refused:
         driver.prepare(spec, node, Logs())
         driver.mount(spec, node, Logs())
@@ -508,14 +499,8 @@ def test_provisioning_steps_write_the_job_environment_and_start_idempotently(
     driver.teardown(spec, nodes[0], logs)
 
 
-def test_a_missing_asset_fails_the_mount_permanently(
-    ssh_hosts: SshHostPool,  # noqa: F811
-    host: SshHost,
-    roots: dict[str, Path],
-) -> None:
-    node = make_node(host, roots["node"])
+def test_a_missing_asset_fails_the_mount_permanently(driver: SshDriver, node: NodeTarget) -> None:
     spec = make_spec((node,), mounts=(Mount("/pfs/public/models/org/absent", "/models/absent"),))
-    driver = make_driver(ssh_hosts, roots)
     driver.prepare(spec, node, Logs())
     with pytest.raises(DriverError) as failed:
         driver.mount(spec, node, Logs())
@@ -524,13 +509,9 @@ def test_a_missing_asset_fails_the_mount_permanently(
 
 
 def test_health_fails_when_the_process_has_exited(
-    ssh_hosts: SshHostPool,  # noqa: F811
-    host: SshHost,
-    roots: dict[str, Path],
+    driver: SshDriver, node: NodeTarget, roots: dict[str, Path]
 ) -> None:
-    node = make_node(host, roots["node"])
     spec = make_spec((node,), entrypoint="echo starting up; exit 3")
-    driver = make_driver(ssh_hosts, roots)
     for step in (driver.prepare, driver.mount, driver.start):
         step(spec, node, Logs())
     pid = int((instance_dir(roots["node"]) / "pid").read_text())
@@ -546,11 +527,11 @@ def test_health_fails_when_the_process_has_exited(
 
 def test_a_dropped_connection_between_steps_is_replaced_and_keepalives_are_on(
     ssh_hosts: SshHostPool,  # noqa: F811
+    node: NodeTarget,
     host: SshHost,
     roots: dict[str, Path],
 ) -> None:
     driver = make_driver(ssh_hosts, roots, keepalive=6)
-    node = make_node(host, roots["node"])
     spec = make_spec((node,))
     before = logins(host)
     with driver.session(node) as client:  # kept for the node's next step
