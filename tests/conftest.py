@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from django.test import Client
 from hypothesis import settings as hypothesis_settings
@@ -9,6 +11,8 @@ from playwright.sync_api import expect
 
 from console.celery import app as celery_app
 from console.models import User
+from marketplace.models import Asset, Image, License, LicenseAcceptance
+from marketplace.services import load_catalogue
 from tests.console.factories import PASSWORD, UserFactory
 
 # Every randomised test prints how to reproduce a failure (hypothesis's blob, or `--hypothesis-seed`).
@@ -48,6 +52,26 @@ def _celery_runs_tasks_inline() -> None:
     """
     celery_app.conf.task_always_eager = True
     celery_app.conf.task_eager_propagates = True
+
+
+@pytest.fixture(scope="module")
+def _catalogue_loaded(django_db_setup, django_db_blocker) -> Iterator[None]:
+    """The whole shipped catalogue, loaded once per module and removed after it, so no other
+    module (of any app) sees it."""
+    with django_db_blocker.unblock():
+        load_catalogue()
+    yield
+    with django_db_blocker.unblock():
+        LicenseAcceptance.objects.all().delete()
+        Asset.objects.all().delete()
+        License.objects.all().delete()
+        Image.objects.all().delete()
+
+
+@pytest.fixture
+def full_catalogue(_catalogue_loaded, db) -> None:
+    """Use in tests that read the real catalogue (3,242 assets, 4 images)."""
+    return None
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from django.utils import timezone
 from billing import services as billing
 from billing.seed import seed_default_prices
 from marketplace import recipes as catalogue_recipes
-from marketplace.services import get_asset_by_hub_id, has_accepted_license, load_catalogue
+from marketplace.services import get_asset_by_hub_id, has_accepted_license
 from slices import progress
 from slices.choices import InstanceState
 from slices.drivers.sim import sim_recipe_lines
@@ -30,22 +30,8 @@ pytestmark = pytest.mark.django_db
 URL = "/demo/llama-7b/"
 
 
-@pytest.fixture(scope="module")
-def _catalogue(django_db_setup, django_db_blocker):  # noqa: ANN001, ANN202
-    from marketplace.models import Asset, Image, License, LicenseAcceptance
-
-    with django_db_blocker.unblock():
-        load_catalogue()
-    yield
-    with django_db_blocker.unblock():
-        LicenseAcceptance.objects.all().delete()
-        Asset.objects.all().delete()
-        License.objects.all().delete()
-        Image.objects.all().delete()
-
-
 @pytest.fixture
-def world(_catalogue, settings) -> None:  # noqa: ANN001
+def world(full_catalogue, settings) -> None:  # noqa: ANN001
     settings.SIM_TIME_SCALE = 0
     settings.RECIPE_FOLLOW_INTERVAL = 0.01
     seed_default_prices()

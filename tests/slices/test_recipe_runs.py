@@ -30,7 +30,6 @@ from billing import services as billing
 from billing.models import UsageSession
 from billing.seed import seed_default_prices
 from marketplace import recipes as catalogue_recipes
-from marketplace.services import load_catalogue
 from slices.choices import InstanceState
 from slices.models import Instance, Node
 from slices.services import recipes
@@ -73,22 +72,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def _catalogue(django_db_setup, django_db_blocker):  # noqa: ANN001, ANN202
-    from marketplace.models import Asset, Image, License, LicenseAcceptance
-
-    with django_db_blocker.unblock():
-        load_catalogue()
-    yield
-    with django_db_blocker.unblock():
-        LicenseAcceptance.objects.all().delete()
-        Asset.objects.all().delete()
-        License.objects.all().delete()
-        Image.objects.all().delete()
-
-
 @pytest.fixture
-def host(_catalogue, settings, ssh_hosts: SshHostPool, tmp_path: Path):  # noqa: ANN001, ANN201, F811
+def host(full_catalogue, settings, ssh_hosts: SshHostPool, tmp_path: Path):  # noqa: ANN001, ANN201, F811
     """One RTX 4090 node of the small fleet pointed at a real sshd test host, the tiny model and
     dataset where the catalogue mounts them from, the recipe environment on the run's PATH."""
     python = recipe_python()
