@@ -9,13 +9,11 @@ import os
 import signal
 import time
 from datetime import timedelta
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
-from billing import services as billing
 from slices import services
 from slices.choices import InstanceState, NodeState
 from slices.models import Instance, Node
@@ -47,12 +45,6 @@ def hosts(tmp_path: Path):
         yield pool.get(2), pool
     finally:
         pool.stop()
-
-
-@pytest.fixture
-def funded(alice):  # noqa: ANN001, ANN201
-    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
-    return alice
 
 
 def _wait_for(predicate, seconds: float = 20.0) -> None:  # noqa: ANN001

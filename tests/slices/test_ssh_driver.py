@@ -25,7 +25,13 @@ from slices.drivers.ssh import (
     parse_key_line,
     render,
 )
-from tests.support.sshd import SshHost, SshHostPool, generate_key, ssh_hosts  # noqa: F401
+from tests.support.sshd import (  # noqa: F401
+    SshHost,
+    SshHostPool,
+    generate_key,
+    process_alive,
+    ssh_hosts,
+)
 
 SLUG = "gpc-0a1b2c3d"
 # Every shell metacharacter the brief names, a newline, and payloads that would leave a marker.
@@ -109,16 +115,6 @@ def make_spec(nodes: tuple[NodeTarget, ...], **kw: object) -> InstanceSpec:
 
 def instance_dir(workdir: Path) -> Path:
     return workdir / "instances" / SLUG
-
-
-def process_alive(pid: int) -> bool:
-    """Running, not a zombie (this container's init may not reap orphans)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    state = next(line for line in status.splitlines() if line.startswith("State:"))
-    return "Z" not in state.split()[1]
 
 
 def logins(host: SshHost) -> int:

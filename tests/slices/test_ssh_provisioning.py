@@ -7,19 +7,24 @@ workdir; orders run to running with the nodes provisioned in parallel, and relea
 from __future__ import annotations
 
 import os
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from billing import services as billing
 from billing.models import UsageSession
 from console import services as console_services
 from slices import services
 from slices.choices import InstanceState
 from slices.models import Instance, InstanceEvent, Node
-from tests.slices.factories import load_small_fleet
-from tests.support.sshd import SshFleet, SshHostPool, configure_ssh_fleet, generate_key, ssh_hosts  # noqa: F401
+from tests.slices.factories import load_small_fleet, run_order
+from tests.support.sshd import (  # noqa: F401
+    SshFleet,
+    SshHostPool,
+    configure_ssh_fleet,
+    generate_key,
+    process_alive,
+    ssh_hosts,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -39,18 +44,9 @@ def fleet(settings, ssh_hosts: SshHostPool, tmp_path: Path) -> SshFleet:  # noqa
     )
 
 
-@pytest.fixture
-def funded(alice):  # noqa: ANN001, ANN201
-    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
-    return alice
-
-
 def _order(user, capture, **kw) -> Instance:  # noqa: ANN001
-    req = services.OrderRequest(**{"gpu_model": "A800", "cards": 64, **kw})
-    with capture(execute=True):
-        instance, _created = services.order_instance(user, req)
-    instance.refresh_from_db()
-    return instance
+    """A 64-card A800 slice: one whole job over all eight test hosts."""
+    return run_order(user, capture, **{"gpu_model": "A800", "cards": 64, **kw})
 
 
 def _instance_dir(fleet: SshFleet, hostname: str, instance: Instance) -> Path:
@@ -68,14 +64,6 @@ def _env(path: Path) -> dict[str, str]:
         env={"PATH": os.environ["PATH"]},
     ).stdout
     return dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "Z" not in next(s for s in status.splitlines() if s.startswith("State:")).split()[1]
 
 
 def _events(instance: Instance) -> list[str]:
@@ -114,7 +102,7 @@ def test_a_slice_runs_on_eight_ssh_hosts_in_parallel_and_release_stops_it(
         assert (root / "authorized_keys").read_text().split()[:2] == key.split()[:2]
         assert os.readlink(root / "pfs") == str(fleet.pfs_root / str(funded.public_id))
         pid = int((root / "pid").read_text())
-        assert _alive(pid)
+        assert process_alive(pid)
         pids.append(pid)
     assert len(set(pids)) == 8
 
@@ -138,7 +126,7 @@ def test_a_slice_runs_on_eight_ssh_hosts_in_parallel_and_release_stops_it(
         assert services.release_instance(instance, by="alice")
     instance.refresh_from_db()
     assert instance.state == InstanceState.RELEASED, _events(instance)
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(process_alive(pid) for pid in pids)
     for part in parts:
         assert not _instance_dir(fleet, part.node.hostname, instance).exists()
         node = Node.objects.get(pk=part.node_id)
@@ -196,5 +184,5 @@ def test_hostile_name_and_environment_reach_the_node_literally(
     assert not marker.exists()
     with django_capture_on_commit_callbacks(execute=True):
         services.release_instance(instance, by="alice")
-    assert not _alive(pid)
+    assert not process_alive(pid)
     assert not marker.exists()

@@ -105,6 +105,17 @@ def wait_for_banner(port: int, deadline: float, process: subprocess.Popen[bytes]
     raise RuntimeError(f"sshd on port {port} did not answer with a banner ({last})")
 
 
+def process_alive(pid: int) -> bool:
+    """A process a test host started (they all run on this machine): running, not a zombie (this
+    container's init may not reap orphans)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    state = next(line for line in status.splitlines() if line.startswith("State:"))
+    return "Z" not in state.split()[1]
+
+
 @dataclass
 class SshHost:
     index: int
