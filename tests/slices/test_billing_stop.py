@@ -9,30 +9,44 @@ import pytest
 from billing import clock
 from billing.seed import seed_default_prices
 from billing.services import grant_trial_credit, open_usage_session, settle_usage
+from console.models import User
 from slices import services
 from slices.choices import AllocationState
+from slices.models import Allocation
 from tests.slices.factories import load_small_fleet
 
 pytestmark = pytest.mark.django_db
 
 
-def test_running_out_of_money_releases_the_allocation_once(
-    alice, django_capture_on_commit_callbacks
-) -> None:
+@pytest.fixture
+def on_trial(alice: User) -> User:
+    """The price book, the small fleet, and alice with the 10.00 元 trial credit only."""
     seed_default_prices()
     load_small_fleet()
-    grant_trial_credit(alice)  # 10.00 元: 8 × RTX 4090 at 1.90 元/card-h runs about 39 minutes
+    grant_trial_credit(alice)
+    return alice
+
+
+def meter(allocation: Allocation) -> None:
+    """Open the usage session billing settles ``allocation`` (8 × RTX 4090) by."""
+    open_usage_session(
+        allocation.owner,
+        resource_kind=services.ALLOCATION_RESOURCE,
+        resource_id=str(allocation.public_id),
+        gpu_model="RTX 4090",
+        cards=8,
+    )
+
+
+def test_running_out_of_money_releases_the_allocation_once(
+    on_trial: User, django_capture_on_commit_callbacks
+) -> None:
+    # 10.00 元: 8 × RTX 4090 at 1.90 元/card-h runs about 39 minutes
     free_before = sum(r.free_gpus for r in services.availability())
-    allocation = services.allocate(alice, 8, "RTX4090")
+    allocation = services.allocate(on_trial, 8, "RTX4090")
     frozen = clock.FrozenClock()
     with clock.use_clock(frozen):
-        open_usage_session(
-            alice,
-            resource_kind=services.ALLOCATION_RESOURCE,
-            resource_id=str(allocation.public_id),
-            gpu_model="RTX 4090",
-            cards=8,
-        )
+        meter(allocation)
         frozen.advance(30 * 60)
         with django_capture_on_commit_callbacks(execute=True):
             settle_usage()
@@ -60,24 +74,15 @@ def test_the_hook_ignores_other_kinds_and_malformed_ids(alice) -> None:
     assert allocation.state == AllocationState.ACTIVE
 
 
-def test_the_spendable_balance_never_goes_below_one_window_of_burn(alice) -> None:
+def test_the_spendable_balance_never_goes_below_one_window_of_burn(on_trial: User) -> None:
     from billing.services import get_wallet_summary
 
-    seed_default_prices()
-    load_small_fleet()
-    grant_trial_credit(alice)
-    allocation = services.allocate(alice, 8, "RTX4090")
+    allocation = services.allocate(on_trial, 8, "RTX4090")
     frozen = clock.FrozenClock()
     with clock.use_clock(frozen):
-        open_usage_session(
-            alice,
-            resource_kind=services.ALLOCATION_RESOURCE,
-            resource_id=str(allocation.public_id),
-            gpu_model="RTX 4090",
-            cards=8,
-        )
+        meter(allocation)
         for _ in range(60):
             frozen.advance(60)
             settle_usage()
     one_window = Decimal("15.20") / 60
-    assert get_wallet_summary(alice).spendable >= -one_window
+    assert get_wallet_summary(on_trial).spendable >= -one_window
