@@ -7,6 +7,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from marketplace.models import Asset, Image, ImageVersion, License, LicenseAcceptance
+from marketplace.querysets import FACT_FIELDS
 from marketplace.services import forget_facets
 
 
@@ -52,18 +53,7 @@ class AssetAdmin(_FacetsChangeMixin, admin.ModelAdmin):
         (None, {"fields": ("kind", "hub_id", "slug", "name", "publisher", "is_listed")}),
         (
             _("Facts"),
-            {
-                "fields": (
-                    "task",
-                    "tasks",
-                    "modalities",
-                    "params_billion",
-                    "size_gb",
-                    "size_estimated",
-                    "license",
-                    "source",
-                )
-            },
+            {"fields": (*FACT_FIELDS, "license", "source")},
         ),
         (_("Record"), {"fields": ("public_id", "created_at", "updated_at")}),
     )

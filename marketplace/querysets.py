@@ -22,6 +22,10 @@ from django.db.models.functions import Concat, Length, Lower
 from marketplace.catalogue import query_terms
 from marketplace.choices import AssetKind
 
+# An asset's facts beyond its name, as the catalogue gives them: the loader updates them, the list
+# pages, the API and the admin's "Facts" show them.
+FACT_FIELDS = ("task", "tasks", "modalities", "params_billion", "size_gb", "size_estimated")
+
 # The columns a list page or the list API shows; everything else stays in the database.
 LIST_FIELDS = (
     "public_id",
@@ -31,12 +35,7 @@ LIST_FIELDS = (
     "name",
     "name_zh",
     "publisher",
-    "task",
-    "tasks",
-    "modalities",
-    "params_billion",
-    "size_gb",
-    "size_estimated",
+    *FACT_FIELDS,
     "likes",
     "license__public_id",
     "license__key",

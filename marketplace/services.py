@@ -29,6 +29,7 @@ from marketplace import catalogue, mounts
 from marketplace.choices import AssetKind
 from marketplace.models import Asset, Image, ImageVersion, License, LicenseAcceptance, pack
 from marketplace.mounts import MountSpec
+from marketplace.querysets import FACT_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -306,12 +307,7 @@ _ASSET_FIELDS = (
     "slug",
     "name",
     "publisher",
-    "task",
-    "tasks",
-    "modalities",
-    "params_billion",
-    "size_gb",
-    "size_estimated",
+    *FACT_FIELDS,
     "license_id",
     "source",
     "name_zh",

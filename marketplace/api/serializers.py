@@ -4,6 +4,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from marketplace.models import Asset, Image, ImageVersion, License
+from marketplace.querysets import FACT_FIELDS
 from marketplace.services import order_form_url
 
 
@@ -53,12 +54,7 @@ class AssetSerializer(serializers.ModelSerializer):
             "name",
             "name_zh",
             "publisher",
-            "task",
-            "tasks",
-            "modalities",
-            "params_billion",
-            "size_gb",
-            "size_estimated",
+            *FACT_FIELDS,
             "license",
             "gated",
             "likes",

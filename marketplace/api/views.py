@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import status, viewsets
@@ -79,24 +81,24 @@ class _AssetViewSet(viewsets.ReadOnlyModelViewSet):
         return form.apply(qs.for_list())
 
 
-@extend_schema_view(
-    list=extend_schema(
-        summary="List and search public models", parameters=FILTER_PARAMETERS, tags=["marketplace"]
-    ),
-    retrieve=extend_schema(summary="Show one model by slug", tags=["marketplace"]),
-)
+def _asset_schema(noun: str, plural: str) -> Callable[[type[_AssetViewSet]], type[_AssetViewSet]]:
+    """The documentation of one kind's list (with the filters) and retrieve endpoints."""
+    return extend_schema_view(
+        list=extend_schema(
+            summary=f"List and search public {plural}",
+            parameters=FILTER_PARAMETERS,
+            tags=["marketplace"],
+        ),
+        retrieve=extend_schema(summary=f"Show one {noun} by slug", tags=["marketplace"]),
+    )
+
+
+@_asset_schema("model", "models")
 class ModelViewSet(_AssetViewSet):
     kind = AssetKind.MODEL
 
 
-@extend_schema_view(
-    list=extend_schema(
-        summary="List and search public datasets",
-        parameters=FILTER_PARAMETERS,
-        tags=["marketplace"],
-    ),
-    retrieve=extend_schema(summary="Show one dataset by slug", tags=["marketplace"]),
-)
+@_asset_schema("dataset", "datasets")
 class DatasetViewSet(_AssetViewSet):
     kind = AssetKind.DATASET
 

@@ -13,15 +13,19 @@ from marketplace.catalogue import GPU_LABELS
 register = template.Library()
 
 
+def _amount(value: float, places: int, unit: str) -> str:
+    """``value`` rounded to ``places``, trailing zeros dropped, then ``unit``: 6.70 -> "6.7 B"."""
+    return f"{value:,.{places}f}".rstrip("0").rstrip(".") + f" {unit}"
+
+
 @register.filter
 def params(value: float | None) -> str:
     """6.738 -> "6.74 B"; 0.135 -> "135 M"; None -> "—"."""
     if value is None:
         return "—"
     if value >= 1:
-        return f"{value:,.2f}".rstrip("0").rstrip(".") + " B"
-    millions = value * 1000
-    return f"{millions:,.1f}".rstrip("0").rstrip(".") + " M"
+        return _amount(value, 2, "B")
+    return _amount(value * 1000, 1, "M")
 
 
 @register.filter
@@ -30,11 +34,11 @@ def gigabytes(value: float | None) -> str:
     if value is None:
         return "—"
     if value >= 1000:
-        return f"{value / 1000:,.2f}".rstrip("0").rstrip(".") + " TB"
+        return _amount(value / 1000, 2, "TB")
     if value >= 1:
-        return f"{value:,.1f}".rstrip("0").rstrip(".") + " GB"
+        return _amount(value, 1, "GB")
     if value >= 0.001:
-        return f"{value * 1000:,.1f}".rstrip("0").rstrip(".") + " MB"
+        return _amount(value * 1000, 1, "MB")
     return _("under 1 MB")
 
 
