@@ -3,32 +3,21 @@
 from __future__ import annotations
 
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 from django.conf import settings
 
-from tests.support.servers import ROOT, Stack, base_env, free_port, production_env
+from tests.support.servers import Stack, base_env, free_port, production_env, run_manage
 
 OLD_DEMO_KEY = "django-insecure-embedded-default-key-only-for-local-demo-use"  # noqa: S105
 
 
-def _manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-
-
 def _print_setting(env: dict[str, str], expression: str) -> str:
-    result = _manage(env, "shell", "-c", f"from django.conf import settings; print({expression})")
+    result = run_manage(
+        env, "shell", "-c", f"from django.conf import settings; print({expression})"
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().splitlines()[-1]
 
@@ -36,7 +25,7 @@ def _print_setting(env: dict[str, str], expression: str) -> str:
 def test_migrate_creates_the_database_directory(tmp_path: Path) -> None:
     database = tmp_path / "not" / "yet" / "there" / "console.sqlite3"
     env = {**base_env(), "SQLITE_PATH": str(database), "STATE_DIR": str(tmp_path / "state")}
-    result = _manage(env, "migrate", "--noinput", "-v", "0")
+    result = run_manage(env, "migrate", "--noinput", "-v", "0")
     assert result.returncode == 0, result.stderr
     assert database.is_file()
     assert (tmp_path / "state" / "mail").is_dir()  # where the embedded default writes mail
@@ -66,7 +55,7 @@ def test_production_writes_no_key_file_and_still_requires_secret_key(tmp_path: P
     env = production_env("postgres://postgres@127.0.0.1:5432/unused", "redis://127.0.0.1:6379/0")
     env["STATE_DIR"] = str(tmp_path / "state")
     env.pop("SECRET_KEY")
-    result = _manage(env, "check")
+    result = run_manage(env, "check")
     assert result.returncode != 0 and "SECRET_KEY" in result.stderr
     assert not (tmp_path / "state" / "secret_key").exists()
 
@@ -85,7 +74,7 @@ def test_this_process_does_not_use_the_old_fixed_demo_key() -> None:
 def test_runserver_serves_a_fresh_state_directory(tmp_path: Path) -> None:
     """Django's dev server on a never-used state directory listens and answers (no set-up step)."""
     env = {**base_env(), "STATE_DIR": str(tmp_path / "fresh")}
-    _manage(env, "migrate", "--noinput", "-v", "0")
+    run_manage(env, "migrate", "--noinput", "-v", "0")
     stack = Stack(env=env, port=free_port(), tmp=tmp_path)
     stack.spawn(
         "runserver",

@@ -35,15 +35,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
     env = servers.embedded_env(tmp)
     env["STATE_DIR"] = str(tmp / "state")
     servers.manage(env, "migrate", "--noinput", "-v", "0")
-    servers.manage(
-        {**env, "DJANGO_SUPERUSER_PASSWORD": OPS_PASSWORD},
-        "createsuperuser",
-        "--noinput",
-        "--username",
-        "ops",
-        "--email",
-        "ops@example.com",
-    )
+    servers.create_superuser(env, "ops", OPS_PASSWORD)
     web = servers.Stack(env=env, port=servers.free_port(), tmp=tmp)
     try:
         web.start_web()

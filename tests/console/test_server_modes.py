@@ -25,15 +25,7 @@ OPS_PASSWORD = "ops-password-for-tests-1"
 
 def _prepare(env: dict[str, str]) -> str:
     servers.manage(env, "migrate", "--noinput", "-v", "0")
-    servers.manage(
-        {**env, "DJANGO_SUPERUSER_PASSWORD": OPS_PASSWORD},
-        "createsuperuser",
-        "--noinput",
-        "--username",
-        "ops",
-        "--email",
-        "ops@example.com",
-    )
+    servers.create_superuser(env, "ops", OPS_PASSWORD)
     out = servers.manage(
         env,
         "shell",

@@ -2,35 +2,20 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from django.conf import settings
 
 from console.celery import app as celery_app
-from tests.support.servers import ROOT, base_env, production_env
+from tests.support.servers import base_env, production_env, run_manage
 
 PG = "postgres://postgres@127.0.0.1:5432/unused"
-
-
-def _manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_check_deploy_is_clean_with_production_settings() -> None:
     env = production_env(PG, "redis://127.0.0.1:6379/0")
     for key in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE"):
         env.pop(key)  # production defaults, not the integration-test overrides
-    result = _manage(env, "check", "--deploy", "--fail-level", "WARNING")
+    result = run_manage(env, "check", "--deploy", "--fail-level", "WARNING")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
 
@@ -49,13 +34,13 @@ def test_check_deploy_is_clean_with_production_settings() -> None:
 )
 def test_bad_configuration_fails_at_start_naming_the_variable(overrides: dict, named: str) -> None:
     env = {**base_env(), **overrides}
-    result = _manage(env, "check")
+    result = run_manage(env, "check")
     assert result.returncode != 0
     assert named in result.stderr
 
 
 def test_embedded_default_needs_no_configuration() -> None:
-    result = _manage(base_env(), "check")
+    result = run_manage(base_env(), "check")
     assert result.returncode == 0, result.stderr
 
 

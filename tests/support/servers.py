@@ -93,8 +93,9 @@ def drop_postgres_database(url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def manage(env: dict[str, str], *args: str) -> str:
-    result = subprocess.run(
+def run_manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``manage.py *args`` in a process of its own with ``env``; the caller checks the outcome."""
+    return subprocess.run(
         [str(BIN / "python"), "manage.py", *args],
         cwd=ROOT,
         env=env,
@@ -103,9 +104,26 @@ def manage(env: dict[str, str], *args: str) -> str:
         timeout=180,
         check=False,
     )
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    """``manage.py *args`` that must succeed; its standard output."""
+    result = run_manage(env, *args)
     if result.returncode != 0:
         raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
     return result.stdout
+
+
+def create_superuser(env: dict[str, str], username: str, password: str) -> None:
+    manage(
+        {**env, "DJANGO_SUPERUSER_PASSWORD": password},
+        "createsuperuser",
+        "--noinput",
+        "--username",
+        username,
+        "--email",
+        f"{username}@example.com",
+    )
 
 
 @dataclass
