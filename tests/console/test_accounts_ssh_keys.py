@@ -30,6 +30,13 @@ def _blob(*fields: bytes) -> str:
 _BAD_POINT = b"\x04" + b"\x01" * 64  # uncompressed point, not on P-256
 
 
+@pytest.fixture
+def eight_keys(alice) -> None:  # noqa: ANN001
+    """Alice has eight keys: enough for a list's query count to show an N+1."""
+    for _ in range(8):
+        make_ssh_key(alice)
+
+
 # --- parsing (no database) ----------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("text", "key_type", "bits"),
@@ -222,12 +229,8 @@ def test_duplicate_key_page_message(alice, alice_client: Client) -> None:
 
 @pytest.mark.django_db
 def test_key_list_page_query_count_does_not_grow_with_keys(
-    alice,
-    alice_client: Client,
-    django_assert_max_num_queries,
+    eight_keys, alice_client: Client, django_assert_max_num_queries
 ) -> None:
-    for _ in range(8):
-        make_ssh_key(alice)
     with django_assert_max_num_queries(6):
         response = alice_client.get(reverse("account:ssh-key-list"))
     assert len(re.findall(r'id="key-[0-9a-f]{8}-', response.content.decode())) == 8
@@ -296,12 +299,8 @@ def test_api_ignores_owner_fingerprint_and_other_read_only_fields(
 
 @pytest.mark.django_db
 def test_api_list_query_count_does_not_grow_with_keys(
-    alice,
-    alice_client: Client,
-    django_assert_max_num_queries,
+    eight_keys, alice_client: Client, django_assert_max_num_queries
 ) -> None:
-    for _ in range(8):
-        make_ssh_key(alice)
     with django_assert_max_num_queries(5):
         response = alice_client.get("/api/v1/ssh-keys/")
     assert response.json()["count"] == 8
