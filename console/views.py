@@ -17,6 +17,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.auth import staff_required
 from console.dashboard import build_dashboard, build_landing
+from console.errors import ErrorCode
 from console.events import notify_user
 from console.tasks import ping_worker_task
 
@@ -108,43 +109,37 @@ def diagnostics_broadcast(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"sent": True, "token": token})
 
 
+def _error(
+    request: HttpRequest, status: int, code: ErrorCode, detail: str, context: dict | None = None
+) -> HttpResponse:
+    """The API's error body under /api/, the console's styled ``<status>.html`` page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": str(code), "detail": detail}, status=status)
+    return render(request, f"{status}.html", context, status=status)
+
+
 @require_http_methods(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
 def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    if request.path.startswith("/api/"):
-        return JsonResponse({"error": "not_found", "detail": "Not found."}, status=404)
-    return render(request, "404.html", status=404)
+    return _error(request, 404, ErrorCode.NOT_FOUND, "Not found.")
 
 
 def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    if request.path.startswith("/api/"):
-        return JsonResponse(
-            {"error": "permission_denied", "detail": _("You do not have permission to do this.")},
-            status=403,
-        )
-    return render(request, "403.html", status=403)
+    return _error(
+        request, 403, ErrorCode.PERMISSION_DENIED, _("You do not have permission to do this.")
+    )
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
     """A form posted without a valid CSRF token (usually: the page was open for too long)."""
-    if request.path.startswith("/api/"):
-        return JsonResponse(
-            {
-                "error": "permission_denied",
-                "detail": _("CSRF check failed: send the X-CSRFToken header, or use an API token."),
-            },
-            status=403,
-        )
-    return render(request, "403.html", {"csrf_failed": True}, status=403)
+    detail = _("CSRF check failed: send the X-CSRFToken header, or use an API token.")
+    return _error(request, 403, ErrorCode.PERMISSION_DENIED, detail, {"csrf_failed": True})
 
 
 def too_many_requests(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Every rate limit outside the API (logins, sign-up, resets): allauth calls this too."""
-    if request.path.startswith("/api/"):
-        return JsonResponse(
-            {"error": "throttled", "detail": _("Too many requests. Please wait and try again.")},
-            status=429,
-        )
-    return render(request, "429.html", status=429)
+    return _error(
+        request, 429, ErrorCode.THROTTLED, _("Too many requests. Please wait and try again.")
+    )
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
