@@ -82,10 +82,17 @@ class SimDriver:
             raise DriverError("sim_transient", f"simulated transient failure at {step} on {where}")
         raise DriverError("sim_failure", f"simulated failure at {step} on {where}", permanent=True)
 
+    def _step(
+        self, spec: InstanceSpec, step: str, node: NodeTarget | None, *, takes: str = ""
+    ) -> None:
+        """A simulated step: fail if ``SIM_FAIL`` asks for it, else take the time of ``takes``
+        (default: the step's own)."""
+        self._maybe_fail(spec, step, node)
+        self._sleep(takes or step, node)
+
     # -- steps -------------------------------------------------------------------------------
     def isolate(self, spec: InstanceSpec, log: LogFn) -> StepResult:
-        self._maybe_fail(spec, "isolate", None)
-        self._sleep("isolate")
+        self._step(spec, "isolate", None)
         log(
             f"[sim] fabric manager: partition {spec.partition_key:#06x} created with "
             f"{len(spec.nodes)} member node(s), GPUDirect RDMA enabled"
@@ -95,14 +102,12 @@ class SimDriver:
         return StepResult({"partition_key": spec.partition_key})
 
     def connect(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
-        self._maybe_fail(spec, "connect", node)
-        self._sleep("connect", node)
+        self._step(spec, "connect", node)
         log(f"[sim] ssh {node.address}:{node.port}: host key matches the pinned key; connected")
         return StepResult()
 
     def prepare(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
-        self._maybe_fail(spec, "prepare", node)
-        self._sleep("prepare", node)
+        self._step(spec, "prepare", node)
         log(f"[sim] created {node.workdir}/instances/{spec.slug} and the instance user")
         log(
             f"[sim] wrote hostfile ({len(spec.nodes)} node(s)) and environment (NODE_RANK={node.rank})"
@@ -110,8 +115,7 @@ class SimDriver:
         return StepResult()
 
     def mount(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
-        self._maybe_fail(spec, "mount", node)
-        self._sleep("mount", node)
+        self._step(spec, "mount", node)
         log("[sim] mounted the parallel file system at /pfs (100 Gb/s)")
         for m in spec.mounts:
             log(f"[sim] mounted {m.source} read-only at {m.target}")
@@ -131,14 +135,12 @@ class SimDriver:
         return StepResult()
 
     def health(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
-        self._maybe_fail(spec, "health", node)
-        self._sleep("health", node)
+        self._step(spec, "health", node)
         log(f"[sim] nvidia-smi: {len(node.gpus)} GPU(s) visible, no Xid errors; sshd answering")
         return StepResult({"gpus_visible": len(node.gpus)})
 
     def allreduce_check(self, spec: InstanceSpec, log: LogFn) -> StepResult:
-        self._maybe_fail(spec, "allreduce", None)
-        self._sleep("allreduce")
+        self._step(spec, "allreduce", None)
         log(f"[sim] nccl all_reduce_perf across {len(spec.nodes)} nodes (simulated figures)")
         return StepResult({"measured": True, "simulated": True})
 
@@ -148,16 +150,14 @@ class SimDriver:
         return StepResult()
 
     def stop(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
-        self._maybe_fail(spec, "stop", node)
-        self._sleep("teardown", node)
+        self._step(spec, "stop", node, takes="teardown")
         log(f"[sim] stopped {spec.slug}; kept its system disk ({spec.system_disk_gb} GB)")
         return StepResult()
 
     def move_disk(
         self, spec: InstanceSpec, src: NodeTarget, dst: NodeTarget, log: LogFn
     ) -> StepResult:
-        self._maybe_fail(spec, "move_disk", dst)
-        self._sleep("prepare", dst)
+        self._step(spec, "move_disk", dst, takes="prepare")
         log(
             f"[sim] copied the system disk of {spec.slug} ({spec.system_disk_gb} GB) "
             f"from {src.hostname} to {dst.hostname}"

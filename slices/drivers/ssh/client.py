@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -467,14 +467,28 @@ class SshConnections:
             )
         return result
 
+    def run_on(
+        self,
+        node: NodeTarget,
+        template: str,
+        args: Mapping[str, Arg],
+        *,
+        last: bool = False,
+        timeout: float | None = None,
+        log: LogFn | None = None,
+        check: bool = True,
+    ) -> CommandResult:
+        """``run`` on a ``session(node, last=last)`` of its own: a step that is one command."""
+        with self.session(node, last=last) as client:
+            return self.run_script(
+                client, node, render(template, **args), timeout=timeout, log=log, check=check
+            )
+
     def execute(
         self, node: NodeTarget, template: str, *, timeout: float | None = None, **args: Arg
     ) -> CommandResult:
         """Connect, run one templated command, disconnect (tools and tests)."""
-        with self.session(node, last=True) as client:
-            return self.run_script(
-                client, node, render(template, **args), timeout=timeout, check=False
-            )
+        return self.run_on(node, template, args, last=True, timeout=timeout, check=False)
 
     def write_files(
         self,

@@ -7,8 +7,6 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-import paramiko
-
 from slices.drivers.base import (
     DriverError,
     InstanceSpec,
@@ -17,7 +15,7 @@ from slices.drivers.base import (
     StepResult,
     WorkloadOutput,
 )
-from slices.drivers.ssh.client import CommandResult, SshConnections, fingerprint
+from slices.drivers.ssh.client import SshConnections, fingerprint
 from slices.drivers.ssh.commands import (
     ASSET_PREFIX,
     CMD_ALLREDUCE,
@@ -248,22 +246,16 @@ class SshDriver(SshConnections):
         # The entrypoint is catalogue data (the image's launch template), never user input; it is
         # run by a shell so that its ${VARIABLES} expand from the instance's environment.
         command = ["sh", "-c", spec.entrypoint] if spec.entrypoint else []
-        with self.session(node) as client:
-            if runtime == "process":
-                result = self.run(
-                    client,
-                    node,
-                    CMD_START_PROCESS,
-                    pid=paths.pid,
-                    root=paths.root,
-                    env=paths.env,
-                    output=paths.log,
-                    argv=command or ["sleep", "infinity"],
-                )
-            elif runtime == "docker":
-                result = self._start_docker(client, spec, node, paths, command, log)
-            else:
-                result = self._start_enroot(client, spec, node, paths, command)
+        if runtime == "docker":
+            template, args = CMD_START_DOCKER, self._docker_args(spec, node, paths, command)
+        elif runtime == "enroot":
+            template, args = CMD_START_ENROOT, self._enroot_args(spec, node, paths, command)
+        else:
+            template = CMD_START_PROCESS
+            args = {"pid": paths.pid, "root": paths.root, "env": paths.env, "output": paths.log}
+            args["argv"] = command or ["sleep", "infinity"]
+        # Only docker's output (the image pull) is worth logging; the others print a pid.
+        result = self.run_on(node, template, args, log=log if runtime == "docker" else None)
         reused = "reused" in result.stdout
         what = {"process": "process", "docker": "container", "enroot": "enroot container"}[runtime]
         log(
@@ -274,15 +266,9 @@ class SshDriver(SshConnections):
         )
         return StepResult({"reused": reused})
 
-    def _start_docker(
-        self,
-        client: paramiko.SSHClient,
-        spec: InstanceSpec,
-        node: NodeTarget,
-        paths: _Paths,
-        command: list[str],
-        log: LogFn,
-    ) -> CommandResult:
+    def _docker_args(
+        self, spec: InstanceSpec, node: NodeTarget, paths: _Paths, command: list[str]
+    ) -> dict[str, Arg]:
         if not spec.image:
             raise DriverError(
                 "no_image",
@@ -294,29 +280,20 @@ class SshDriver(SshConnections):
         volumes += ["-v", f"{paths.hostfile}:/etc/gpc/hostfile:ro"]
         for src, target in self._asset_mounts(spec):
             volumes += ["-v", f"{src}:{target}:ro"]
-        return self.run(
-            client,
-            node,
-            CMD_START_DOCKER,
-            log=log,
-            env=paths.env,
-            name=spec.slug,
+        return {
+            "env": paths.env,
+            "name": spec.slug,
             # Only this instance's GPUs (a host may be shared); all of them on a whole node.
-            gpus='"device=' + ",".join(str(g) for g in node.gpus) + '"' if node.gpus else "all",
-            env_names=paths.env_names,
-            volumes=volumes,
-            image=spec.image,
-            command=command,
-        )
+            "gpus": '"device=' + ",".join(str(g) for g in node.gpus) + '"' if node.gpus else "all",
+            "env_names": paths.env_names,
+            "volumes": volumes,
+            "image": spec.image,
+            "command": command,
+        }
 
-    def _start_enroot(
-        self,
-        client: paramiko.SSHClient,
-        spec: InstanceSpec,
-        node: NodeTarget,
-        paths: _Paths,
-        command: list[str],
-    ) -> CommandResult:
+    def _enroot_args(
+        self, spec: InstanceSpec, node: NodeTarget, paths: _Paths, command: list[str]
+    ) -> dict[str, Arg]:
         if not spec.image:
             raise DriverError(
                 "no_image",
@@ -329,21 +306,18 @@ class SshDriver(SshConnections):
         envs: list[str] = []
         for name in self._node_env(spec, node):
             envs += ["--env", name]
-        return self.run(
-            client,
-            node,
-            CMD_START_ENROOT,
-            pid=paths.pid,
-            root=paths.root,
-            env=paths.env,
-            output=paths.log,
-            squashfs=paths.squashfs,
-            image_uri=f"docker://{spec.image}",
-            name=spec.slug,
-            mounts=mounts,
-            envs=envs,
-            command=command,
-        )
+        return {
+            "pid": paths.pid,
+            "root": paths.root,
+            "env": paths.env,
+            "output": paths.log,
+            "squashfs": paths.squashfs,
+            "image_uri": f"docker://{spec.image}",
+            "name": spec.slug,
+            "mounts": mounts,
+            "envs": envs,
+            "command": command,
+        }
 
     def health(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         paths = self._paths(spec, node)
@@ -351,26 +325,12 @@ class SshDriver(SshConnections):
         # The last provisioning step on a node: its connection is not kept, except the first
         # node's of a slice, which the all-reduce check uses next.
         first_of_slice = len(spec.nodes) > 1 and node == spec.nodes[0]
-        with self.session(node, last=not first_of_slice) as client:
-            if runtime == "docker":
-                gpus = self.run(
-                    client,
-                    node,
-                    CMD_DOCKER_HEALTH,
-                    fmt="{{.State.Running}}",
-                    name=spec.slug,
-                    check=False,
-                )
-            else:
-                gpus = self.run(
-                    client,
-                    node,
-                    CMD_PROCESS_HEALTH,
-                    pid=paths.pid,
-                    output=paths.log,
-                    none="__no_nvidia_smi__",
-                    check=False,
-                )
+        if runtime == "docker":
+            template, args = CMD_DOCKER_HEALTH, {"fmt": "{{.State.Running}}", "name": spec.slug}
+        else:
+            template = CMD_PROCESS_HEALTH
+            args = {"pid": paths.pid, "output": paths.log, "none": "__no_nvidia_smi__"}
+        gpus = self.run_on(node, template, args, last=not first_of_slice, check=False)
         if gpus.exit_status == 5:
             raise DriverError(
                 "not_running",
@@ -449,27 +409,13 @@ class SshDriver(SshConnections):
         runtime = self._runtime(node)
         cap = TAIL_BYTES // 2
         args: dict[str, Arg] = {"start": offset + 1, "lines": max(1, limit), "bytes": cap}
-        with self.session(node) as client:
-            if runtime == "docker":
-                result = self.run(
-                    client,
-                    node,
-                    CMD_READ_DOCKER_OUTPUT,
-                    name=spec.slug,
-                    fmt="{{.State.Running}}",
-                    check=False,
-                    **args,
-                )
-            else:
-                result = self.run(
-                    client,
-                    node,
-                    CMD_READ_OUTPUT,
-                    output=paths.log,
-                    pid=paths.pid,
-                    check=False,
-                    **args,
-                )
+        if runtime == "docker":
+            template = CMD_READ_DOCKER_OUTPUT
+            args.update(name=spec.slug, fmt="{{.State.Running}}")
+        else:
+            template = CMD_READ_OUTPUT
+            args.update(output=paths.log, pid=paths.pid)
+        result = self.run_on(node, template, args, check=False)
         running = "__exited__" not in result.stderr
         text = result.stdout
         parts = text.split("\n")
@@ -505,11 +451,10 @@ class SshDriver(SshConnections):
         and a docker container's writable layer, for the next start on this node."""
         paths = self._paths(spec, node)
         runtime = self._runtime(node)
-        with self.session(node, last=True) as client:
-            if runtime == "docker":
-                self.run(client, node, CMD_PAUSE_DOCKER, name=spec.slug, log=log)
-            else:
-                self.run(client, node, CMD_STOP_PROCESS, pid=paths.pid, log=log)
+        if runtime == "docker":
+            self.run_on(node, CMD_PAUSE_DOCKER, {"name": spec.slug}, last=True, log=log)
+        else:
+            self.run_on(node, CMD_STOP_PROCESS, {"pid": paths.pid}, last=True, log=log)
         log(f"stopped {spec.slug}; kept {paths.root}")
         return StepResult()
 
