@@ -20,33 +20,35 @@ from slices.telemetry.groups import instance_group as telemetry_instance_group
 from slices.telemetry.metrics import websocket_client_changed
 
 
+@database_sync_to_async
+def _may_see_instance(user: Any, public_id: str) -> bool:
+    """The owner sees their instance; operators see the fleet; anyone else gets "not found"."""
+    try:
+        if user.is_staff:
+            get_instance_for_operator(public_id)
+        else:
+            get_instance_for_user(user, public_id)
+    except Http404:
+        return False
+    return True
+
+
 class InstanceConsumer(AsyncJsonWebsocketConsumer):
     """Joins ``instance.<uuid>`` after checking the user may see it; then only forwards."""
 
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=4401)
+            await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         public_id = self.scope["url_route"]["kwargs"]["public_id"]
-        if not await self._may_see(user, public_id):
-            await self.close(code=4404)
+        if not await _may_see_instance(user, public_id):
+            await self.close(code=CLOSE_NOT_FOUND)
             return
         self.group = instance_group(public_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         await self.send_json({"kind": "hello", "payload": {}})
-
-    @database_sync_to_async
-    def _may_see(self, user: Any, public_id: str) -> bool:
-        try:
-            if user.is_staff:
-                get_instance_for_operator(public_id)
-            else:
-                get_instance_for_user(user, public_id)
-        except Http404:
-            return False
-        return True
 
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "group"):
@@ -61,19 +63,6 @@ class InstanceConsumer(AsyncJsonWebsocketConsumer):
 
 # Samples a telemetry client may hold unacknowledged (one being drawn, one on the way).
 TELEMETRY_WINDOW = 2
-
-
-@database_sync_to_async
-def _may_see_instance(user: Any, public_id: str) -> bool:
-    """The owner sees their instance; operators see the fleet; anyone else gets "not found"."""
-    try:
-        if user.is_staff:
-            get_instance_for_operator(public_id)
-        else:
-            get_instance_for_user(user, public_id)
-    except Http404:
-        return False
-    return True
 
 
 class TelemetryConsumer(ForwardingJsonConsumer):
