@@ -135,6 +135,22 @@ class _LostRace(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
+def _plan(
+    req: topology.Request, now: datetime
+) -> tuple[topology.Fleet, dict[str, Node], topology.Placement]:
+    """Plan ``req`` on a snapshot of its GPU model's fleet (and the nodes by hostname); raises
+    NoCapacity (reason, earliest time, alternatives) when it cannot be placed now."""
+    fleet, nodes = build_fleet(req.gpu_model)
+    planned = fleet.plan(req)
+    if isinstance(planned, topology.Unplaceable):
+        # Alternatives may be other GPU models: ask a snapshot of the whole fleet.
+        whole, _nodes = build_fleet(None)
+        why = whole.explain(req) or planned
+        earliest = datetime.fromtimestamp(why.earliest, tz=now.tzinfo) if why.earliest else None
+        raise NoCapacity(why, earliest, gpu_model=req.gpu_model, cards=req.gpus, region=req.region)
+    return fleet, nodes, planned
+
+
 def allocate(
     owner: Any,
     gpus: int,
@@ -151,17 +167,10 @@ def allocate(
     """
     now = timezone.now()
     for _attempt in range(MAX_PLAN_ATTEMPTS):
-        fleet, nodes = build_fleet(gpu_model)
         req = topology.Request(
             str(uuid.uuid4()), gpus, gpu_model, region, now.timestamp(), _ts(ends_at)
         )
-        planned = fleet.plan(req)
-        if isinstance(planned, topology.Unplaceable):
-            # Alternatives may be other GPU models: ask a snapshot of the whole fleet.
-            whole, _nodes = build_fleet(None)
-            why = whole.explain(req) or planned
-            earliest = datetime.fromtimestamp(why.earliest, tz=now.tzinfo) if why.earliest else None
-            raise NoCapacity(why, earliest, gpu_model=gpu_model, cards=gpus, region=region)
+        _fleet, nodes, planned = _plan(req, now)
         try:
             return _commit(owner, planned, nodes, ends_at, label)
         except _LostRace:
@@ -213,14 +222,8 @@ def preview_allocation(
 ) -> Preview:
     """Plan without reserving; raises NoCapacity like `allocate` when nothing fits now."""
     now = timezone.now()
-    fleet, _nodes = build_fleet(gpu_model)
     req = topology.Request("preview", gpus, gpu_model, region, now.timestamp(), _ts(ends_at))
-    planned = fleet.plan(req)
-    if isinstance(planned, topology.Unplaceable):
-        whole, _nodes = build_fleet(None)
-        why = whole.explain(req) or planned
-        earliest = datetime.fromtimestamp(why.earliest, tz=now.tzinfo) if why.earliest else None
-        raise NoCapacity(why, earliest, gpu_model=gpu_model, cards=gpus, region=region)
+    fleet, _nodes, planned = _plan(req, now)
     structural = None
     if not planned.at_structural_minimum:
         t = fleet.earliest_start(req, structural=True)

@@ -567,13 +567,14 @@ def instance_cost(instance: Instance) -> Decimal:
 # ---------------------------------------------------------------------------------------------
 
 
-def _close_billing(instance: Instance, reason: str) -> None:
+def _close_billing(instance: Instance, reason: str, *, code: str = "billing_closed") -> None:
+    """Stop billing the instance's GPUs now; what was settled goes in an event (``code``)."""
     session = billing.close_usage_session(INSTANCE_RESOURCE, str(instance.public_id), reason=reason)
     if session is not None:
         record_event(
             instance,
             EventKind.STATE,
-            code="billing_closed",
+            code=code,
             params={"seconds": session.settled_seconds, "amount": str(session.charged)},
         )
 

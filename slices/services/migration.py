@@ -45,7 +45,7 @@ from slices.drivers import DriverError, NodeDriver, get_driver
 from slices.models import GPU, AllocationNode, GpuRollup, Instance, InstanceNode, Node, NodeWatch
 from slices.services import storage
 from slices.services.instances import (
-    INSTANCE_RESOURCE,
+    _close_billing,
     _enqueue_on_commit,
     record_event,
     release_instance,
@@ -242,16 +242,7 @@ def start_migration(instance: Instance, node: Node, *, signal: str = "") -> bool
     InstanceNode.objects.filter(instance=instance, node=node).update(
         failed=True, message=f"node failed: {signal}"[:255]
     )
-    session = billing.close_usage_session(
-        INSTANCE_RESOURCE, str(instance.public_id), reason=CloseReason.MIGRATED
-    )
-    if session is not None:
-        record_event(
-            instance,
-            EventKind.STATE,
-            code="billing_paused",
-            params={"seconds": session.settled_seconds, "amount": str(session.charged)},
-        )
+    _close_billing(instance, CloseReason.MIGRATED, code="billing_paused")
     _enqueue_on_commit("slices.tasks.migrate_instance_task", instance.pk)
     return True
 

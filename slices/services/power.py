@@ -26,7 +26,7 @@ from django.db.models import F
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
-from billing import services as billing
+from billing.choices import CloseReason
 from slices import lifecycle
 from slices.choices import (
     SCHEDULABLE_STATES,
@@ -44,8 +44,8 @@ from slices.models import GPU, Allocation, AllocationNode, Instance, InstanceNod
 from slices.services import disks as disk_service
 from slices.services.allocation import NoCapacity, allocate, release_allocation
 from slices.services.instances import (
-    INSTANCE_RESOURCE,
     OrderRequest,
+    _close_billing,
     _enqueue_on_commit,
     cards_in_use,
     check_funds,
@@ -64,6 +64,7 @@ from slices.services.provisioning import (
     drop_lease,
     node_target,
     provision_instance,
+    record_node_warning,
 )
 
 logger = logging.getLogger(__name__)
@@ -113,14 +114,7 @@ def stop_instance(instance: Instance, *, by: str) -> bool:
         params={"by": by, "disk_gb": instance.system_disk_gb, "per_day": str(per_day)},
     ):
         return False
-    session = billing.close_usage_session(INSTANCE_RESOURCE, str(instance.public_id))
-    if session is not None:
-        record_event(
-            instance,
-            EventKind.STATE,
-            code="billing_closed",
-            params={"seconds": session.settled_seconds, "amount": str(session.charged)},
-        )
+    _close_billing(instance, CloseReason.RELEASED)
     disk_service.sync_storage_billing(instance.owner)
     _enqueue_on_commit("slices.tasks.stop_instance_task", instance.pk)
     return True
@@ -144,14 +138,7 @@ def drive_stop(instance_id: int, driver: NodeDriver | None = None) -> str:
                     raise DriverError("unsupported", f"the {driver.name} driver cannot stop")
                 stop(spec, target, logs.sink(target.hostname, "stop"))
             except DriverError as exc:
-                record_event(
-                    instance,
-                    EventKind.ERROR,
-                    code="stop_failed",
-                    node=target.hostname,
-                    level=EventLevel.WARNING,
-                    params={"node": target.hostname, "error": exc.detail or exc.code},
-                )
+                record_node_warning(instance, "stop_failed", target.hostname, exc)
         record_logs(instance, logs.drain())
         with transaction.atomic():
             if instance.allocation_id:

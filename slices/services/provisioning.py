@@ -370,6 +370,18 @@ def _node_failed(instance: Instance, run: _NodeRun, step: str, exc: DriverError)
     )
 
 
+def record_node_warning(instance: Instance, code: str, hostname: str, exc: DriverError) -> None:
+    """A step failed on one node without failing the instance (a stop, a teardown)."""
+    record_event(
+        instance,
+        EventKind.ERROR,
+        code=code,
+        node=hostname,
+        level=EventLevel.WARNING,
+        params={"node": hostname, "error": exc.detail or exc.code},
+    )
+
+
 def _allreduce(instance: Instance, driver: NodeDriver, spec: InstanceSpec, logs: _Logs) -> None:
     """A slice's all-reduce check; the figures are stored beside the expected ones."""
     expected = (instance.allocation.performance if instance.allocation else {}) or {}
@@ -531,14 +543,7 @@ def teardown_instance(instance_id: int, driver: NodeDriver | None = None) -> str
             Node.objects.filter(hostname=hostname).update(
                 health=NodeHealth.DEGRADED, note=f"teardown of {instance.slug} failed"[:255]
             )
-            record_event(
-                instance,
-                EventKind.ERROR,
-                code="teardown_failed",
-                node=hostname,
-                level=EventLevel.WARNING,
-                params={"node": hostname, "error": err.detail or err.code},
-            )
+            record_node_warning(instance, "teardown_failed", hostname, err)
         finish_teardown(instance)
         return "done"
     finally:

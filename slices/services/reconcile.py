@@ -91,20 +91,10 @@ def _redrive(now: datetime, report: ReconcileReport) -> None:
             # holding GPUs; fail them cleanly.
             fail_instance(instance, "stuck", {})
             report.failed.append(str(instance.public_id))
-        elif instance.state == InstanceState.RELEASING:
-            record_event(
-                instance,
-                EventKind.STATE,
-                code="redriven",
-                params={"attempt": attempt},
-                level=EventLevel.WARNING,
-            )
-            _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
-            report.redriven.append(str(instance.public_id))
         elif instance.state == InstanceState.STOPPING:
             _enqueue_on_commit("slices.tasks.stop_instance_task", instance.pk)
             report.redriven.append(str(instance.public_id))
-        elif attempt > max_attempts:
+        elif attempt > max_attempts and instance.state != InstanceState.RELEASING:
             record_event(
                 instance,
                 EventKind.STATE,
@@ -122,7 +112,13 @@ def _redrive(now: datetime, report: ReconcileReport) -> None:
                 params={"attempt": attempt},
                 level=EventLevel.WARNING,
             )
-            _enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
+            # A release is re-driven however often it takes (its GPUs must be freed).
+            task = (
+                "teardown_instance_task"
+                if instance.state == InstanceState.RELEASING
+                else "provision_instance_task"
+            )
+            _enqueue_on_commit(f"slices.tasks.{task}", instance.pk)
             report.redriven.append(str(instance.public_id))
     # Failed instances whose teardown never ran (worker died after the failure).
     for instance in Instance.objects.filter(

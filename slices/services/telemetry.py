@@ -35,6 +35,21 @@ logger = logging.getLogger(__name__)
 RELEASE_WHEN_IDLE_ENV = "GPC_RELEASE_WHEN_IDLE"
 
 
+# A rollup keeps the minimum, mean and maximum of these (RollupRecord's triples, GpuRollup's
+# <name>_min, <name>_mean and <name>_max fields).
+_ROLLUP_STATS = ("util", "mem_used", "temp", "power")
+_STAT_PARTS = ("min", "mean", "max")
+
+
+def _stat_fields(name: str) -> tuple[str, ...]:
+    return tuple(f"{name}_{part}" for part in _STAT_PARTS)
+
+
+def _stat_columns(header: str, field: str) -> tuple[tuple[str, str], ...]:
+    """The CSV columns (header, field) of one statistic's minimum, mean and maximum."""
+    return tuple(zip(_stat_fields(header), _stat_fields(field), strict=True))
+
+
 def _when(epoch: int) -> datetime:
     return datetime.fromtimestamp(epoch, tz=UTC)
 
@@ -52,21 +67,14 @@ def write_rollups(records: Iterable[RollupRecord]) -> int:
             gpu=r.gpu,
             minute=_when(r.minute),
             samples=min(r.samples, 32767),
-            util_min=r.util[0],
-            util_mean=r.util[1],
-            util_max=r.util[2],
-            mem_used_min=r.mem_used[0],
-            mem_used_mean=r.mem_used[1],
-            mem_used_max=r.mem_used[2],
             mem_total=r.mem_total,
-            temp_min=r.temp[0],
-            temp_mean=r.temp[1],
-            temp_max=r.temp[2],
-            power_min=r.power[0],
-            power_mean=r.power[1],
-            power_max=r.power[2],
             xid_events=r.xid_events,
             simulated=r.simulated,
+            **{
+                field: value
+                for name in _ROLLUP_STATS
+                for field, value in zip(_stat_fields(name), getattr(r, name), strict=True)
+            },
         )
         for r in records
         if r.instance_id in pks
@@ -126,57 +134,30 @@ def idle_status(instance: Instance) -> dict[str, Any] | None:
     }
 
 
-CSV_HEADER = (
-    "minute_utc",
-    "hostname",
-    "gpu",
-    "samples",
-    "util_min",
-    "util_mean",
-    "util_max",
-    "mem_used_mib_min",
-    "mem_used_mib_mean",
-    "mem_used_mib_max",
-    "mem_total_mib",
-    "temp_c_min",
-    "temp_c_mean",
-    "temp_c_max",
-    "power_w_min",
-    "power_w_mean",
-    "power_w_max",
-    "xid_events",
-    "simulated",
+# The CSV export's columns: (header, GpuRollup field); the header names the units.
+CSV_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("minute_utc", "minute"),
+    ("hostname", "hostname"),
+    ("gpu", "gpu"),
+    ("samples", "samples"),
+    *_stat_columns("util", "util"),
+    *_stat_columns("mem_used_mib", "mem_used"),
+    ("mem_total_mib", "mem_total"),
+    *_stat_columns("temp_c", "temp"),
+    *_stat_columns("power_w", "power"),
+    ("xid_events", "xid_events"),
+    ("simulated", "simulated"),
 )
+CSV_HEADER = tuple(header for header, _field in CSV_COLUMNS)
 
 
 def history_csv_rows(instance: Instance) -> Iterator[tuple[Any, ...]]:
     """An instance's minute rollups, oldest first, for the CSV export (streamed)."""
     yield CSV_HEADER
-    fields = (
-        "minute",
-        "hostname",
-        "gpu",
-        "samples",
-        "util_min",
-        "util_mean",
-        "util_max",
-        "mem_used_min",
-        "mem_used_mean",
-        "mem_used_max",
-        "mem_total",
-        "temp_min",
-        "temp_mean",
-        "temp_max",
-        "power_min",
-        "power_mean",
-        "power_max",
-        "xid_events",
-        "simulated",
-    )
     qs = (
         GpuRollup.objects.filter(instance=instance)
         .order_by("minute", "hostname", "gpu")
-        .values_list(*fields)
+        .values_list(*(field for _header, field in CSV_COLUMNS))
     )
     for row in qs.iterator(chunk_size=2000):
         yield (row[0].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), *row[1:])
