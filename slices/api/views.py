@@ -169,6 +169,11 @@ class InstanceViewSet(viewsets.GenericViewSet):
     def _get(self) -> Instance:
         return services.get_instance_for_user(self.request.user, self.kwargs["public_id"])
 
+    def _answer(self, instance: Instance, code: int = status.HTTP_202_ACCEPTED) -> Response:
+        """The instance as the service left it (202: the work goes on in a worker)."""
+        instance.refresh_from_db()
+        return Response(InstanceSerializer(instance_data(instance)).data, status=code)
+
     @extend_schema(summary="Your instances (not yet archived first)", tags=["instances"])
     def list(self, request: Request) -> Response:
         page = self.paginate_queryset(self.get_queryset().order_by("-created_at", "-id"))
@@ -211,9 +216,7 @@ class InstanceViewSet(viewsets.GenericViewSet):
             disks=tuple((str(x["id"]), x["mode"]) for x in d["disks"]),
         )
         instance, created = services.order_instance(request.user, req, idempotency_key=key)
-        instance.refresh_from_db()
-        code = status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK
-        return Response(InstanceSerializer(instance_data(instance)).data, status=code)
+        return self._answer(instance, status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK)
 
     @extend_schema(
         summary="Release: billing stops now, the nodes are cleaned and the GPUs freed (202)",
@@ -225,10 +228,7 @@ class InstanceViewSet(viewsets.GenericViewSet):
     def release(self, request: Request, public_id: str) -> Response:
         instance = self._get()
         services.release_instance(instance, by=request.user.get_username())
-        instance.refresh_from_db()
-        return Response(
-            InstanceSerializer(instance_data(instance)).data, status=status.HTTP_202_ACCEPTED
-        )
+        return self._answer(instance)
 
     def _events(self, request: Request, logs: bool) -> Response:
         instance = self._get()
@@ -282,10 +282,7 @@ class InstanceViewSet(viewsets.GenericViewSet):
     def stop(self, request: Request, public_id: str) -> Response:
         instance = self._get()
         power.stop_instance(instance, by=request.user.get_username())
-        instance.refresh_from_db()
-        return Response(
-            InstanceSerializer(instance_data(instance)).data, status=status.HTTP_202_ACCEPTED
-        )
+        return self._answer(instance)
 
     @extend_schema(
         summary="Start (开机): same host first, another host, or without GPUs (202)",
@@ -301,10 +298,7 @@ class InstanceViewSet(viewsets.GenericViewSet):
         power.start_instance(
             instance, by=request.user.get_username(), mode=payload.validated_data["mode"]
         )
-        instance.refresh_from_db()
-        return Response(
-            InstanceSerializer(instance_data(instance)).data, status=status.HTTP_202_ACCEPTED
-        )
+        return self._answer(instance)
 
 
 def disk_data(disk: Disk) -> dict[str, Any]:
@@ -357,6 +351,13 @@ class DiskViewSet(viewsets.GenericViewSet):
     def _answer(self, disk: Disk, code: int = status.HTTP_200_OK) -> Response:
         disk = self.get_queryset().get(pk=disk.pk)
         return Response(DiskSerializer(disk_data(disk)).data, status=code)
+
+    def _attachment(self, request: Request) -> tuple[Instance, str]:
+        """The caller's instance (404 for anyone else's) and the mode an attach or detach names."""
+        payload = DiskAttachSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        instance = services.get_instance_for_user(request.user, payload.validated_data["instance"])
+        return instance, payload.validated_data["mode"]
 
     @extend_schema(summary="Your cloud disks", tags=["storage"])
     def list(self, request: Request) -> Response:
@@ -411,10 +412,8 @@ class DiskViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["post"])
     def attach(self, request: Request, public_id: str) -> Response:
         disk = self._get()
-        payload = DiskAttachSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        instance = services.get_instance_for_user(request.user, payload.validated_data["instance"])
-        disk_service.attach_disk(disk, instance, payload.validated_data["mode"])
+        instance, mode = self._attachment(request)
+        disk_service.attach_disk(disk, instance, mode)
         return self._answer(disk)
 
     @extend_schema(
@@ -426,9 +425,7 @@ class DiskViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["post"])
     def detach(self, request: Request, public_id: str) -> Response:
         disk = self._get()
-        payload = DiskAttachSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        instance = services.get_instance_for_user(request.user, payload.validated_data["instance"])
+        instance, _mode = self._attachment(request)
         disk_service.detach_disk(disk, instance)
         return self._answer(disk)
 
