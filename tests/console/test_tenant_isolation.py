@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -43,17 +44,21 @@ STAFF_NAMESPACES = ("admin",)
 Factory = Callable[[Any], dict[str, Any]]
 
 
+def _isolation_modules() -> Iterator[ModuleType]:
+    """Each app's ``tests/<app>/isolation.py``, the apps without one skipped."""
+    for app in APPS:
+        try:
+            yield importlib.import_module(f"tests.{app}.isolation")
+        except ModuleNotFoundError as exc:
+            if exc.name not in (f"tests.{app}", f"tests.{app}.isolation"):
+                raise
+
+
 def _registry() -> tuple[dict[str, Factory], dict[str, Factory], dict[str, str]]:
     routes: dict[str, Factory] = {}
     staff: dict[str, Factory] = {}
     exempt: dict[str, str] = {}
-    for app in APPS:
-        try:
-            module = importlib.import_module(f"tests.{app}.isolation")
-        except ModuleNotFoundError as exc:
-            if exc.name not in (f"tests.{app}", f"tests.{app}.isolation"):
-                raise
-            continue
+    for module in _isolation_modules():
         for name in getattr(module, "OBJECT_ROUTES", {}):
             assert name not in routes, f"{name} registered twice"
         routes.update(getattr(module, "OBJECT_ROUTES", {}))
@@ -192,13 +197,7 @@ def test_customers_are_sent_to_log_in_on_staff_pages(alice_client: Client) -> No
 # --- websockets ---------------------------------------------------------------------------------
 def _ws_registry() -> dict[str, Callable[[Any], str]]:
     routes: dict[str, Callable[[Any], str]] = {}
-    for app in APPS:
-        try:
-            module = importlib.import_module(f"tests.{app}.isolation")
-        except ModuleNotFoundError as exc:
-            if exc.name not in (f"tests.{app}", f"tests.{app}.isolation"):
-                raise
-            continue
+    for module in _isolation_modules():
         routes.update(getattr(module, "WEBSOCKET_ROUTES", {}))
     return routes
 
