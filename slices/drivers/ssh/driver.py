@@ -243,6 +243,10 @@ class SshDriver(SshConnections):
         runtime = self._runtime(node)
         if spec.image and not IMAGE_REF.match(spec.image):
             raise DriverError("bad_identifier", f"image {spec.image!r}", permanent=True)
+        if runtime != "process" and not spec.image:
+            raise DriverError(
+                "no_image", f"{node.hostname} runs {runtime}: an image is needed", permanent=True
+            )
         # The entrypoint is catalogue data (the image's launch template), never user input; it is
         # run by a shell so that its ${VARIABLES} expand from the instance's environment.
         command = ["sh", "-c", spec.entrypoint] if spec.entrypoint else []
@@ -269,12 +273,6 @@ class SshDriver(SshConnections):
     def _docker_args(
         self, spec: InstanceSpec, node: NodeTarget, paths: _Paths, command: list[str]
     ) -> dict[str, Arg]:
-        if not spec.image:
-            raise DriverError(
-                "no_image",
-                f"{node.hostname} runs docker: an image is needed",
-                permanent=True,
-            )
         volumes = ["-v", f"{self._pfs_source(spec)}:/pfs"]
         volumes += ["-v", f"{paths.authorized_keys}:/root/.ssh/authorized_keys:ro"]
         volumes += ["-v", f"{paths.hostfile}:/etc/gpc/hostfile:ro"]
@@ -294,12 +292,6 @@ class SshDriver(SshConnections):
     def _enroot_args(
         self, spec: InstanceSpec, node: NodeTarget, paths: _Paths, command: list[str]
     ) -> dict[str, Arg]:
-        if not spec.image:
-            raise DriverError(
-                "no_image",
-                f"{node.hostname} runs enroot: an image is needed",
-                permanent=True,
-            )
         mounts = ["--mount", f"{self._pfs_source(spec)} /pfs none x-create=dir,bind"]
         for src, target in self._asset_mounts(spec):
             mounts += ["--mount", f"{src} {target} none x-create=dir,bind,ro"]
