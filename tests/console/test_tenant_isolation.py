@@ -28,6 +28,8 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.urls.converters import UUIDConverter
 from django.urls.resolvers import RegexPattern, RoutePattern
 
+from tests.support.websocket import open_websocket, websocket_scope
+
 pytestmark = pytest.mark.django_db
 
 APPS = ("console", "slices", "marketplace", "billing")
@@ -234,7 +236,6 @@ def test_every_websocket_route_with_a_parameter_is_covered() -> None:
 def _ws_connects(path: str, client: Client | None) -> bool:
     """Open a websocket through the production stack (origin check, session auth, routing)."""
     from asgiref.sync import async_to_sync
-    from asgiref.testing import ApplicationCommunicator
     from channels.auth import AuthMiddlewareStack
     from channels.routing import URLRouter
 
@@ -244,21 +245,12 @@ def _ws_connects(path: str, client: Client | None) -> bool:
     headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
     if client is not None:
         headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
-    scope = {
-        "type": "websocket",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "headers": headers,
-        "subprotocols": [],
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-    }
+    scope = websocket_scope(
+        path, headers=headers, client=("127.0.0.1", 50000), server=("testserver", 80)
+    )
 
     async def attempt() -> bool:
-        communicator = ApplicationCommunicator(app, scope)
-        await communicator.send_input({"type": "websocket.connect"})
-        first = await communicator.receive_output(timeout=5)
+        communicator, first = await open_websocket(app, scope)
         accepted = first["type"] == "websocket.accept"
         if accepted:
             await communicator.send_input({"type": "websocket.disconnect", "code": 1000})

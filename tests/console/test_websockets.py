@@ -20,6 +20,7 @@ from console.consumers import (
 )
 from console.routing import websocket_router
 from tests.support.servers import run_async
+from tests.support.websocket import open_websocket, websocket_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,18 +28,9 @@ DEEP_JSON = '{"a":' * 1000 + "1" + "}" * 1000
 
 
 async def _connect(path: str, user: object) -> ApplicationCommunicator:
-    scope = {
-        "type": "websocket",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "headers": [],
-        "subprotocols": [],
-        "user": user,
-    }
-    communicator = ApplicationCommunicator(websocket_router(), scope)
-    await communicator.send_input({"type": "websocket.connect"})
-    accepted = await communicator.receive_output(timeout=5)
+    communicator, accepted = await open_websocket(
+        websocket_router(), websocket_scope(path, user=user)
+    )
     assert accepted["type"] == "websocket.accept", accepted
     return communicator
 

@@ -33,6 +33,7 @@ from slices.telemetry.relay import Relay
 from slices.telemetry.ring import MemoryRing
 from tests.slices.factories import load_small_fleet
 from tests.support.servers import run_async
+from tests.support.websocket import open_websocket, websocket_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,23 +55,8 @@ def running(settings, alice, django_capture_on_commit_callbacks) -> Instance:
     return instance
 
 
-def _scope(path: str, user: object) -> dict[str, Any]:
-    return {
-        "type": "websocket",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "headers": [],
-        "subprotocols": [],
-        "user": user,
-    }
-
-
 async def _open(path: str, user: object) -> tuple[ApplicationCommunicator, dict[str, Any]]:
-    communicator = ApplicationCommunicator(websocket_router(), _scope(path, user))
-    await communicator.send_input({"type": "websocket.connect"})
-    first = await communicator.receive_output(timeout=5)
-    return communicator, first
+    return await open_websocket(websocket_router(), websocket_scope(path, user=user))
 
 
 async def _refused(path: str, user: object) -> int:
@@ -167,7 +153,9 @@ def test_a_slow_client_gets_the_latest_sample_not_a_queue(running: Instance, ali
             delivered.append(message)
 
         await inbox.put({"type": "websocket.connect"})
-        app = asyncio.create_task(websocket_router()(_scope(_path(running), alice), receive, send))
+        app = asyncio.create_task(
+            websocket_router()(websocket_scope(_path(running), user=alice), receive, send)
+        )
         while len(delivered) < 2:  # accept + hello
             await asyncio.sleep(0.01)
         gate.clear()

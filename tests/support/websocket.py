@@ -1,0 +1,35 @@
+"""In-process websocket connections through asgiref's ``ApplicationCommunicator`` (what Channels'
+``WebsocketCommunicator`` does; its package needs daphne, which we do not install)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.testing import ApplicationCommunicator
+
+
+def websocket_scope(
+    path: str, *, headers: list[tuple[bytes, bytes]] | None = None, **extra: Any
+) -> dict[str, Any]:
+    """The ASGI scope of a websocket handshake on ``path``; ``extra`` adds keys (``user``,
+    ``client``, ``server``)."""
+    return {
+        "type": "websocket",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": headers or [],
+        "subprotocols": [],
+        **extra,
+    }
+
+
+async def open_websocket(
+    app: Any, scope: dict[str, Any]
+) -> tuple[ApplicationCommunicator, dict[str, Any]]:
+    """Send the handshake to ``app``; the communicator and the first message back (an accept, or
+    the close of a refusal)."""
+    communicator = ApplicationCommunicator(app, scope)
+    await communicator.send_input({"type": "websocket.connect"})
+    first = await communicator.receive_output(timeout=5)
+    return communicator, first
