@@ -5,7 +5,7 @@ from typing import Any, cast
 from django.db.models import QuerySet
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import mixins, status, viewsets
+from rest_framework import status
 from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -24,7 +24,7 @@ from billing.api.serializers import (
 )
 from billing.models import Account, LedgerTransaction, Payment, UsageSession, Wallet
 from console.api.exceptions import ApiError, ErrorCode
-from console.ids import UUID_PATTERN
+from console.api.viewsets import ListRetrieveViewSet
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
@@ -99,10 +99,8 @@ class PriceListView(APIView):
     list=extend_schema(summary="Your ledger transactions, newest first", tags=["billing"]),
     retrieve=extend_schema(summary="One ledger transaction", tags=["billing"]),
 )
-class TransactionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class TransactionViewSet(ListRetrieveViewSet):
     serializer_class = TransactionSerializer
-    lookup_field = "public_id"
-    lookup_value_regex = UUID_PATTERN
 
     def get_queryset(self) -> QuerySet[LedgerTransaction]:
         return statements.transactions_for(self.request.user)
@@ -128,12 +126,8 @@ class TransactionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     ),
     retrieve=extend_schema(summary="One usage session", tags=["billing"]),
 )
-class UsageSessionViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
-):
+class UsageSessionViewSet(ListRetrieveViewSet):
     serializer_class = UsageSessionSerializer
-    lookup_field = "public_id"
-    lookup_value_regex = UUID_PATTERN
 
     def get_queryset(self) -> QuerySet[UsageSession]:
         return (
@@ -147,10 +141,8 @@ class UsageSessionViewSet(
     list=extend_schema(summary="Your top-ups", tags=["billing"]),
     retrieve=extend_schema(summary="One top-up", tags=["billing"]),
 )
-class TopUpViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class TopUpViewSet(ListRetrieveViewSet):
     serializer_class = TopUpSerializer
-    lookup_field = "public_id"
-    lookup_value_regex = UUID_PATTERN
 
     def get_queryset(self) -> QuerySet[Payment]:
         return Payment.objects.filter(wallet__owner=self.request.user).order_by(

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -15,7 +15,7 @@ from console.api.serializers import (
     SshKeyCreateSerializer,
     SshKeySerializer,
 )
-from console.ids import UUID_PATTERN
+from console.api.viewsets import ListRetrieveViewSet
 from console.models import ApiToken, SshKey
 
 
@@ -24,15 +24,8 @@ from console.models import ApiToken, SshKey
     retrieve=extend_schema(summary="Show one SSH key", tags=["account"]),
     destroy=extend_schema(summary="Delete an SSH key", tags=["account"]),
 )
-class SshKeyViewSet(
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.DestroyModelMixin,
-    viewsets.GenericViewSet,
-):
+class SshKeyViewSet(mixins.DestroyModelMixin, ListRetrieveViewSet):
     serializer_class = SshKeySerializer
-    lookup_field = "public_id"
-    lookup_value_regex = UUID_PATTERN
 
     def get_queryset(self) -> QuerySet[SshKey]:
         return SshKey.objects.for_owner(self.request.user)
@@ -77,10 +70,8 @@ class SshKeyViewSet(
     list=extend_schema(summary="List your API tokens (secrets are never shown)", tags=["account"]),
     retrieve=extend_schema(summary="Show one API token", tags=["account"]),
 )
-class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class ApiTokenViewSet(ListRetrieveViewSet):
     serializer_class = ApiTokenSerializer
-    lookup_field = "public_id"
-    lookup_value_regex = UUID_PATTERN
 
     def get_queryset(self) -> QuerySet[ApiToken]:
         return ApiToken.objects.for_owner(self.request.user)

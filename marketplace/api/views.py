@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.exceptions import ApiError, ErrorCode
-from console.ids import UUID_PATTERN
+from console.api.viewsets import ListRetrieveViewSet
 from marketplace import services
 from marketplace.api.serializers import (
     AssetDetailSerializer,
@@ -142,10 +142,8 @@ class ImageViewSet(viewsets.ViewSet):
     list=extend_schema(summary="List licenses and whether you accepted them", tags=["marketplace"]),
     retrieve=extend_schema(summary="Show one license", tags=["marketplace"]),
 )
-class LicenseViewSet(viewsets.ReadOnlyModelViewSet):
+class LicenseViewSet(ListRetrieveViewSet):
     serializer_class = LicenseSerializer
-    lookup_field = "public_id"
-    lookup_value_regex = UUID_PATTERN
     queryset = License.objects.all()
 
     def get_object(self) -> License:
