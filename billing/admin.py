@@ -12,6 +12,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
@@ -40,6 +41,33 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class _ReadOnlyInline(admin.TabularInline):
+    """Ledger rows under their wallet or transaction: shown, never added, edited or deleted here."""
+
+    extra = 0
+    can_delete = False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _operation_page(
+    model_admin: admin.ModelAdmin, request: HttpRequest, title: str | Promise, form: Any, obj: Any
+) -> TemplateResponse:
+    """An operator's form about one object (a wallet, a transaction), with the admin's chrome."""
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": title,
+        "form": form,
+        "object": obj,
+        "opts": model_admin.model._meta,
+    }
+    return TemplateResponse(request, "admin/billing/operation.html", context)
 
 
 class _FutureOnly:
@@ -86,15 +114,9 @@ class TopUpBonusRuleAdmin(admin.ModelAdmin):
     list_display = ("threshold", "percent", "voucher_valid_days", "active", "created_at")
 
 
-class AccountInline(admin.TabularInline):
+class AccountInline(_ReadOnlyInline):
     model = Account
     fields = ("kind", "balance", "granted_amount", "expires_at", "reason")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Wallet)
@@ -180,25 +202,12 @@ class WalletAdmin(admin.ModelAdmin):
                 form.add_error(None, exc.message())
             else:
                 return HttpResponseRedirect(reverse("admin:billing_wallet_change", args=[pk]))
-        context = {
-            **self.admin_site.each_context(request),
-            "title": title,
-            "form": form,
-            "object": wallet,
-            "opts": self.model._meta,
-        }
-        return TemplateResponse(request, "admin/billing/operation.html", context)
+        return _operation_page(self, request, title, form, wallet)
 
 
-class EntryInline(admin.TabularInline):
+class EntryInline(_ReadOnlyInline):
     model = Entry
     fields = ("account", "amount")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(LedgerTransaction)
@@ -242,14 +251,7 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
             else:
                 messages.success(request, _("Correction posted."))
                 return HttpResponseRedirect(reverse("admin:billing_ledgertransaction_changelist"))
-        context = {
-            **self.admin_site.each_context(request),
-            "title": _("Reverse a transaction"),
-            "form": form,
-            "object": txn,
-            "opts": self.model._meta,
-        }
-        return TemplateResponse(request, "admin/billing/operation.html", context)
+        return _operation_page(self, request, _("Reverse a transaction"), form, txn)
 
 
 @admin.register(UsageSession)
