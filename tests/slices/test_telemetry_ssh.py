@@ -11,40 +11,15 @@ import subprocess
 import time
 from pathlib import Path
 
-from slices.drivers.base import InstanceSpec
-from slices.drivers.ssh import SshDriver, SshSettings
+from slices.drivers.ssh import SshDriver
 from slices.drivers.ssh_telemetry import SshAgentSource
 from slices.telemetry.samples import parse_sample
-from tests.slices.test_ssh_driver import make_node
+from tests.slices.test_ssh_driver import make_driver, make_node, make_spec
 from tests.support.sshd import SshHostPool, ssh_hosts  # noqa: F401
 
 
-def _spec(node) -> InstanceSpec:  # noqa: ANN001
-    return InstanceSpec(
-        instance_id="00000000-0000-0000-0000-000000000001",
-        slug="gpc-00000000",
-        name="t",
-        owner="o",
-        image="",
-        entrypoint="",
-        env={},
-        mounts=(),
-        ssh_public_key="",
-        nodes=(node,),
-        gpus_per_node=4,
-    )
-
-
 def _driver(pool: SshHostPool, tmp_path: Path) -> SshDriver:
-    return SshDriver(
-        SshSettings(  # type: ignore[call-arg]
-            key_file=str(pool.client_key),
-            pfs_root=str(tmp_path),
-            asset_root=str(tmp_path),
-            connect_timeout=5.0,
-            command_timeout=30.0,
-        )
-    )
+    return make_driver(pool, {"pfs": tmp_path, "assets": tmp_path})
 
 
 def _first_sample(source: SshAgentSource, timeout: float = 60.0) -> dict:
@@ -63,7 +38,7 @@ def test_agent_over_ssh_streams_nvml_unavailable_lines(
 ) -> None:
     host = ssh_hosts.get(1)[0]
     node = make_node(host, host.node_dir)
-    source = SshAgentSource(_driver(ssh_hosts, tmp_path), _spec(node), node, interval=0.2)
+    source = SshAgentSource(_driver(ssh_hosts, tmp_path), make_spec((node,)), node, interval=0.2)
     try:
         first = parse_sample(_first_sample(source))
         assert first.host == node.hostname and first.state == "nvml_unavailable"
@@ -88,7 +63,7 @@ def test_a_node_with_another_host_key_reports_the_problem_and_runs_nothing(
     host = ssh_hosts.get(1)[0]
     wrong = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl x"
     node = make_node(host, tmp_path / "node", host_key=wrong)
-    source = SshAgentSource(_driver(ssh_hosts, tmp_path), _spec(node), node, interval=0.2)
+    source = SshAgentSource(_driver(ssh_hosts, tmp_path), make_spec((node,)), node, interval=0.2)
     try:
         sample = parse_sample(_first_sample(source))
         assert sample.state == "nvml_error" and "host_key_mismatch" in sample.error
