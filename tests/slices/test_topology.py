@@ -19,6 +19,7 @@ from slices.topology import (
     Request,
     ScalableUnitSpec,
     Unplaceable,
+    min_sus,
 )
 
 
@@ -29,13 +30,14 @@ def cluster_spec(
     region: str = "r0",
     fabric: str = "ib-hdr",
     gpn: int = 8,
+    net: int = 0,
 ) -> ClusterSpec:
-    """A cluster whose nodes are named <code>-s<SU from 1>-n<node from 0>."""
+    """A cluster whose nodes are named <code>-s<SU from 1>-n<node from 0>, at 10.<net>.<SU>.<node>."""
     sus = tuple(
         ScalableUnitSpec(
             si,
             f"su{si}",
-            tuple(NodeSpec(f"{code}-s{si}-n{n}", f"10.0.{si}.{n}") for n in range(size)),
+            tuple(NodeSpec(f"{code}-s{si}-n{n}", f"10.{net}.{si}.{n}") for n in range(size)),
         )
         for si, size in enumerate(su_sizes, start=1)
     )
@@ -57,23 +59,12 @@ def fleet_spec(
 
 
 def make_spec(su_sizes: list[int], clusters: int = 1, gpn: int = 8, regions: int = 1) -> FleetSpec:
-    specs = []
-    for ci in range(clusters):
-        region = f"r{ci % regions}"
-        sus = tuple(
-            ScalableUnitSpec(
-                si,
-                f"su{si}",
-                tuple(NodeSpec(f"c{ci}-s{si}-n{n}", f"10.{ci}.{si}.{n}") for n in range(size)),
-            )
-            for si, size in enumerate(su_sizes, start=1)
+    """``clusters`` H800 clusters c0, c1... of SUs of ``su_sizes`` nodes, spread over ``regions``."""
+    return fleet_spec(
+        *(
+            cluster_spec(f"c{ci}", su_sizes, region=f"r{ci % regions}", gpn=gpn, net=ci)
+            for ci in range(clusters)
         )
-        specs.append(ClusterSpec(f"c{ci}", f"c{ci}", region, "H800", "ib-hdr", gpn, sus))
-    return FleetSpec(
-        tuple(RegionSpec(f"r{i}", f"R{i}") for i in range(regions)),
-        (GpuModelSpec("H800", 80),),
-        tuple(specs),
-        {"H800": {64: 1.0}},
     )
 
 
@@ -184,15 +175,6 @@ SIZES = st.sampled_from([1, 2, 4, 8, 64, 128, 192, 256, 512])
 OPS = st.lists(st.tuples(st.booleans(), SIZES, st.integers(0, 10_000)), max_size=60)
 
 
-def _k_largest_minimum(free: list[int], nodes: int) -> int:
-    acc = 0
-    for k, f in enumerate(sorted(free, reverse=True), start=1):
-        acc += f
-        if acc >= nodes:
-            return k
-    return 0
-
-
 def _replay(ops: list[tuple[bool, int, int]]) -> list[tuple]:
     fleet = Fleet(make_spec([20, 20, 20, 16], clusters=2))
     taken: dict[tuple[str, int], str] = {}
@@ -222,7 +204,7 @@ def _replay(ops: list[tuple[bool, int, int]]) -> list[tuple]:
             taken[key] = got.request_id
         if got.is_slice:
             nodes = size // 8
-            best = min(k for f in free_by_cluster.values() if (k := _k_largest_minimum(f, nodes)))
+            best = min(k for f in free_by_cluster.values() if (k := min_sus(f, nodes)))
             assert got.su_count == best == got.su_min_state
             assert got.su_count >= math.ceil(nodes / 20)
         log.append(("yes", got.cluster, tuple((s.hostname, s.gpus) for s in got.shares)))
