@@ -501,7 +501,7 @@ def _create_and_allocate(
         params={"cards": req.cards, "gpu_model": c.model.code, "user": user.get_username()},
     )
     _reserve(instance, user, c)
-    _enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
+    enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
     return instance
 
 
@@ -543,7 +543,7 @@ def _reserve(instance: Instance, user: Any, c: _CheckedOrder) -> None:
     )
 
 
-def _enqueue_on_commit(task_name: str, instance_id: int) -> None:
+def enqueue_on_commit(task_name: str, instance_id: int) -> None:
     def send() -> None:
         # Imported here: slices.tasks imports these services (a cycle at module level).
         from slices import tasks
@@ -567,7 +567,7 @@ def instance_cost(instance: Instance) -> Decimal:
 # ---------------------------------------------------------------------------------------------
 
 
-def _close_billing(instance: Instance, reason: str, *, code: str = "billing_closed") -> None:
+def close_billing(instance: Instance, reason: str, *, code: str = "billing_closed") -> None:
     """Stop billing the instance's GPUs now; what was settled goes in an event (``code``)."""
     session = billing.close_usage_session(INSTANCE_RESOURCE, str(instance.public_id), reason=reason)
     if session is not None:
@@ -594,9 +594,9 @@ def release_instance(instance: Instance, *, by: str, code: str = "release_reques
         )
     if not transition(instance, InstanceState.RELEASING, code=code, params={"by": by}):
         return False
-    _close_billing(instance, "released")
+    close_billing(instance, "released")
     _storage_released(instance)
-    _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
+    enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
     return True
 
 
@@ -615,9 +615,9 @@ def fail_instance(instance: Instance, code: str, params: dict[str, Any] | None =
         ended_at=timezone.now(),
     ):
         return False
-    _close_billing(instance, "failed")
+    close_billing(instance, "failed")
     _storage_released(instance)
-    _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
+    enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
     return True
 
 
@@ -664,5 +664,5 @@ def stop_for_billing(resource_kind: str, resource_id: str, reason: str) -> bool:
             level=EventLevel.WARNING,
         ):
             return False
-        _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
+        enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
     return True

@@ -45,8 +45,8 @@ from slices.drivers import DriverError, NodeDriver, get_driver
 from slices.models import GPU, AllocationNode, GpuRollup, Instance, InstanceNode, Node, NodeWatch
 from slices.services import storage
 from slices.services.instances import (
-    _close_billing,
-    _enqueue_on_commit,
+    close_billing,
+    enqueue_on_commit,
     record_event,
     release_instance,
     transition,
@@ -242,8 +242,8 @@ def start_migration(instance: Instance, node: Node, *, signal: str = "") -> bool
     InstanceNode.objects.filter(instance=instance, node=node).update(
         failed=True, message=f"node failed: {signal}"[:255]
     )
-    _close_billing(instance, CloseReason.MIGRATED, code="billing_paused")
-    _enqueue_on_commit("slices.tasks.migrate_instance_task", instance.pk)
+    close_billing(instance, CloseReason.MIGRATED, code="billing_paused")
+    enqueue_on_commit("slices.tasks.migrate_instance_task", instance.pk)
     return True
 
 
@@ -409,7 +409,7 @@ def _swap_in(instance: Instance, replaced: list[tuple[InstanceNode, Node, int]])
             "voucher": str(voucher) if voucher else "",
         },
     )
-    _enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
+    enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
     return "replaced"
 
 
@@ -458,6 +458,6 @@ def retry_waiting_migrations(now: datetime | None = None) -> list[str]:
         if start_migration(part.instance, part.node, signal="operator"):
             started.append(str(part.instance.public_id))
     for instance in Instance.objects.filter(state=InstanceState.MIGRATING):
-        _enqueue_on_commit("slices.tasks.migrate_instance_task", instance.pk)
+        enqueue_on_commit("slices.tasks.migrate_instance_task", instance.pk)
         started.append(str(instance.public_id))
     return started

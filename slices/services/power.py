@@ -45,10 +45,10 @@ from slices.services import disks as disk_service
 from slices.services.allocation import NoCapacity, allocate, release_allocation
 from slices.services.instances import (
     OrderRequest,
-    _close_billing,
-    _enqueue_on_commit,
     cards_in_use,
     check_funds,
+    close_billing,
+    enqueue_on_commit,
     fail_instance,
     price_name,
     quota_for,
@@ -114,9 +114,9 @@ def stop_instance(instance: Instance, *, by: str) -> bool:
         params={"by": by, "disk_gb": instance.system_disk_gb, "per_day": str(per_day)},
     ):
         return False
-    _close_billing(instance, CloseReason.RELEASED)
+    close_billing(instance, CloseReason.RELEASED)
     disk_service.sync_storage_billing(instance.owner)
-    _enqueue_on_commit("slices.tasks.stop_instance_task", instance.pk)
+    enqueue_on_commit("slices.tasks.stop_instance_task", instance.pk)
     return True
 
 
@@ -281,7 +281,7 @@ def start_instance(instance: Instance, *, by: str, mode: str = StartMode.AUTO) -
         stop_warnings=0,
     )
     disk_service.sync_storage_billing(instance.owner)
-    _enqueue_on_commit("slices.tasks.start_instance_task", instance.pk)
+    enqueue_on_commit("slices.tasks.start_instance_task", instance.pk)
     return StartResult(node.hostname, moved_from, gpuless)
 
 

@@ -33,6 +33,7 @@ from slices.models import Instance, InstanceNode, Node
 from slices.services import storage
 from slices.services.instances import (
     INSTANCE_RESOURCE,
+    enqueue_on_commit,
     fail_instance,
     finish_teardown,
     price_name,
@@ -164,13 +165,18 @@ def provision_instance(instance_id: int, driver: NodeDriver | None = None) -> st
     driver = driver or get_driver(instance.driver or None)
     storage.ensure_pfs(instance.owner)  # the account's /pfs directory exists before any mount
     try:
-        return _provision(instance, driver)
+        outcome = _provision(instance, driver)
     except Exception as exc:  # a bug or the database: fail cleanly, free everything
         logger.exception("provisioning %s crashed", instance.public_id)
         fail_instance(instance, "internal", {"error": type(exc).__name__})
-        return "failed"
+        outcome = "failed"
     finally:
         drop_lease(instance)
+    if outcome == "cancelled":
+        # Released mid-provisioning: the release's teardown found this lease taken and gave up,
+        # so it runs now (not when the reconciler notices the instance a lease-time later).
+        enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
+    return outcome
 
 
 def _provision(instance: Instance, driver: NodeDriver) -> str:

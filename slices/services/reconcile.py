@@ -25,7 +25,7 @@ from slices.services import migration, power
 from slices.services.allocation import release_allocation
 from slices.services.instances import (
     INSTANCE_RESOURCE,
-    _enqueue_on_commit,
+    enqueue_on_commit,
     fail_instance,
     record_event,
     release_instance,
@@ -92,7 +92,7 @@ def _redrive(now: datetime, report: ReconcileReport) -> None:
             fail_instance(instance, "stuck", {})
             report.failed.append(str(instance.public_id))
         elif instance.state == InstanceState.STOPPING:
-            _enqueue_on_commit("slices.tasks.stop_instance_task", instance.pk)
+            enqueue_on_commit("slices.tasks.stop_instance_task", instance.pk)
             report.redriven.append(str(instance.public_id))
         elif attempt > max_attempts and instance.state != InstanceState.RELEASING:
             record_event(
@@ -118,7 +118,7 @@ def _redrive(now: datetime, report: ReconcileReport) -> None:
                 if instance.state == InstanceState.RELEASING
                 else "provision_instance_task"
             )
-            _enqueue_on_commit(f"slices.tasks.{task}", instance.pk)
+            enqueue_on_commit(f"slices.tasks.{task}", instance.pk)
             report.redriven.append(str(instance.public_id))
     # Failed instances whose teardown never ran (worker died after the failure).
     for instance in Instance.objects.filter(
@@ -126,7 +126,7 @@ def _redrive(now: datetime, report: ReconcileReport) -> None:
         resources_freed_at__isnull=True,
         state_changed_at__lt=now - grace,
     ).filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now)):
-        _enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
+        enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
         report.redriven.append(str(instance.public_id))
 
 

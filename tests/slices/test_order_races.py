@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from decimal import Decimal
 
 import pytest
 
 from billing import services as billing
+from billing.models import UsageSession
 from billing.seed import seed_default_prices
 from slices import services
 from slices.models import Allocation, GpuQuota, Instance, Node
@@ -65,3 +68,36 @@ def test_the_same_idempotency_key_raced_creates_one_instance(world, alice):
     assert all(isinstance(r, Instance) for r in results), results
     assert len({r.pk for r in results}) == 1
     assert Instance.objects.count() == 1
+
+
+def test_a_release_while_a_worker_provisions_is_torn_down_as_soon_as_the_worker_lets_go(
+    world, alice, settings
+):
+    """The user releases while a worker holds the instance's lease mid-provisioning: the release's
+    teardown finds the lease taken, and the worker, once its current step ends, stops, lets go
+    and tears down itself; no waiting a lease-time for the reconciler, nothing billed."""
+    settings.SIM_TIME_SCALE = 0.05  # the image start takes about two seconds
+    worker = threading.Thread(target=race, args=(1, lambda i: _order(alice, "RTX4090", 1)))
+    worker.start()
+    deadline = time.monotonic() + 60
+    instance = None
+    while time.monotonic() < deadline:
+        instance = Instance.objects.filter(owner=alice).first()
+        if instance is not None and instance.nodes.filter(step="mount").exists():
+            break
+        time.sleep(0.02)
+    assert instance is not None and instance.state == "provisioning"
+    assert instance.lease_until is not None  # the worker is starting the image
+
+    assert services.release_instance(instance, by="alice")
+    instance.refresh_from_db()
+    assert instance.state == "releasing"  # its teardown found the lease taken
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+
+    instance.refresh_from_db()
+    assert instance.state == "released", list(instance.events.values_list("code", flat=True))
+    assert instance.resources_freed_at is not None
+    assert not instance.events.filter(code="redriven").exists()  # not the reconciler
+    assert Allocation.objects.filter(state="active").count() == 0
+    assert not UsageSession.objects.filter(resource_id=str(instance.public_id)).exists()
