@@ -42,9 +42,10 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import IntegrityError, transaction
 from django.shortcuts import get_object_or_404
@@ -704,26 +705,20 @@ def copy_price_book(book: PriceBook, effective_at: datetime | None = None) -> Pr
         storage_per_gb_day=book.storage_per_gb_day,
         storage_free_gb=book.storage_free_gb,
     )
-    GpuPrice.objects.bulk_create(
-        [
-            GpuPrice(
-                price_book=copy,
-                gpu_model=p.gpu_model,
-                on_demand_per_card_hour=p.on_demand_per_card_hour,
-                is_placeholder=p.is_placeholder,
-            )
-            for p in book.gpu_prices.all()
-        ]
-    )
-    TermPrice.objects.bulk_create(
-        [
-            TermPrice(
-                price_book=copy,
-                gpu_model=t.gpu_model,
-                days=t.days,
-                rate_per_card_hour=t.rate_per_card_hour,
-            )
-            for t in book.term_prices.all()
-        ]
-    )
+    GpuPrice.objects.bulk_create(_copied_into(copy, book.gpu_prices.all()))
+    TermPrice.objects.bulk_create(_copied_into(copy, book.term_prices.all()))
     return copy
+
+
+_PriceRow = TypeVar("_PriceRow", GpuPrice, TermPrice)
+
+
+def _copied_into(book: PriceBook, rows: Iterable[_PriceRow]) -> list[_PriceRow]:
+    """Unsaved copies of price rows, every field kept, for ``book`` (Django's copy: no pk)."""
+    copies = []
+    for row in rows:
+        row.pk = None
+        row._state.adding = True
+        row.price_book = book
+        copies.append(row)
+    return copies
