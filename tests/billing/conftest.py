@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from billing import clock
+from billing import clock, services
 from billing.models import Account, Entry, LedgerTransaction
 from billing.seed import seed_default_prices
 
@@ -17,6 +17,18 @@ def billing_clock() -> Iterator[clock.FrozenClock]:
     frozen = clock.FrozenClock()
     with clock.use_clock(frozen):
         yield frozen
+
+
+@pytest.fixture
+def stop_requests() -> Iterator[list[tuple[str, str, str]]]:
+    """The stop requests billing makes in the test, as (resource kind, resource id, reason): a
+    recording stop handler, the previous one put back afterwards."""
+    calls: list[tuple[str, str, str]] = []
+    previous = services.register_stop_handler(lambda *args: calls.append(args))
+    try:
+        yield calls
+    finally:
+        services.register_stop_handler(previous)
 
 
 @pytest.fixture

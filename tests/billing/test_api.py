@@ -13,18 +13,20 @@ from billing.models import Payment
 pytestmark = pytest.mark.django_db
 
 
+def _api_client_for(user) -> APIClient:  # noqa: ANN001
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
 @pytest.fixture
 def alice_api(alice) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(alice)
-    return client
+    return _api_client_for(alice)
 
 
 @pytest.fixture
 def bob_api(bob) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(bob)
-    return client
+    return _api_client_for(bob)
 
 
 def test_wallet_shows_balances_by_kind(alice, alice_api, prices) -> None:

@@ -142,30 +142,26 @@ def test_a_stop_for_lack_of_funds_keeps_disks_and_a_top_up_restarts_nothing(
     alice,
     prices,
     billing_clock,
+    stop_requests: list[tuple[str, str, str]],
     django_capture_on_commit_callbacks,
 ) -> None:
-    calls: list[tuple[str, str, str]] = []
-    previous = services.register_stop_handler(lambda *a: calls.append(a))
-    try:
-        services.grant_trial_credit(alice)
-        services.open_usage_session(
-            alice, resource_kind="disk", resource_id="d", cards=100, meter="disk"
-        )
-        services.open_usage_session(
-            alice, resource_kind="instance", resource_id="old", gpu_model="RTX 4090", cards=8
-        )
-        billing_clock.advance(5)
-        services.open_usage_session(
-            alice, resource_kind="instance", resource_id="new", gpu_model="RTX 4090", cards=4
-        )
-        with django_capture_on_commit_callbacks(execute=True):
-            for _ in range(30):
-                billing_clock.advance(60)
-                services.settle_usage()
-    finally:
-        services.register_stop_handler(previous)
+    services.grant_trial_credit(alice)
+    services.open_usage_session(
+        alice, resource_kind="disk", resource_id="d", cards=100, meter="disk"
+    )
+    services.open_usage_session(
+        alice, resource_kind="instance", resource_id="old", gpu_model="RTX 4090", cards=8
+    )
+    billing_clock.advance(5)
+    services.open_usage_session(
+        alice, resource_kind="instance", resource_id="new", gpu_model="RTX 4090", cards=4
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        for _ in range(30):
+            billing_clock.advance(60)
+            services.settle_usage()
     # one stop request per GPU session; the newest stops first (or with the older one)
-    assert sorted(calls) == [
+    assert sorted(stop_requests) == [
         ("instance", "new", "insufficient_funds"),
         ("instance", "old", "insufficient_funds"),
     ]

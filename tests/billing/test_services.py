@@ -92,22 +92,18 @@ def test_running_out_stops_the_session_and_calls_the_hook(
     alice,
     prices,
     billing_clock,
+    stop_requests: list[tuple[str, str, str]],
     django_capture_on_commit_callbacks,
 ) -> None:
-    stopped: list[tuple[str, str, str]] = []
-    previous = services.register_stop_handler(lambda *args: stopped.append(args))
-    try:
-        services.grant_trial_credit(alice)  # 10 元 at 15.20 元/h: 39 minutes
-        services.open_usage_session(
-            alice, resource_kind="instance", resource_id="i-4", gpu_model="RTX 4090", cards=8
-        )
-        for _ in range(45):
-            billing_clock.advance(60)
-            with django_capture_on_commit_callbacks(execute=True):
-                services.settle_usage()
-    finally:
-        services.register_stop_handler(previous)
-    assert stopped == [("instance", "i-4", "insufficient_funds")]
+    services.grant_trial_credit(alice)  # 10 元 at 15.20 元/h: 39 minutes
+    services.open_usage_session(
+        alice, resource_kind="instance", resource_id="i-4", gpu_model="RTX 4090", cards=8
+    )
+    for _ in range(45):
+        billing_clock.advance(60)
+        with django_capture_on_commit_callbacks(execute=True):
+            services.settle_usage()
+    assert stop_requests == [("instance", "i-4", "insufficient_funds")]
     session = UsageSession.objects.get()
     assert session.state == UsageState.CLOSED
     assert session.close_reason == CloseReason.INSUFFICIENT_FUNDS
