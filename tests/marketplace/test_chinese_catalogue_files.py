@@ -10,6 +10,7 @@ import pytest
 
 from marketplace import catalogue
 from marketplace.catalogue import DATASET, MODEL, CatalogueError
+from tests.marketplace.test_chinese_catalogue import CHINESE_DATASETS
 
 # owner/repo:path@commit, several joined by " + ": the form every shipped row's source takes.
 SOURCE = re.compile(r"^[\w.-]+/[\w.-]+:[^@\s]+@[0-9a-f]{7,40}$")
@@ -47,14 +48,7 @@ def test_the_families_chinese_users_look_for_are_shipped_with_chinese_names() ->
         assert record.name_zh == name_zh
         assert record.description and record.description_zh, hub_id
     datasets = {r.hub_id: r for r in catalogue.read_catalogue(DATASET)}
-    for hub_id in (
-        "shibing624/alpaca-zh",
-        "BelleGroup/train_0.5M_CN",
-        "YeungNLP/firefly-train-1.1M",
-        "BAAI/COIG",
-        "haonan-li/cmmlu",
-        "ceval/ceval-exam",
-    ):
+    for hub_id in CHINESE_DATASETS:
         assert datasets[hub_id].name_zh and datasets[hub_id].description_zh, hub_id
 
 
