@@ -35,8 +35,8 @@ def _send(group: str, message: dict[str, Any]) -> None:
         logger.debug("broadcast to %s dropped", group, exc_info=True)
 
 
-def broadcast_event_on_commit(instance: Instance, event: InstanceEvent) -> None:
-    payload = {
+def _event_payload(event: InstanceEvent) -> dict[str, Any]:
+    return {
         "id": event.pk,
         "kind": event.kind,
         "level": event.level,
@@ -47,9 +47,25 @@ def broadcast_event_on_commit(instance: Instance, event: InstanceEvent) -> None:
         "text": event.text,
         "at": event.at.isoformat(),
     }
+
+
+def broadcast_event_on_commit(instance: Instance, event: InstanceEvent) -> None:
+    payload = _event_payload(event)
     group = instance_group(instance.public_id)
     transaction.on_commit(
         lambda: _send(group, {"type": "instance.message", "kind": "event", "payload": payload})
+    )
+
+
+def broadcast_logs_on_commit(instance: Instance, rows: list[InstanceEvent]) -> None:
+    """Log lines flushed together go out as one ``logs`` message (a list of events), not one
+    channel-layer message per line: a chatty image start is a burst of hundreds of lines."""
+    if not rows:
+        return
+    payload = [_event_payload(row) for row in rows]
+    group = instance_group(instance.public_id)
+    transaction.on_commit(
+        lambda: _send(group, {"type": "instance.message", "kind": "logs", "payload": payload})
     )
 
 

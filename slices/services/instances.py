@@ -118,7 +118,8 @@ def record_event(
 
 
 def record_logs(instance: Instance, lines: list[tuple[str, str, str]]) -> None:
-    """Append node log lines (node, step, text) in one INSERT and broadcast them on commit."""
+    """Append node log lines (node, step, text) in one INSERT and broadcast them on commit, in
+    one message."""
     if not lines:
         return
     now = timezone.now()
@@ -130,8 +131,7 @@ def record_logs(instance: Instance, lines: list[tuple[str, str, str]]) -> None:
             for n, s, t in lines
         ]
     )
-    for row in rows:
-        events.broadcast_event_on_commit(instance, row)
+    events.broadcast_logs_on_commit(instance, rows)
 
 
 def transition(

@@ -70,6 +70,7 @@
         var data;
         try { data = JSON.parse(msg.data); } catch (e) { return; }
         if (data.kind === "event") appendEvent(data.payload);
+        if (data.kind === "logs") data.payload.forEach(appendEvent);
         if (data.kind === "state" || data.kind === "progress" || (data.kind === "event" && data.payload.kind !== "log")) refresh();
       };
       ws.onclose = function (e) {
