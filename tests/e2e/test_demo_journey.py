@@ -22,6 +22,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.support import servers
+from tests.support.browser import server_page, sign_up
 
 pytestmark = pytest.mark.e2e
 
@@ -63,20 +64,10 @@ def _yuan(text: str) -> Decimal:
 def test_a_new_user_runs_the_llama_demo_on_the_trial_credit(
     browser: Browser, stack: servers.Stack, tmp_path: Path
 ) -> None:
-    context = browser.new_context(
-        base_url=stack.url, locale="zh-CN", viewport={"width": 1280, "height": 900}
-    )
-    context.set_default_timeout(30_000)
-    page = context.new_page()
+    page = server_page(browser, stack.url)
 
     # Sign up from the landing page, then verify from the mail (which logs in).
-    page.goto("/")
-    page.click("#cta-signup")
-    page.fill("#id_email", EMAIL)
-    page.fill("#id_password1", PASSWORD)
-    page.fill("#id_password2", PASSWORD)
-    page.click("#signup-form button[type=submit]")
-    expect(page).to_have_url(re.compile(r"/accounts/confirm-email/$"))
+    sign_up(page, EMAIL, PASSWORD)
     link = _verification_link(Path(stack.env["STATE_DIR"]) / "mail", time.monotonic() + 30)
     page.goto(link)
     page.click("main form button[type=submit]")
@@ -135,4 +126,4 @@ def test_a_new_user_runs_the_llama_demo_on_the_trial_credit(
     page.goto("/billing/")
     assert _yuan(page.locator("#balance-trial").inner_text()) == Decimal("10.00") - charged
     assert _yuan(page.locator("#balance-cash").inner_text()) == Decimal("0.00")
-    context.close()
+    page.context.close()

@@ -24,7 +24,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.support import servers
-from tests.support.browser import select_and_settle
+from tests.support.browser import log_in, select_and_settle, server_page
 
 pytestmark = pytest.mark.e2e
 
@@ -49,18 +49,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
 @pytest.fixture
 def customer(browser: Browser, stack: servers.Stack) -> Iterator[Page]:
     """The demo customer, logged in, in a Chinese-speaking browser."""
-    context = browser.new_context(
-        base_url=stack.url, locale="zh-CN", viewport={"width": 1280, "height": 900}
-    )
-    context.set_default_timeout(30_000)
-    page = context.new_page()
-    page.goto("/accounts/login/")
-    page.fill("input[name=login]", "demo")
-    page.fill("input[name=password]", DEMO_PASSWORD)
-    page.click("#login-form button[type=submit]")
-    expect(page).to_have_url(re.compile(r"/$"))
+    page = server_page(browser, stack.url)
+    log_in(page, "demo", DEMO_PASSWORD)
     yield page
-    context.close()
+    page.context.close()
 
 
 def _wait_for_state(page: Page, url: str, state: str, stack: servers.Stack) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from django.conf import settings
-from django.test import Client
 from playwright.sync_api import Browser
+
+from tests.support.browser import give_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -26,20 +26,10 @@ def test_no_button_label_wraps_on_a_narrow_screen(
     live_server,
     alice,
 ) -> None:
-    client = Client()
-    client.force_login(alice)
     context = browser.new_context(
         base_url=live_server.url, locale="zh-CN", viewport={"width": 340, "height": 700}
     )
-    context.add_cookies(
-        [
-            {
-                "name": settings.SESSION_COOKIE_NAME,
-                "value": client.cookies[settings.SESSION_COOKIE_NAME].value,
-                "url": live_server.url,
-            }
-        ]
-    )
+    give_session(context, alice, live_server.url)
     page = context.new_page()
     for path in ("/billing/statement/", "/prices/", "/billing/quote/", "/accounts/ssh-keys/"):
         page.goto(path)

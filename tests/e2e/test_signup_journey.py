@@ -11,6 +11,7 @@ from django.core import mail
 from playwright.sync_api import Page, expect
 
 from tests.console.factories import ed25519_public_key
+from tests.support.browser import sign_up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -20,13 +21,7 @@ PASSWORD = "orbit-Maple-73-lantern"
 
 def test_new_customer_signs_up_verifies_and_uses_the_api(page: Page, live_server) -> None:
     # Sign up from the landing page.
-    page.goto("/")
-    page.click("#cta-signup")
-    page.fill("#id_email", EMAIL)
-    page.fill("#id_password1", PASSWORD)
-    page.fill("#id_password2", PASSWORD)
-    page.click("#signup-form button[type=submit]")
-    expect(page).to_have_url(re.compile(r"/accounts/confirm-email/$"))
+    sign_up(page, EMAIL, PASSWORD)
     assert len(mail.outbox) == 1 and mail.outbox[0].to == [EMAIL]
 
     # Open the verification link from the mail and confirm.

@@ -9,7 +9,6 @@ relay at its real 1 Hz, websockets), as in test_instance_journey.py.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Iterator
 
@@ -17,6 +16,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.support import servers
+from tests.support.browser import log_in, server_page
 
 pytestmark = pytest.mark.e2e
 
@@ -33,16 +33,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
 
 
 def _logged_in(browser: Browser, stack: servers.Stack, user: str, password: str) -> Page:
-    context = browser.new_context(
-        base_url=stack.url, locale="zh-CN", viewport={"width": 1280, "height": 1000}
-    )
-    context.set_default_timeout(30_000)
-    page = context.new_page()
-    page.goto("/accounts/login/")
-    page.fill("input[name=login]", user)
-    page.fill("input[name=password]", password)
-    page.click("#login-form button[type=submit]")
-    expect(page).to_have_url(re.compile(r"/$"))
+    page = server_page(browser, stack.url, height=1000)
+    log_in(page, user, password)
     return page
 
 

@@ -6,31 +6,28 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.test import Client
 from playwright.sync_api import Page, expect
 
 from marketplace import services
 from marketplace.models import Asset, LicenseAcceptance
 from tests.e2e.conftest import browser, page  # noqa: F401 - the shared Chromium fixtures
+from tests.support.browser import give_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-def _log_in(page: Page, user, live_server) -> None:  # noqa: F811
-    client = Client()
-    client.force_login(user)
-    page.context.add_cookies(
-        [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": live_server.url}]
-    )
+@pytest.fixture
+def alice_browsing(page: Page, live_server, alice) -> None:  # noqa: F811
+    """The browser logged in as alice, the whole catalogue loaded (for each test: they run
+    transactional)."""
+    services.load_catalogue()
+    give_session(page.context, alice, live_server.url)
 
 
 def test_filtering_keeps_the_url_in_sync_and_back_restores_results(
     page: Page,  # noqa: F811
-    live_server,
-    alice,
+    alice_browsing,
 ) -> None:
-    services.load_catalogue()
-    _log_in(page, alice, live_server)
     page.goto("/marketplace/")
     count = page.locator("#result-count")
     everything = count.inner_text()
@@ -64,11 +61,9 @@ def test_filtering_keeps_the_url_in_sync_and_back_restores_results(
 
 def test_a_gated_model_is_accepted_once_then_sent_to_the_order_form(
     page: Page,  # noqa: F811
-    live_server,
+    alice_browsing,
     alice,
 ) -> None:
-    services.load_catalogue()
-    _log_in(page, alice, live_server)
     llama = Asset.objects.get(hub_id="meta-llama/Llama-2-7b-hf")
     page.goto("/marketplace/models/meta-llama--llama-2-7b-hf/")
     expect(page.locator("#use-in-instance")).to_have_count(0)
