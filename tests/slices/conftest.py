@@ -12,11 +12,16 @@ from tests.slices.factories import load_small_fleet
 
 
 @pytest.fixture
-def sim_fleet(settings) -> None:
-    """The small fleet on the simulated driver, steps instant and retried at once."""
+def sim_driver(settings) -> None:
+    """The simulated driver, its steps instant and retried at once."""
     settings.SIM_TIME_SCALE = 0
     settings.SLICES_DRIVER = "sim"
     settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+
+
+@pytest.fixture
+def sim_fleet(sim_driver) -> None:
+    """The small fleet on the simulated driver, steps instant and retried at once."""
     load_small_fleet()
 
 

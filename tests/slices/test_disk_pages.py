@@ -2,34 +2,22 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 import pytest
 from django.urls import reverse
 
-from billing import services as billing
 from slices.choices import InstanceState
 from slices.models import Disk, Instance
 from slices.services import disks, storage
-from tests.slices.factories import load_small_fleet, make_instance
+from tests.slices.factories import make_instance
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def fleet(settings, tmp_path):
-    settings.SIM_TIME_SCALE = 0
-    settings.SLICES_DRIVER = "sim"
-    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+def fleet(sim_fleet, settings, tmp_path):
+    """The small simulated fleet; the console's view of the PFS in ``tmp_path``, returned."""
     settings.SLICES_PFS_CONSOLE_ROOT = str(tmp_path / "pfs")
-    load_small_fleet()
     return tmp_path / "pfs"
-
-
-@pytest.fixture
-def funded(alice):
-    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
-    return alice
 
 
 def test_create_disk_from_the_page_and_delete_in_use_is_refused(fleet, funded, alice_client):

@@ -30,10 +30,7 @@ SPARE_FLEET = SMALL_FLEET.replace("scalable_units: [8]", "scalable_units: [10, 1
 
 
 @pytest.fixture
-def sim(settings, tmp_path):
-    settings.SIM_TIME_SCALE = 0
-    settings.SLICES_DRIVER = "sim"
-    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+def sim(sim_driver, settings, tmp_path):
     settings.SLICES_PFS_CONSOLE_ROOT = str(tmp_path / "pfs")
     settings.SLICES_NODE_FAIL_GRACE_SECONDS = 60
     settings.SLICES_MIGRATION_VOUCHER = "20"

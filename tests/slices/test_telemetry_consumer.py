@@ -11,7 +11,6 @@ import asyncio
 import json
 import threading
 import time
-from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -20,18 +19,16 @@ from asgiref.testing import ApplicationCommunicator
 from channels.layers import get_channel_layer
 from django.contrib.auth.models import AnonymousUser
 
-from billing import services as billing
 from billing.models import PriceBook
 from billing.seed import seed_default_prices
 from console.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from console.routing import websocket_router
-from slices import services
 from slices.choices import InstanceState
 from slices.models import GpuRollup, Instance
 from slices.telemetry.groups import instance_group
 from slices.telemetry.relay import Relay
 from slices.telemetry.ring import MemoryRing
-from tests.slices.factories import load_small_fleet
+from tests.slices.factories import run_order
 from tests.support.servers import run_async
 from tests.support.websocket import open_websocket, websocket_scope
 
@@ -39,18 +36,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def running(settings, alice, django_capture_on_commit_callbacks) -> Instance:
-    settings.SIM_TIME_SCALE = 0
-    settings.SLICES_DRIVER = "sim"
-    load_small_fleet()
+def running(sim_fleet, funded, django_capture_on_commit_callbacks) -> Instance:
     if not PriceBook.objects.exists():  # a transactional test flushed the migration's seed
         seed_default_prices()
-    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
-    with django_capture_on_commit_callbacks(execute=True):
-        instance, _ = services.order_instance(
-            alice, services.OrderRequest(gpu_model="RTX4090", cards=8)
-        )
-    instance.refresh_from_db()
+    instance = run_order(funded, django_capture_on_commit_callbacks)
     assert instance.state == InstanceState.RUNNING
     return instance
 

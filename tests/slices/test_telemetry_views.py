@@ -6,34 +6,24 @@ from __future__ import annotations
 import csv
 import io
 import time
-from decimal import Decimal
 
 import pytest
 from django.test import Client
 from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
-from billing import services as billing
-from slices import services
 from slices.models import Instance
 from slices.telemetry import relay as relay_module
 from slices.telemetry.relay import Relay
-from tests.slices.factories import load_small_fleet
+from tests.slices.factories import run_order
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def sampled(settings, alice, django_capture_on_commit_callbacks) -> Instance:
+def sampled(sim_fleet, funded, django_capture_on_commit_callbacks) -> Instance:
     """A running 8-card instance with two minutes and a bit of samples in the process's ring."""
-    settings.SIM_TIME_SCALE = 0
-    settings.SLICES_DRIVER = "sim"
-    load_small_fleet()
-    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
-    with django_capture_on_commit_callbacks(execute=True):
-        instance, _ = services.order_instance(
-            alice, services.OrderRequest(gpu_model="RTX4090", cards=8)
-        )
+    instance = run_order(funded, django_capture_on_commit_callbacks)
     relay_module.get_ring.cache_clear()
     relay = Relay(layer=None)  # the process's ring: what the views read
     relay.refresh()
