@@ -39,6 +39,18 @@ def test_prices_are_public_and_list_every_model_with_terms_and_what_is_free(
     assert "Traffic Free" in text
     assert f"Trial credit {services.TRIAL_CREDIT} 元" in text
     assert "100,000.00 元" in text  # the top-up voucher rule
+    book = PriceBook.objects.order_by("-effective_at").first()
+    assert f"the first {book.storage_free_gb} GB free" in text  # cloud disks, a working feature
+
+
+def test_no_page_calls_a_working_feature_coming_soon(client: Client, prices: None) -> None:
+    """Cloud disks are orderable: the price page and the calculator say what they cost, with no
+    "coming soon" left from before they existed."""
+    for path in (reverse("billing:prices"), reverse("billing:quote")):
+        assert "coming soon" not in _get(client, path, "en").lower()
+        zh = _get(client, path, "zh-hans")
+        assert "即将" not in zh
+    assert "云盘与已关机实例的系统盘" in _get(client, reverse("billing:prices"), "zh-hans")
 
 
 def test_a_placeholder_price_is_not_yet_available_and_never_shown_as_a_price(
