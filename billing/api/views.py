@@ -3,7 +3,6 @@ from __future__ import annotations
 from typing import Any, cast
 
 from django.db.models import QuerySet
-from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.generics import get_object_or_404
@@ -23,7 +22,7 @@ from billing.api.serializers import (
     WalletSerializer,
 )
 from billing.models import Account, LedgerTransaction, Payment, UsageSession, Wallet
-from console.api.exceptions import ApiError, ErrorCode
+from console.api.idempotency import idempotency_key
 from console.api.viewsets import ListRetrieveViewSet
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
@@ -159,13 +158,8 @@ class TopUpViewSet(ListRetrieveViewSet):
     def create(self, request: Request) -> Response:
         payload = TopUpCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        key = (request.headers.get("Idempotency-Key") or "").strip() or None
         max_length = cast(int, Payment._meta.get_field("idempotency_key").max_length)
-        if key is not None and len(key) > max_length:  # truncating would make keys collide
-            raise ApiError(
-                ErrorCode.INVALID,
-                _("The Idempotency-Key is longer than %(max)d characters.") % {"max": max_length},
-            )
+        key = idempotency_key(request, max_length)
         payment, created = services.start_topup(
             request.user,
             payload.validated_data["amount"],

@@ -1,0 +1,23 @@
+"""The ``Idempotency-Key`` header of calls that spend money or allocate GPUs."""
+
+from __future__ import annotations
+
+from django.utils.translation import gettext as _
+from rest_framework.request import Request
+
+from console.api.exceptions import ApiError, ErrorCode
+
+
+def idempotency_key(request: Request, max_length: int) -> str | None:
+    """The request's key, stripped, or None without one.
+
+    A key longer than the column that stores it is refused (400): truncating would make two
+    different keys collide.
+    """
+    key = (request.headers.get("Idempotency-Key") or "").strip() or None
+    if key is not None and len(key) > max_length:
+        raise ApiError(
+            ErrorCode.INVALID,
+            _("The Idempotency-Key is longer than %(max)d characters.") % {"max": max_length},
+        )
+    return key
