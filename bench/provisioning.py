@@ -25,7 +25,6 @@ released afterwards (not timed).
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import shutil
 import statistics
@@ -37,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.support.embedded import migrate_with_shipped_fleet, setup_embedded_django  # noqa: E402
 
 SIM_TARGET_S = 2.0
 SSH_RATIO_TARGET = 1.5
@@ -59,32 +60,12 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-provisioning-"))
     # A self-contained embedded setup: its own SQLite file, no Redis, tasks run inline.
-    for name in ("DATABASE_URL", "REDIS_URL"):
-        os.environ.pop(name, None)
-    os.environ.update(
-        DJANGO_SETTINGS_MODULE="console.settings",
-        SQLITE_PATH=str(work / "bench.sqlite3"),
-        SIM_TIME_SCALE="0",
-        SLICES_RETRY_BACKOFF_SECONDS="0",
-        EMBEDDED_WORKER="false",
-        LOG_LEVEL="WARNING",
-    )
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    from console.celery import app as celery_app
-
-    celery_app.conf.task_always_eager = True
-    celery_app.conf.task_eager_propagates = True
+    setup_embedded_django(work)
     try:
-        t0 = time.perf_counter()
-        call_command("migrate", verbosity=0, interactive=False)
-        call_command("load_fleet", verbosity=0, stdout=io.StringIO())
+        took = migrate_with_shipped_fleet()
         print(
             f"set-up: migrated {work / 'bench.sqlite3'}, loaded the shipped fleet "
-            f"({time.perf_counter() - t0:.1f} s, not measured)"
+            f"({took:.1f} s, not measured)"
         )
         user = _customer()
         sim_ok = bench_sim(user, args.reps)

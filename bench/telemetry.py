@@ -33,7 +33,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.support.embedded import migrate_with_shipped_fleet, setup_embedded_django  # noqa: E402
+from tests.support.servers import free_port, start_redis, wait_healthy  # noqa: E402
+
 P99_TARGET_MS = 500.0
 CPU_TARGET_CORES = 1.0
 TICK = os.sysconf("SC_CLK_TCK")
@@ -56,12 +58,6 @@ TICK = os.sysconf("SC_CLK_TCK")
 # ---------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cpu_seconds(pid: int) -> float:
     """utime + stime of one process (Linux /proc), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -70,22 +66,9 @@ def _cpu_seconds(pid: int) -> float:
 
 def _django(work: Path, redis_url: str) -> None:
     """The embedded settings on a throw-away SQLite file, with the production channel layer."""
-    for name in ("DATABASE_URL", "REDIS_URL"):
-        os.environ.pop(name, None)
-    os.environ.update(
-        DJANGO_SETTINGS_MODULE="console.settings",
-        SQLITE_PATH=str(work / "bench.sqlite3"),
-        SIM_TIME_SCALE="0",
-        SLICES_RETRY_BACKOFF_SECONDS="0",
-        SLICES_DEFAULT_GPU_QUOTA="4096",
-        EMBEDDED_WORKER="false",
-        TELEMETRY_RELAY="false",
-        LOG_LEVEL="WARNING",
-    )
-    import django
+    setup_embedded_django(work, SLICES_DEFAULT_GPU_QUOTA="4096", TELEMETRY_RELAY="false")
     from django.conf import settings
 
-    django.setup()
     # As in production (console/settings.py): channels-redis with the same capacity and expiry.
     settings.CHANNEL_LAYERS = {
         "default": {
@@ -174,28 +157,6 @@ def clients(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 # The benchmark
 # ---------------------------------------------------------------------------------------------
-
-
-def _start_redis(work: Path) -> tuple[subprocess.Popen, str]:
-    server = shutil.which("redis-server")
-    if server is None:
-        raise SystemExit("redis-server is required (make system-deps)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(work)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    import redis
-
-    client = redis.Redis(port=port)
-    for _ in range(200):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    return proc, f"redis://127.0.0.1:{port}/0"
 
 
 def _operator_cookie() -> str:
@@ -296,27 +257,20 @@ def _run_clients(
 
 def bench(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-telemetry-"))
-    redis_proc, redis_url = _start_redis(work)
+    redis_proc, redis_url = start_redis(work)
     web: subprocess.Popen | None = None
     stop = threading.Event()
     relay_thread: threading.Thread | None = None
     try:
         _django(work, redis_url)
-        import io
-
         import redis
         from channels.layers import get_channel_layer
-        from django.core.management import call_command
 
-        from console.celery import app as celery_app
         from slices.telemetry.relay import Relay
         from slices.telemetry.ring import RedisRing
 
-        celery_app.conf.task_always_eager = True
-        celery_app.conf.task_eager_propagates = True
         t0 = time.perf_counter()
-        call_command("migrate", verbosity=0, interactive=False)
-        call_command("load_fleet", verbosity=0, stdout=io.StringIO())
+        migrate_with_shipped_fleet()
         instance, cluster = _running_slice(args.cards, args.gpu_model)
         cookie = _operator_cookie()
         print(
@@ -325,7 +279,7 @@ def bench(args: argparse.Namespace) -> int:
             f"redis-server {redis_url}"
         )
 
-        port = _free_port()
+        port = free_port()
         env = dict(os.environ)
         web = subprocess.Popen(
             [
@@ -341,15 +295,7 @@ def bench(args: argparse.Namespace) -> int:
             ],
             env=env,
         )
-        import httpx
-
-        for _ in range(300):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_healthy(f"http://127.0.0.1:{port}", timeout=60, alive=lambda: web.poll() is None)
 
         relay = Relay(RedisRing(redis.Redis.from_url(redis_url)), layer=get_channel_layer())
         relay.refresh()

@@ -4,13 +4,9 @@ simulated fleet (SIM_TIME_SCALE=0), the real in-process channel layer and a real
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -27,6 +23,7 @@ from slices.telemetry.rollup import MinuteAccumulator, MinuteOfGpu, judge_idle
 from slices.telemetry.samples import parse_sample
 from slices.telemetry.workload import CHECKPOINT_EVERY, LOST_AFTER, SimWorkload
 from tests.slices.factories import run_order
+from tests.support.servers import start_redis
 
 pytestmark = pytest.mark.django_db
 
@@ -136,28 +133,8 @@ def test_memory_ring_is_bounded_per_instance() -> None:
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Redis server of our own on a free loopback port."""
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("redis-server is required (it is installed with the system dependencies)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    workdir: Path = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    import redis
-
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
+    proc, url = start_redis(tmp_path_factory.mktemp("redis"))
+    yield url
     proc.terminate()
     proc.wait(timeout=10)
 

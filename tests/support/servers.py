@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import redis
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +41,44 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server of our own on a free loopback port, saving nothing, answering pings; the
+    process (the caller stops it) and its URL."""
+    server = shutil.which("redis-server")
+    if server is None:
+        raise RuntimeError("redis-server is required (make system-deps)")
+    port = free_port()
+    proc = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+    for _ in range(200):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def wait_healthy(url: str, timeout: float = 60, alive: Callable[[], bool] | None = None) -> None:
+    """Until the console at ``url`` answers /healthz with 200; RuntimeError if that takes over
+    ``timeout`` seconds or ``alive`` says its process has gone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if alive is not None and not alive():
+            raise RuntimeError(f"the server at {url} exited")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the server at {url} was not healthy within {timeout:.0f} s")
 
 
 def base_env() -> dict[str, str]:
@@ -207,16 +247,13 @@ class Stack:
         raise RuntimeError(f"celery worker did not become ready:\n{self.procs[-1].output()}")
 
     def wait_healthy(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self._check_alive()
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"server not healthy in time:\n{self.logs()}")
+        try:
+            wait_healthy(self.url, timeout, alive=self._alive)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}:\n{self.logs()}") from None
+
+    def _alive(self) -> bool:
+        return all(proc.popen.poll() is None for proc in self.procs)
 
     def _check_alive(self) -> None:
         for proc in self.procs:
