@@ -165,25 +165,30 @@ async def _send_via_view(client: httpx.Client, public_id: str, token: str) -> No
     assert response.status_code == 200
 
 
-def test_embedded_server_serves_pages_and_health(embedded_stack) -> None:
-    stack, _ = embedded_stack
+# The checks that are the same in both modes; production's need PostgreSQL and Redis.
+MODES = [
+    pytest.param("embedded_stack", id="embedded"),
+    pytest.param("production_stack", id="production", marks=pytest.mark.integration),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_server_serves_pages_and_health(mode: str, request: pytest.FixtureRequest) -> None:
+    stack, _ = request.getfixturevalue(mode)
     _check_pages_and_health(stack)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_websocket_refuses_foreign_origin_and_anonymous(
+    mode: str, request: pytest.FixtureRequest
+) -> None:
+    stack, _ = request.getfixturevalue(mode)
+    servers.run_async(_refusals(stack))
 
 
 def test_embedded_websocket_gets_channel_layer_message_and_task_result(embedded_stack) -> None:
     stack, public_id = embedded_stack
     servers.run_async(_broadcast_and_task(stack, public_id, _send_via_view))
-
-
-def test_embedded_websocket_refuses_foreign_origin_and_anonymous(embedded_stack) -> None:
-    stack, _ = embedded_stack
-    servers.run_async(_refusals(stack))
-
-
-@pytest.mark.integration
-def test_production_server_serves_pages_and_health(production_stack) -> None:
-    stack, _ = production_stack
-    _check_pages_and_health(stack)
 
 
 @pytest.mark.integration
@@ -210,12 +215,6 @@ def test_production_websocket_gets_redis_message_and_worker_process_result(
 
     servers.run_async(run())
     assert "console.ping_worker_task" in stack.procs[0].output()  # the separate worker ran it
-
-
-@pytest.mark.integration
-def test_production_websocket_refuses_foreign_origin_and_anonymous(production_stack) -> None:
-    stack, _ = production_stack
-    servers.run_async(_refusals(stack))
 
 
 @pytest.mark.integration
