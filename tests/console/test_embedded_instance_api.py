@@ -22,8 +22,6 @@ import pytest
 
 from tests.support import servers
 
-DEMO_USER = "demo"
-DEMO_PASSWORD = "demo-password-2026"
 MODEL = "RTX4090"
 # Generous: the whole host takes about a second at this scale, but the CI machine has two cores
 # shared with the rest of the suite.
@@ -48,7 +46,11 @@ def _login(client: httpx.Client) -> None:
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
     response = client.post(
         "/accounts/login/",
-        data={"login": DEMO_USER, "password": DEMO_PASSWORD, "csrfmiddlewaretoken": token},
+        data={
+            "login": "demo",
+            "password": servers.DEMO_LOGINS["demo"],
+            "csrfmiddlewaretoken": token,
+        },
         headers={"Referer": f"{client.base_url}/accounts/login/"},
     )
     assert response.status_code == 302, response.text[:500]

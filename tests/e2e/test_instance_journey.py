@@ -28,7 +28,6 @@ from tests.support.browser import log_in, select_and_settle, server_page
 
 pytestmark = pytest.mark.e2e
 
-DEMO_PASSWORD = "demo-password-2026"
 NAME = "browser-host"
 # Waits for server-side progress: generous for a 2-core machine shared with the whole suite.
 SETTLE_MS = 120_000
@@ -50,7 +49,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
 def customer(browser: Browser, stack: servers.Stack) -> Iterator[Page]:
     """The demo customer, logged in, in a Chinese-speaking browser."""
     page = server_page(browser, stack.url)
-    log_in(page, "demo", DEMO_PASSWORD)
+    log_in(page, "demo", servers.DEMO_LOGINS["demo"])
     yield page
     page.context.close()
 

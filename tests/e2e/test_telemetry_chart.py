@@ -20,8 +20,6 @@ from tests.support.browser import log_in, server_page
 
 pytestmark = pytest.mark.e2e
 
-DEMO_PASSWORD = "demo-password-2026"
-OPS_PASSWORD = "ops-password-2026"
 SETTLE_MS = 120_000
 
 
@@ -32,22 +30,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
         yield server
 
 
-def _logged_in(browser: Browser, stack: servers.Stack, user: str, password: str) -> Page:
+def _logged_in(browser: Browser, stack: servers.Stack, user: str) -> Page:
     page = server_page(browser, stack.url, height=1000)
-    log_in(page, user, password)
+    log_in(page, user, servers.DEMO_LOGINS[user])
     return page
 
 
 @pytest.fixture
 def customer(browser: Browser, stack: servers.Stack) -> Iterator[Page]:
-    page = _logged_in(browser, stack, "demo", DEMO_PASSWORD)
+    page = _logged_in(browser, stack, "demo")
     yield page
     page.context.close()
 
 
 @pytest.fixture
 def operator(browser: Browser, stack: servers.Stack) -> Iterator[Page]:
-    page = _logged_in(browser, stack, "ops", OPS_PASSWORD)
+    page = _logged_in(browser, stack, "ops")
     yield page
     page.context.close()
 

@@ -13,38 +13,27 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 from tests.support import servers
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, log_in
 
 
 def main() -> None:
     target = Path(sys.argv[1] if len(sys.argv) > 1 else "static/console/screenshot.png")
     url_path = sys.argv[2] if len(sys.argv) > 2 else "/"
     user = sys.argv[3] if len(sys.argv) > 3 else "demo"
-    with tempfile.TemporaryDirectory() as tmp_dir:
-        tmp = Path(tmp_dir)
-        env = servers.embedded_env(tmp)
-        servers.manage(env, "migrate", "--noinput", "-v", "0")
-        servers.manage(env, "demo_setup")
-        stack = servers.Stack(env=env, port=servers.free_port(), tmp=tmp)
-        stack.start_web()
-        try:
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                page = browser.new_page(viewport={"width": 1280, "height": 800}, locale="zh-CN")
-                page.goto(stack.url + "/accounts/login/")
-                page.fill("input[name=login]", user)
-                page.fill(
-                    "input[name=password]",
-                    "ops-password-2026" if user == "ops" else "demo-password-2026",
-                )
-                page.click("#login-form button[type=submit]")
-                page.wait_for_url(stack.url + "/")
-                page.goto(stack.url + url_path)
-                page.wait_for_load_state("networkidle")
-                page.screenshot(path=str(target), full_page=False)
-                browser.close()
-        finally:
-            stack.stop()
+    with (
+        tempfile.TemporaryDirectory() as tmp_dir,
+        servers.embedded_demo(Path(tmp_dir)) as stack,
+        sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(
+            base_url=stack.url, viewport={"width": 1280, "height": 800}, locale="zh-CN"
+        )
+        log_in(page, user, servers.DEMO_LOGINS[user])
+        page.goto(url_path)
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=str(target), full_page=False)
+        browser.close()
     print(f"saved {target}")
 
 

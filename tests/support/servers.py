@@ -292,6 +292,10 @@ def login(client: httpx.Client, username: str, password: str) -> None:
     assert response.status_code == 302, response.text[:500]
 
 
+# The logins ``demo_setup`` creates (console/management/commands/demo_setup.py), username: password.
+DEMO_LOGINS = {"demo": "demo-password-2026", "ops": "ops-password-2026"}
+
+
 @contextmanager
 def embedded_demo(tmp: Path, **env: str) -> Iterator[Stack]:
     """The embedded console with the demo data (``demo_setup``) as a real server process, with
