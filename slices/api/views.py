@@ -6,15 +6,16 @@ from typing import Any
 from django.db.models import Prefetch, QuerySet
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status, viewsets
+from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.exceptions import ApiError
+from console.api.idempotency import idempotency_key
+from console.api.viewsets import PublicIdViewSet
 from console.errors import ErrorCode
-from console.ids import UUID_PATTERN
 from slices import lifecycle, services
 from slices.api.serializers import (
     AvailabilitySerializer,
@@ -152,11 +153,9 @@ def instance_data(instance: Instance) -> dict[str, Any]:
     }
 
 
-class InstanceViewSet(viewsets.GenericViewSet):
+class InstanceViewSet(PublicIdViewSet):
     """GPU hosts and cluster slices: order, follow, release."""
 
-    lookup_field = "public_id"
-    lookup_value_regex = UUID_PATTERN
     serializer_class = InstanceSerializer
 
     def get_queryset(self) -> QuerySet[Instance]:
@@ -196,11 +195,7 @@ class InstanceViewSet(viewsets.GenericViewSet):
         payload = InstanceCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         d = payload.validated_data
-        key = (request.headers.get("Idempotency-Key") or "").strip() or None
-        if key is not None and len(key) > 200:
-            raise ApiError(
-                ErrorCode.INVALID, _("The Idempotency-Key is longer than 200 characters.")
-            )
+        key = idempotency_key(request, Instance._meta.get_field("idempotency_key").max_length)
         req = services.OrderRequest(
             gpu_model=d["gpu_model"],
             cards=d["cards"],
@@ -322,11 +317,9 @@ def disk_data(disk: Disk) -> dict[str, Any]:
     }
 
 
-class DiskViewSet(viewsets.GenericViewSet):
+class DiskViewSet(PublicIdViewSet):
     """Persistent cloud disks: create, grow, attach to several instances in a region, delete."""
 
-    lookup_field = "public_id"
-    lookup_value_regex = UUID_PATTERN
     serializer_class = DiskSerializer
 
     def get_queryset(self) -> QuerySet[Disk]:
