@@ -122,7 +122,7 @@ def _order_from_the_form(page: Page) -> None:
     expect(page).to_have_url(re.compile(r"[?&]gpu_model=RTX4090"))
     select_and_settle(page, "#id_cards", "8")
     expect(page).to_have_url(re.compile(r"[?&]cards=8(&|$)"))
-    expect(page.locator("#order-placement h2")).to_contain_text("8 × RTX4090")
+    expect(page.locator("#order-placement h2")).to_contain_text("8 × RTX 4090")
     expect(page.locator("#id_cards")).to_have_value("8")
     page.fill("#id_name", NAME)
     expect(page.locator("#order-button")).to_be_enabled()

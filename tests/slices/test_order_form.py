@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
 import pytest
@@ -33,6 +34,8 @@ def test_form_opens_on_a_cheap_available_host_with_the_default_key(
     html = alice_client.get(URL).content.decode()
     assert 'value="RTX4090" selected' in html and 'value="1" selected' in html
     assert "RTX 4090" in html  # the product name is shown
+    heading = re.search(r'id="order-placement".*?<h2[^>]*>(.*?)</h2>', html, re.S)
+    assert heading and heading.group(1).strip() == "1 × RTX 4090", heading  # never the fleet code
     key = alice.ssh_keys.get()
     assert f'value="{key.public_id}" selected' in html
 

@@ -1,7 +1,8 @@
 """Take the README's screenshot: `uv run python -m tests.support.screenshot [PATH] [URL_PATH]`.
 
 Starts the embedded console in a temporary directory with the demo data, logs in as the demo
-customer in headless Chromium and saves a PNG of the page.
+customer in headless Chromium and saves a PNG of the page. The page is in Chinese: without a CJK
+font (Debian: `apt-get install fonts-wqy-zenhei`) Chromium draws its characters as boxes.
 """
 
 from __future__ import annotations
