@@ -38,7 +38,7 @@ from slices.messages import event_text, failure_text, step_label
 from slices.models import Cluster, Disk, Instance, Node, Region
 from slices.services import NoCapacity, migration, power, recipes, storage
 from slices.services import disks as disk_service
-from slices.services.instances import instance_cost
+from slices.services.instances import instance_cost, instance_costs
 
 
 @login_required
@@ -50,8 +50,9 @@ def instance_list(request: HttpRequest) -> HttpResponse:
         .select_related("gpu_model", "region")
         .order_by("-created_at")[:200]
     )
+    costs = instance_costs(instances)  # one query for the page
     for i in instances:
-        i.cost = instance_cost(i)  # type: ignore[attr-defined]
+        i.cost = costs[i.pk]  # type: ignore[attr-defined]
     busy = any(i.state in TRANSITIONAL_STATES for i in instances)
     context = {"instances": instances, "busy": busy}
     response = render_page(request, "slices/instance_list.html", context, "rows")
@@ -393,8 +394,9 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
         .select_related("gpu_model")
         .order_by("-created_at")[:5]
     )
+    costs = instance_costs(runs)
     for run in runs:
-        run.cost = instance_cost(run)  # type: ignore[attr-defined]
+        run.cost = costs[run.pk]  # type: ignore[attr-defined]
         run.progress = recipes.run_progress(run)  # type: ignore[attr-defined]
     context = {
         "recipe": recipe,

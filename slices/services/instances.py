@@ -14,6 +14,7 @@ import logging
 import math
 import re
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import ROUND_UP, Decimal
@@ -27,6 +28,9 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from billing import services as billing
+from billing.choices import Meter, UsageState
+from billing.models import UsageSession
+from billing.money import charge_for
 from console import services as console_services
 from console.errors import ErrorCode
 from console.ids import parse_uuid
@@ -553,13 +557,38 @@ def enqueue_on_commit(task_name: str, instance_id: int) -> None:
     transaction.on_commit(send)
 
 
+def instance_costs(instances: Iterable[Instance]) -> dict[int, Decimal]:
+    """What each instance's GPUs have cost so far, by instance pk, as billing counts it (one query).
+
+    On demand: the charges of its usage sessions (each run has one: a stop, a start or a migration
+    closes it and opens another), the open one up to this second under billing's cumulative
+    rounding, so a stopped and restarted instance shows all its runs and a 无卡模式 run (no GPU
+    session) adds nothing. A locked-price term was paid up front: its seconds at the locked rate.
+    """
+    now = timezone.now()
+    by_id = {str(i.public_id): i for i in instances}
+    costs = {i.pk: Decimal("0.00") for i in by_id.values()}
+    sessions = UsageSession.objects.filter(
+        resource_kind=INSTANCE_RESOURCE, resource_id__in=list(by_id), meter=Meter.GPU
+    )
+    for session in sessions:
+        if session.state == UsageState.OPEN:
+            seconds = max(int((now - session.started_at).total_seconds()), session.settled_seconds)
+            amount = charge_for(session.rate, session.cards, seconds, session.per_seconds)
+        else:
+            amount = session.charged
+        costs[by_id[session.resource_id].pk] += amount
+    for instance in by_id.values():
+        if instance.billing_mode == BillingMode.TERM and instance.running_at:
+            end = instance.ended_at or now
+            seconds = max(0, int((end - instance.running_at).total_seconds()))
+            costs[instance.pk] = instance.quoted_per_hour * seconds / Decimal(3600)
+    return {pk: cost.quantize(Decimal("0.01")) for pk, cost in costs.items()}
+
+
 def instance_cost(instance: Instance) -> Decimal:
-    """What the instance has cost so far at its quoted rate, to the second (on demand)."""
-    if not instance.running_at:
-        return Decimal("0.00")
-    end = instance.ended_at or timezone.now()
-    seconds = max(0, int((end - instance.running_at).total_seconds()))
-    return (instance.quoted_per_hour * seconds / Decimal(3600)).quantize(Decimal("0.01"))
+    """What the instance has cost so far (``instance_costs`` for one)."""
+    return instance_costs([instance])[instance.pk]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from slices.errors import InstanceConflict
 from slices.models import Instance, Node
 from slices.services import disks, power
 from slices.services.allocation import NoCapacity
+from slices.services.instances import instance_cost, instance_costs
 from slices.services.reconcile import reconcile
 from tests.slices.factories import run_order
 
@@ -189,3 +190,43 @@ def test_release_a_stopped_instance_stops_the_storage_charge(
     assert _storage_open(funded) is None
     assert Instance.objects.get(pk=inst.pk).resources_freed_at is not None
     assert timezone.now() >= inst.ended_at
+
+
+def _ran_for(instance, seconds):
+    """Make the instance's open GPU session (and its run) ``seconds`` old."""
+    start = timezone.now() - timedelta(seconds=seconds)
+    UsageSession.objects.filter(
+        resource_kind="instance", resource_id=str(instance.public_id), state="open"
+    ).update(started_at=start)
+    Instance.objects.filter(pk=instance.pk).update(running_at=start)
+    instance.refresh_from_db()
+
+
+def test_cost_so_far_counts_every_run_as_billed_and_nothing_without_gpus(
+    sim_fleet, funded, django_capture_on_commit_callbacks
+):
+    """The cost on the instance's pages and API is what billing charged for each of its runs (a
+    stop and a start open a new usage session), not the current run's seconds at the quoted rate;
+    a 无卡模式 run has no GPU charge, so it adds nothing."""
+    inst = _order(funded, django_capture_on_commit_callbacks)
+    _ran_for(inst, 3600)
+    first_hour = instance_cost(inst)
+    assert first_hour == (inst.quoted_per_hour).quantize(Decimal("0.01"))  # 4 cards, one hour
+    _stop(inst, django_capture_on_commit_callbacks)
+    [closed] = _gpu_sessions(inst)
+    assert instance_cost(inst) == closed.charged == first_hour
+
+    _start(inst, django_capture_on_commit_callbacks, mode="same")
+    _ran_for(inst, 1800)
+    half_hour = (inst.quoted_per_hour / 2).quantize(Decimal("0.01"))
+    assert instance_cost(inst) == first_hour + half_hour  # both runs, not only this one
+
+    _stop(inst, django_capture_on_commit_callbacks)
+    both = instance_cost(inst)
+    assert both == sum(s.charged for s in _gpu_sessions(inst))
+    _start(inst, django_capture_on_commit_callbacks, mode="gpuless")
+    _ran_for(inst, 3600)
+    assert inst.gpuless
+    assert instance_cost(inst) == both  # 无卡模式: no GPU charge
+    costs = instance_costs([inst])  # the list pages' one query gives the same figure
+    assert costs == {inst.pk: both}
