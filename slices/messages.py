@@ -13,6 +13,8 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from slices.choices import gpu_product_name
+
 EVENT_TEXT: dict[str, Promise] = {
     "ordered": _("Ordered %(cards)s × %(gpu_model)s by %(user)s."),
     "allocating": _("Reserving GPUs."),
@@ -117,6 +119,8 @@ def render(table: dict[str, Promise], code: str, params: dict[str, Any]) -> str:
     params = dict(params)
     if "step" in params:
         params["step"] = str(STEP_TEXT.get(str(params["step"]), params["step"]))
+    if "gpu_model" in params:  # stored as the fleet code, shown as people write it
+        params["gpu_model"] = gpu_product_name(str(params["gpu_model"]))
     if "reason" in params and isinstance(params["reason"], dict):
         r = params["reason"]
         params["reason"] = render(FAILURE_TEXT, r.get("code", ""), r.get("params", {}))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from django.utils import translation
 
 from billing import services as billing
 from billing.models import UsageSession
 from slices import services
 from slices.choices import InstanceState
+from slices.messages import event_text
 from slices.models import Instance, InstanceEvent, Node
 from tests.slices.factories import run_order
 
@@ -27,6 +29,13 @@ def test_order_runs_to_running_and_bills(sim_fleet, funded, django_capture_on_co
         UsageSession.objects.filter(resource_id=str(instance.public_id), state="open").count() == 1
     )
     assert instance.ssh_host
+    # The event stores the fleet code and says the model as people write it, in either language.
+    ordered = instance.events.get(code="ordered")
+    assert ordered.params["gpu_model"] == "RTX4090"
+    with translation.override("en"):
+        assert event_text("ordered", ordered.params) == "Ordered 8 × RTX 4090 by alice."
+    with translation.override("zh-hans"):
+        assert "8 × RTX 4090" in event_text("ordered", ordered.params)
 
 
 def test_release_frees_gpus_and_closes_billing(
