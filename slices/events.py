@@ -49,31 +49,29 @@ def _event_payload(event: InstanceEvent) -> dict[str, Any]:
     }
 
 
-def broadcast_event_on_commit(instance: Instance, event: InstanceEvent) -> None:
-    payload = _event_payload(event)
+def _message(kind: str, payload: Any) -> dict[str, Any]:
+    return {"type": "instance.message", "kind": kind, "payload": payload}
+
+
+def _send_on_commit(instance: Instance, kind: str, payload: Any) -> None:
+    """Send ``kind`` with ``payload`` to the instance's page once the transaction commits."""
     group = instance_group(instance.public_id)
-    transaction.on_commit(
-        lambda: _send(group, {"type": "instance.message", "kind": "event", "payload": payload})
-    )
+    transaction.on_commit(lambda: _send(group, _message(kind, payload)))
+
+
+def broadcast_event_on_commit(instance: Instance, event: InstanceEvent) -> None:
+    _send_on_commit(instance, "event", _event_payload(event))
 
 
 def broadcast_logs_on_commit(instance: Instance, rows: list[InstanceEvent]) -> None:
     """Log lines flushed together go out as one ``logs`` message (a list of events), not one
     channel-layer message per line: a chatty image start is a burst of hundreds of lines."""
-    if not rows:
-        return
-    payload = [_event_payload(row) for row in rows]
-    group = instance_group(instance.public_id)
-    transaction.on_commit(
-        lambda: _send(group, {"type": "instance.message", "kind": "logs", "payload": payload})
-    )
+    if rows:
+        _send_on_commit(instance, "logs", [_event_payload(row) for row in rows])
 
 
 def broadcast_progress_on_commit(instance: Instance) -> None:
-    group = instance_group(instance.public_id)
-    transaction.on_commit(
-        lambda: _send(group, {"type": "instance.message", "kind": "progress", "payload": {}})
-    )
+    _send_on_commit(instance, "progress", {})
 
 
 def broadcast_state_on_commit(instance: Instance) -> None:
@@ -82,7 +80,7 @@ def broadcast_state_on_commit(instance: Instance) -> None:
     owner = getattr(instance.owner, "public_id", None)
 
     def send() -> None:
-        _send(group, {"type": "instance.message", "kind": "state", "payload": payload})
+        _send(group, _message("state", payload))
         if owner is not None:
             try:
                 notify_user(owner, "instance.state", payload)

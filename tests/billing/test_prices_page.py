@@ -39,7 +39,7 @@ def test_prices_are_public_and_list_every_model_with_terms_and_what_is_free(
     assert "Traffic Free" in text
     assert f"Trial credit {services.TRIAL_CREDIT} 元" in text
     assert "100,000.00 元" in text  # the top-up voucher rule
-    book = PriceBook.objects.order_by("-effective_at").first()
+    book = services.current_price_book()
     assert f"the first {book.storage_free_gb} GB free" in text  # cloud disks, a working feature
 
 
