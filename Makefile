@@ -69,7 +69,7 @@ test-integration: $(VENV)/.synced system-deps
 # billing's views, tasks, API and ledger modules,
 # and the pure modules, the last ones with what --strict checks.
 TYPED := console/services.py console/dashboard.py slices/services/ slices/models/ marketplace/services.py billing/services.py \
-	slices/topology/ slices/perf.py slices/fleetfile.py billing/money.py billing/pricing.py \
+	slices/topology/ slices/perf.py slices/fleetfile.py slices/envpolicy.py billing/money.py billing/pricing.py \
 	billing/lowbalance.py billing/clock.py billing/offers.py marketplace/mounts.py marketplace/catalogue.py console/sshkeys.py \
 	billing/ledger.py billing/settlement.py billing/sql.py billing/errors.py billing/statements.py \
 	billing/views.py billing/tasks.py billing/api/ billing/providers/ console/errors.py console/api/exceptions.py \

@@ -18,6 +18,11 @@ user. "Server-side" = from the request entering the handler to the response leav
 2. Throughput: the full models list page vs a trivial view (``HttpResponse("ok")`` behind the same
    middleware, after the same session and user lookup), each for --seconds seconds, one after the
    other; requests/s and the ratio.
+3. Search quality: the real queries of tests/marketplace/search_queries.py (Chinese, English and
+   mixed, with the results a person wants in the first five), asked through the API; precision@5
+   and the recall of the expected results in the top five, per query and per language, against
+   the search this one replaced (every word a substring of the names and descriptions, best match
+   by name), computed in the same run over the same rows as the baseline.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -88,6 +94,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=30, help="rounds over the query mix")
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput measurement")
+    parser.add_argument(
+        "--quality-only", action="store_true", help="only the search quality table (section 3)"
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("EMBEDDED_WORKER", "false")
@@ -135,6 +144,8 @@ def run(args: argparse.Namespace, connection) -> int:  # noqa: ANN001
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
     with override_settings(ROOT_URLCONF=__name__, STORAGES=storages):
+        if args.quality_only:
+            return search_quality(client)
         # Warm-up: imports, template compilation, facets cache, SQLite page cache.
         for _, url, htmx in QUERIES:
             assert _get(client, url, htmx) == 200, url
@@ -190,6 +201,99 @@ def run(args: argparse.Namespace, connection) -> int:  # noqa: ANN001
             f"   models list, filtered (full page)   {search_rps:8.0f} req/s  "
             f"({search_rps / trivial_rps:.0%} of trivial)"
         )
+        return search_quality(client)
+
+
+# --- 3. search quality --------------------------------------------------------------------------
+def _old_document(asset) -> str:  # noqa: ANN001
+    """The search document before issue 21: the words of the names, then the words of the
+    descriptions without digits (catalogue.search_terms is unchanged)."""
+    from marketplace.catalogue import search_terms
+
+    names = [asset.hub_id, asset.name, asset.name_zh, asset.publisher, asset.tasks or asset.task]
+    terms = search_terms(" ".join([*names, asset.modalities]))
+    words = search_terms(f"{asset.description} {asset.description_zh}")
+    terms += [t for t in words if not any(c.isdigit() for c in t)]
+    return " ".join(dict.fromkeys(terms))
+
+
+def baseline_search(assets: Sequence, query: str) -> list:  # noqa: ANN001
+    """The search it replaced, in Python: every word of the query (at most eight) a substring of
+    the document; best match first (a name starting with the first word 4, every word in the hub
+    id or Chinese name 2, the publisher named 1), then the shortest name, the most liked."""
+    from marketplace.catalogue import search_terms
+
+    terms = list(dict.fromkeys(search_terms(query)))[:8]
+    if not terms:
+        return list(assets)
+    hits = [a for a in assets if all(t in a.old_document for t in terms)]
+
+    def key(a):  # noqa: ANN001, ANN202
+        names = f"{a.hub_id} {a.name_zh}".lower()
+        score = (
+            4
+            if a.name.lower().startswith(terms[0]) or a.name_zh.lower().startswith(terms[0])
+            else 0
+        )
+        score += 2 if all(t in names for t in terms) else 0
+        score += 1 if a.publisher.lower() in terms else 0
+        likes = -(a.likes or 0) if a.likes is not None else 1
+        return (-score, len(a.name), likes, a.name.lower(), a.id)
+
+    return sorted(hits, key=key)
+
+
+def search_quality(client) -> int:  # noqa: ANN001
+    from marketplace.models import Asset
+    from tests.marketplace.search_queries import CASES, TOP, Row
+
+    def row(a) -> Row:  # noqa: ANN001
+        return Row(a.hub_id, a.name, a.name_zh, a.tasks, a.modalities)
+
+    assets = {
+        kind: list(Asset.objects.listed().of_kind(kind).order_by("id"))
+        for kind in ("model", "dataset")
+    }
+    for kind_assets in assets.values():
+        for a in kind_assets:
+            a.old_document = _old_document(a)
+    by_hub = {(a.kind, a.hub_id): a for kind_assets in assets.values() for a in kind_assets}
+
+    print(
+        f"\n3. search quality: {len(CASES)} real queries, precision@{TOP} (P) and recall of the "
+        f"expected results in the top {TOP} (R); new search vs the substring search it replaced"
+    )
+    print(
+        f"   {'query':<28} {'kind':<7} {'lang':<5} {'P new':>6} {'P old':>6} {'R new':>6} {'R old':>6}  results new/old"
+    )
+    totals: dict[str, list[tuple[float, float, float, float]]] = {}
+    misses = []
+    for case in CASES:
+        api = "/api/v1/models/" if case.kind == "model" else "/api/v1/datasets/"
+        body = client.get(api, {"q": case.query, "limit": TOP}).json()
+        new = [row(by_hub[(case.kind, r["hub_id"])]) for r in body["results"]]
+        old_hits = baseline_search(assets[case.kind], case.query)
+        old = [row(a) for a in old_hits[:TOP]]
+        figures = (case.precision(new), case.precision(old), case.recall(new), case.recall(old))
+        for key in ("all", case.language):
+            totals.setdefault(key, []).append(figures)
+        if figures[2] < 1:
+            misses.append((case.query, [h for h in case.top if h not in {r.hub_id for r in new}]))
+        print(
+            f"   {case.query:<28} {case.kind:<7} {case.language:<5} {figures[0]:6.2f} {figures[1]:6.2f} "
+            f"{figures[2]:6.2f} {figures[3]:6.2f}  {body['count']}/{len(old_hits)}"
+        )
+    for key in ("zh", "en", "mixed", "all"):
+        rows = totals.get(key, [])
+        if not rows:
+            continue
+        mean = [statistics.fmean(f[i] for f in rows) for i in range(4)]
+        print(
+            f"   {'MEAN ' + key + ' (' + str(len(rows)) + ' queries)':<42} "
+            f"{mean[0]:6.2f} {mean[1]:6.2f} {mean[2]:6.2f} {mean[3]:6.2f}"
+        )
+    for query, missing in misses:
+        print(f"   not in the top {TOP} for {query!r}: {', '.join(missing)}")
     return 0
 
 

@@ -79,6 +79,13 @@ class Quote:
         """Exact hourly burn (GPU + storage spread over the day), before rounding."""
         return to_decimal(self.rate_per_card_hour) * self.cards + self.storage_per_day / 24
 
+    def per_hour_for(self, term_days: int | None = None) -> Decimal:
+        """The GPUs' price per hour on demand, or the locked rate of the ``term_days`` term."""
+        term = next((t for t in self.terms if t.days == term_days), None)
+        if term_days is None or term is None:
+            return self.per_hour
+        return charge_for(term.rate_per_card_hour, self.cards, SECONDS_PER_HOUR)
+
 
 def storage_per_day(disk_gb: int, price: StoragePrice) -> Decimal:
     """Persistent-disk cost per day beyond the free quota. The parallel file system is free."""

@@ -10,8 +10,15 @@ Services other apps call
 * ``close_usage_session(resource_kind, resource_id, *, reason=CloseReason.RELEASED, at=None)`` —
   billing stops (released, failed, migrated away); settles up to ``at``.
 * ``quote_for(user, gpu_model, cards, disk_gb=0) -> Quote`` — the price calculator on the current
-  price book and the user's balance (order forms, API); ``ensure_affordable(...)`` (same
-  arguments) raises ``InsufficientFunds`` when the balance cannot run the order for one window.
+  price book and the user's balance (order forms, API).
+* ``ensure_affordable(user, gpu_model, cards, *, term_days=None, release_in_seconds=None,
+  committed=()) -> Quote`` — the one affordability rule of orders and starts: the balance must run
+  the account's whole burn (``account_burn``: its open sessions, the commitments (``Commitment``)
+  the caller made that billing does not meter yet, and this order) for
+  ``ORDER_MIN_RUNWAY_SECONDS``, a term paid in full on top; raises ``InsufficientFunds``. The
+  caller holds its account's order lock.
+* ``costs_so_far(resource_kind, resource_ids) -> {id: Decimal}`` — what each resource cost so
+  far (its sessions' charges, the open one to this second, and terms paid up front).
 * ``purchase_term(user, *, gpu_model, cards, days, resource_kind, resource_id, label="")`` — a
   long-term rental paid up front at the locked price.
 * The **stop hook**: when the balance cannot cover the next settlement window, billing closes the
@@ -41,14 +48,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal
-from typing import TYPE_CHECKING, Any, TypeVar
+from decimal import ROUND_UP, Decimal
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
@@ -96,7 +107,15 @@ from billing.models import (
     Wallet,
     gpu_price_quote,
 )
-from billing.money import ZERO, percent_of, round_cents, to_decimal
+from billing.money import (
+    CENT,
+    SECONDS_PER_HOUR,
+    ZERO,
+    charge_for,
+    percent_of,
+    round_cents,
+    to_decimal,
+)
 from billing.pricing import Quote, quote_order
 from billing.providers import get_provider
 from billing.settlement import (
@@ -118,6 +137,8 @@ __all__ = [  # what other apps, the views and the tests call
     "MAX_TOPUP",
     "MIN_TOPUP",
     "TRIAL_CREDIT",
+    "AccountBurn",
+    "Commitment",
     "BillingError",
     "IdempotencyMismatch",
     "InsufficientFunds",
@@ -126,9 +147,11 @@ __all__ = [  # what other apps, the views and the tests call
     "SettlementResult",
     "StopHandler",
     "WalletSummary",
+    "account_burn",
     "close_usage_session",
     "confirm_payment",
     "copy_price_book",
+    "costs_so_far",
     "current_bonus_rule",
     "current_gpu_price",
     "current_price_book",
@@ -145,6 +168,7 @@ __all__ = [  # what other apps, the views and the tests call
     "handle_webhook",
     "ledger_totals",
     "open_usage_session",
+    "order_min_runway_seconds",
     "price_list",
     "purchase_term",
     "quote_for",
@@ -155,6 +179,7 @@ __all__ = [  # what other apps, the views and the tests call
     "settle_usage",
     "settlement_window",
     "start_topup",
+    "term_total",
     "validate_topup_amount",
 ]
 
@@ -351,23 +376,177 @@ def quote_for(user: User | AnonymousUser, gpu_model: str, cards: int, disk_gb: i
     )
 
 
-def ensure_affordable(
-    user: User | AnonymousUser, gpu_model: str, cards: int, disk_gb: int = 0
-) -> Quote:
-    """Refuse an on-demand order the balance cannot run for one settlement window.
+@dataclass(frozen=True)
+class Commitment:
+    """A resource another app has committed to run that billing may not meter yet.
 
-    The ordering app calls it before allocating; returns the quote (with runway) on success.
+    The ordering app passes its account's instances that hold or are about to hold cards: ordered
+    and still provisioning, starting (开机), moving to another node. Billing starts when they run,
+    so its own tables do not show them yet; ``ensure_affordable`` counts each one it does not
+    already bill (an open session) or hold the payment of (a paid term). ``term_days`` None = on
+    demand (its per-hour rate counts); a term not paid yet counts its whole price up front.
+    """
+
+    resource_kind: str
+    resource_id: str
+    gpu_model: str
+    cards: int
+    term_days: int | None = None
+
+
+@dataclass(frozen=True)
+class AccountBurn:
+    """What an account already spends: per hour (open sessions and on-demand commitments, exact)
+    and up front (terms ordered but not paid yet)."""
+
+    per_hour: Decimal = ZERO
+    up_front: Decimal = ZERO
+
+
+def order_min_runway_seconds() -> int:
+    """How long the balance must run the account's whole burn for an order to be accepted."""
+    return int(getattr(settings, "ORDER_MIN_RUNWAY_SECONDS", 3600))
+
+
+def account_burn(user: User, committed: Iterable[Commitment] = ()) -> AccountBurn:
+    """The account's burn from billing's tables (open GPU and disk sessions) plus the commitments
+    it does not bill yet, at the current price book (two queries and one per price looked up)."""
+    per_hour, up_front = ZERO, ZERO
+    billing_now: set[tuple[str, str]] = set()
+    for session in UsageSession.objects.for_owner(user).open():
+        per_hour += session.burn_per_hour
+        billing_now.add((session.resource_kind, session.resource_id))
+    committed = [c for c in committed if (c.resource_kind, str(c.resource_id)) not in billing_now]
+    paid = set(
+        TermRental.objects.filter(
+            wallet__owner=user, resource_id__in=[str(c.resource_id) for c in committed]
+        ).values_list("resource_kind", "resource_id")
+    )
+    for c in committed:
+        if (c.resource_kind, str(c.resource_id)) in paid:
+            continue  # a term paid up front burns nothing per hour
+        try:
+            if c.term_days is None:
+                _book, price = current_gpu_price(c.gpu_model)
+                per_hour += price.on_demand_per_card_hour * int(c.cards)
+            else:
+                up_front += term_total(c.gpu_model, c.cards, c.term_days)
+        except PriceNotSet:  # billing cannot start it either (no price): it will never burn
+            continue
+    return AccountBurn(per_hour, up_front)
+
+
+def term_total(gpu_model: str, cards: int, days: int, at: datetime | None = None) -> Decimal:
+    """What a ``days``-day term of ``cards`` × ``gpu_model`` costs up front on the current book."""
+    book, price = current_gpu_price(gpu_model, at)
+    term = book.term_prices.filter(gpu_model=price.gpu_model, days=days).first()
+    if term is None:
+        raise PriceNotSet(
+            gettext_noop("No %(days)d-day price is set for %(model)s."), days=days, model=gpu_model
+        )
+    return round_cents(term.rate_per_card_hour * int(cards) * int(days) * 24)
+
+
+def ensure_affordable(
+    user: User | AnonymousUser,
+    gpu_model: str,
+    cards: int,
+    disk_gb: int = 0,
+    *,
+    term_days: int | None = None,
+    release_in_seconds: float | None = None,
+    committed: Iterable[Commitment] = (),
+    runway_seconds: int | None = None,
+) -> Quote:
+    """Refuse an order (or a start of a stopped instance) the balance cannot carry; its quote.
+
+    The balance must run the account's **whole** burn for ``runway_seconds`` (default
+    ``ORDER_MIN_RUNWAY_SECONDS``): everything billing per hour now (``account_burn``: open GPU and
+    disk sessions, plus the ``committed`` resources not billing yet) and this order. An on-demand
+    order released automatically in ``release_in_seconds`` needs its own part only until then. A
+    term (``term_days``) is paid in full at the start, and what already runs must stay covered
+    after paying it, so it needs its price plus the runway of the rest; unpaid terms of
+    ``committed`` resources count in full. Raises ``InsufficientFunds`` (``needed``, ``balance``,
+    ``shortfall``, ``top_up_url``) or ``PriceNotSet``.
+
+    Checked per account, not per order: two orders of one account must not pass on the same
+    balance, so the caller holds its account's order lock (slices: the ``GpuQuota`` row) from this
+    check until the order commits, and passes the orders it committed before as ``committed``.
     """
     quote = quote_for(user, gpu_model, cards, disk_gb)
-    if quote.runway_seconds is not None and quote.runway_seconds < settlement_window():
+    runway = order_min_runway_seconds() if runway_seconds is None else int(runway_seconds)
+    authenticated = bool(getattr(user, "pk", None))
+    burn = account_burn(cast("User", user), committed) if authenticated else AccountBurn()
+    balance = get_wallet_summary(user).spendable if authenticated else ZERO
+    others = burn.per_hour * runway / SECONDS_PER_HOUR + burn.up_front
+    if term_days is not None:
+        term = next((t for t in quote.terms if t.days == term_days), None)
+        if term is None:
+            raise PriceNotSet(
+                gettext_noop("No %(days)d-day price is set for %(model)s."),
+                days=term_days,
+                model=gpu_model,
+            )
+        own, own_seconds = term.total, runway
+    else:
+        own_seconds = runway
+        if release_in_seconds is not None:  # released automatically sooner: only until then
+            own_seconds = max(0, min(runway, math.ceil(release_in_seconds)))
+        own = quote.per_hour * own_seconds / SECONDS_PER_HOUR
+    needed = (others + own).quantize(CENT, rounding=ROUND_UP)
+    if balance >= needed:
+        return quote
+    shortfall = needed - balance
+    common: dict[str, Any] = {
+        "needed": needed,
+        "balance": balance,
+        "shortfall": shortfall,
+        "top_up_url": reverse("billing:overview"),
+    }
+    if not burn.per_hour and not burn.up_front:
+        if term_days is not None:
+            raise InsufficientFunds(
+                gettext_noop(
+                    "This %(days)d-day term costs %(needed)s 元 up front; your balance is "
+                    "%(balance)s 元. Top up %(shortfall)s 元 to order it."
+                ),
+                days=term_days,
+                **common,
+            )
+        raise InsufficientFunds(  # the message of a first order (nothing else runs)
+            gettext_noop(
+                "This order needs at least %(needed)s 元 (%(hours)s h at %(per_hour)s 元/h); your "
+                "balance is %(balance)s 元. Top up %(shortfall)s 元 to order it."
+            ),
+            hours=Decimal(own_seconds) / SECONDS_PER_HOUR,
+            per_hour=quote.per_hour,
+            **common,
+        )
+    running = round_cents(burn.per_hour)
+    if term_days is not None:
         raise InsufficientFunds(
             gettext_noop(
-                "Your balance cannot run %(cards)d × %(model)s for one minute; please top up."
+                "This %(days)d-day term costs %(total)s 元 up front, and what already runs on "
+                "your account (%(running)s 元/h) needs %(hours)s h more: %(needed)s 元 in all; "
+                "your balance is %(balance)s 元. Top up %(shortfall)s 元 to order it."
             ),
-            cards=cards,
-            model=gpu_model,
+            days=term_days,
+            total=own,
+            running=running,
+            hours=Decimal(runway) / SECONDS_PER_HOUR,
+            **common,
         )
-    return quote
+    raise InsufficientFunds(
+        gettext_noop(
+            "This order needs at least %(needed)s 元 to run %(hours)s h beside what your "
+            "account already runs (%(running)s 元/h; %(per_hour)s 元/h in all); your balance is "
+            "%(balance)s 元. Top up %(shortfall)s 元 to order it."
+        ),
+        hours=Decimal(runway) / SECONDS_PER_HOUR,
+        per_hour=round_cents(burn.per_hour + quote.per_hour),
+        running=running,
+        **common,
+    )
 
 
 # --- metering ------------------------------------------------------------------------------------
@@ -434,6 +613,37 @@ def get_open_session(resource_kind: str, resource_id: str) -> UsageSession | Non
         .filter(resource_kind=resource_kind, resource_id=str(resource_id))
         .first()
     )
+
+
+def costs_so_far(resource_kind: str, resource_ids: Iterable[str]) -> dict[str, Decimal]:
+    """What each resource's GPUs have cost so far, as billing counts it (two queries).
+
+    Every usage session of the resource counts (a stop, a start or a migration closes one and
+    opens the next): a closed one what it was charged, the open one up to this second on billing's
+    clock under the same cumulative rounding as settlement. A term counts what was paid for it up
+    front, from the second it was paid, however soon it was released. Resources billing never
+    charged cost 0.00.
+    """
+    ids = [str(r) for r in resource_ids]
+    costs = dict.fromkeys(ids, ZERO)
+    now = clock.now()
+    sessions = UsageSession.objects.filter(
+        resource_kind=resource_kind, resource_id__in=ids, meter=Meter.GPU
+    ).only(
+        "resource_id", "state", "started_at", "settled_seconds", "rate", "cards", "charged", "meter"
+    )
+    for session in sessions:
+        if session.state == UsageState.OPEN:
+            seconds = max(int((now - session.started_at).total_seconds()), session.settled_seconds)
+            costs[session.resource_id] += charge_for(
+                session.rate, session.cards, seconds, session.per_seconds
+            )
+        else:
+            costs[session.resource_id] += session.charged
+    terms = TermRental.objects.filter(resource_kind=resource_kind, resource_id__in=ids)
+    for resource_id, total in terms.values_list("resource_id", "total"):
+        costs[resource_id] += total
+    return {r: round_cents(cost) for r, cost in costs.items()}
 
 
 @transaction.atomic

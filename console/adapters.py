@@ -16,36 +16,40 @@ from console.validators import validate_not_disposable
 
 
 def account_for_login(login: str) -> int | None:
-    """The account a typed login name points at: username, primary email or any added address.
+    """The account a typed login name points at: username, or an address it may log in with.
 
-    Verified addresses first (an unverified copy of someone's address on another account must
-    not shift the counter away from its owner), then the username and the account's email field.
+    An address is a login for its account when it is verified, or when the account has no
+    verified address yet (just signed up: allauth sends it to verify). An added address never
+    verified is not: it answers like an unknown address whatever the password
+    (``AccountAuthenticationBackend``), so it must not count, nor be locked, with the account's
+    failed logins either; else "too many attempts" on it would tell a stranger whose it is. The
+    account's email field counts only when no address row names it (accounts made in the admin).
     """
     login = (login or "").strip().lower()
     if not login:
         return None
-    user_id = (
+    rows = list(
         EmailAddress.objects.filter(email__iexact=login)
         .order_by("-verified", "-primary", "pk")
-        .values_list("user_id", flat=True)
-        .first()
+        .values_list("user_id", "verified")
     )
-    if user_id is not None:
-        return user_id
+    for user_id, verified in rows:
+        if verified or not EmailAddress.objects.filter(user_id=user_id, verified=True).exists():
+            return user_id
+    by_name = (
+        Q(username__iexact=login) if rows else Q(username__iexact=login) | Q(email__iexact=login)
+    )
     return (
-        get_user_model()
-        .objects.filter(Q(username__iexact=login) | Q(email__iexact=login))
-        .order_by("pk")
-        .values_list("pk", flat=True)
-        .first()
+        get_user_model().objects.filter(by_name).order_by("pk").values_list("pk", flat=True).first()
     )
 
 
 def login_attempts_key(login: str) -> str:
-    """One failed-login counter per account, whichever name or address is typed.
+    """One failed-login counter per account, whichever name or address it logs in with is typed.
 
     Without this, an attacker gets the allowance once per spelling of the account's name and
-    once more per address added to it. Unknown names count under their own (lowercased) text.
+    once more per address added to it. Unknown names, and added addresses never verified, count
+    under their own (lowercased) text: locked or not, such an address answers as an unknown one.
     """
     user_id = account_for_login(login)
     return f"user:{user_id}" if user_id is not None else f"login:{(login or '').strip().lower()}"

@@ -1,4 +1,9 @@
-"""The Celery application. Configuration comes from Django settings (``CELERY_*``)."""
+"""The Celery application. Configuration comes from Django settings (``CELERY_*``).
+
+Every task runs under soft and hard time limits (``CELERY_TASK_SOFT_TIME_LIMIT`` /
+``CELERY_TASK_TIME_LIMIT``, shorter ones per task in slices/tasks.py); the prefork pool of
+``celery worker`` enforces them, the embedded worker's thread pool cannot (console/embedded.py).
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,14 @@ Celery ``WorkController`` (thread pool) consuming from kombu's in-memory transpo
 thread, so the same ``@shared_task`` code and ``.delay()`` calls as production run in the background.
 Production never calls this (settings refuse ``EMBEDDED_WORKER`` there); it runs ``celery worker`` and
 ``celery beat`` as processes.
+
+Time limits: the thread pool cannot stop a thread, so Celery's soft and hard time limits
+(``CELERY_TASK_SOFT_TIME_LIMIT``/``CELERY_TASK_TIME_LIMIT`` and the follower's own) are not enforced
+here; a prefork worker enforces them. What keeps these few threads serving every customer is that
+no task waits or loops without a bound of its own: the recipe follower is one short pass per task
+run (it queues itself again instead of sleeping in a thread), the simulated recipe costs O(1) per
+read whatever its parameters, launches refuse parameters outside the recipe's bounds, and
+provisioning is bounded by its step and SSH command timeouts and its attempts.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ class ErrorCode(StrEnum):
     INVALID_MOUNT = "invalid_mount"
     QUOTA_EXCEEDED = "quota_exceeded"
     PRICE_NOT_SET = "price_not_set"
+    TOO_LARGE = "too_large"  # a request body over DATA_UPLOAD_MAX_MEMORY_SIZE (413)
     ERROR = "error"
 
 
@@ -51,11 +52,14 @@ class DomainError(Exception):
     """An expected refusal of a domain action (not a bug): what went wrong as a code + parameters.
 
     ``template`` is an untranslated message with ``%(name)s`` placeholders filled from ``params``;
-    subclasses set ``code`` and ``http_status`` (an instance may override both).
+    subclasses set ``code`` and ``http_status`` (an instance may override both). ``field`` names
+    the request field at fault (``image``, ``ssh_key``, ``disks``): the body then carries
+    ``fields: {field: [message]}`` like a serializer's field error, so a client handles both alike.
     """
 
     code: ErrorCode = ErrorCode.INVALID
     http_status: int = 400
+    field: str | None = None
 
     def __init__(
         self,
@@ -64,6 +68,7 @@ class DomainError(Exception):
         *,
         code: ErrorCode | None = None,
         http_status: int | None = None,
+        field: str | None = None,
         **params: Any,
     ) -> None:
         super().__init__(template)
@@ -73,6 +78,8 @@ class DomainError(Exception):
             self.code = code
         if http_status is not None:
             self.http_status = http_status
+        if field is not None:
+            self.field = field
 
     def message(self) -> str:
         """The message in the active language (translated now, not when the error was raised)."""
@@ -83,6 +90,10 @@ class DomainError(Exception):
         return self.message()
 
     def as_body(self) -> dict[str, Any]:
-        """The JSON error body: ``{"error": code, "detail": message, **params}``."""
+        """The JSON error body: ``{"error": code, "detail": message, **params}``, plus
+        ``fields`` when the error is about one request field."""
         params = {k: str(v) if isinstance(v, Decimal) else v for k, v in self.params.items()}
-        return {**params, "error": str(self.code), "detail": self.message()}
+        body = {**params, "error": str(self.code), "detail": self.message()}
+        if self.field:
+            body["fields"] = {self.field: [body["detail"]]}
+        return body

@@ -55,10 +55,11 @@ def get_default_ssh_key(user: User) -> SshKey | None:
     return SshKey.objects.for_owner(user).defaults().first()
 
 
-def _check_name(name: str | None) -> None:
-    """A chosen name with control or invisible characters is refused (keyed by the field)."""
+def _check_name(name: str | None) -> str:
+    """The chosen name as stored (console/names.py's rules: NFC, trimmed, no control or invisible
+    characters, 100 characters), or a ``ValidationError`` keyed by the field."""
     try:
-        validate_display_name(name or "")
+        return validate_display_name(name)
     except ValidationError as exc:
         raise ValidationError({"name": exc}) from None
 
@@ -74,8 +75,7 @@ def add_ssh_key(user: User, *, name: str, public_key: str, make_default: bool = 
         parsed = parse_ssh_public_key(public_key)
     except ValidationError as exc:
         raise ValidationError({"public_key": exc}) from None
-    _check_name(name)
-    name = (name or "").strip() or parsed.comment[:100] or parsed.fingerprint[7:19]
+    name = _check_name(name) or parsed.comment[:100] or parsed.fingerprint[7:19]
     # Lock the owner's row: concurrent adds of the same key or of a first key queue up here,
     # so the duplicate check and "first key is default" see each other's result.
     User.objects.select_for_update().filter(pk=user.pk).first()
@@ -163,8 +163,7 @@ def create_api_token(
     user: User, *, name: str, expires_at: datetime | None = None
 ) -> tuple[ApiToken, str]:
     """Create a token and return it with its secret, which is never retrievable again."""
-    _check_name(name)
-    name = (name or "").strip()
+    name = _check_name(name)
     if not name:
         raise ValidationError({"name": ValidationError(_("Give the token a name."), "required")})
     if expires_at is not None and expires_at <= timezone.now():

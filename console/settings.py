@@ -234,7 +234,8 @@ if PRODUCTION:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "console.channel_layer.EmbeddedChannelLayer"}}
 
-# Origins allowed to open websockets, besides ALLOWED_HOSTS (AllowedHostsOriginValidator).
+# Full origins (scheme://host[:port]) allowed to open websockets besides the console's own
+# (console/routing.py: exact match of scheme, host and port).
 WEBSOCKET_ALLOWED_ORIGINS: list[str] = _get("WEBSOCKET_ALLOWED_ORIGINS", env.list, [])
 
 # --- Celery -------------------------------------------------------------------------------------
@@ -258,6 +259,9 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Every task's hard and soft limits (slices/tasks.py gives the recipe follower shorter ones).
+# A prefork worker enforces them; the embedded worker's thread pool cannot, so every loop a task
+# runs is bounded by itself too (README "Bounds and time limits").
 CELERY_TASK_TIME_LIMIT = _get("CELERY_TASK_TIME_LIMIT", env.int, 30 * 60)
 CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 30
 # A task not acknowledged within this window is redelivered by Redis; it must exceed every
@@ -298,6 +302,17 @@ SLICES_RETRY_BACKOFF_SECONDS: float = _get("SLICES_RETRY_BACKOFF_SECONDS", env.f
 SLICES_PROVISION_THREADS: int = _get("SLICES_PROVISION_THREADS", env.int, 64)
 SLICES_NODE_WORKDIR: str = _get("SLICES_NODE_WORKDIR", env.str, "/var/lib/gpu-console")
 SLICES_NODE_RUNTIME: str = _get("SLICES_NODE_RUNTIME", env.str, "docker")
+if SLICES_NODE_RUNTIME not in {"docker", "enroot", "process"}:
+    raise ConfigError(f"SLICES_NODE_RUNTIME={SLICES_NODE_RUNTIME!r}: docker, enroot or process")
+# What runs on a node (ssh driver): every command under this PATH, the runtimes by absolute path.
+SLICES_NODE_PATH: str = _get(
+    "SLICES_NODE_PATH", env.str, "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+SLICES_DOCKER_BIN: str = _get("SLICES_DOCKER_BIN", env.str, "/usr/bin/docker")
+SLICES_ENROOT_BIN: str = _get("SLICES_ENROOT_BIN", env.str, "/usr/bin/enroot")
+SLICES_MPIRUN_BIN: str = _get("SLICES_MPIRUN_BIN", env.str, "/usr/bin/mpirun")
+if not all(p.startswith("/") for p in (SLICES_DOCKER_BIN, SLICES_ENROOT_BIN, SLICES_MPIRUN_BIN)):
+    raise ConfigError("SLICES_DOCKER_BIN, SLICES_ENROOT_BIN and SLICES_MPIRUN_BIN: absolute paths")
 SLICES_PFS_ROOT: str = _get("SLICES_PFS_ROOT", env.str, "/pfs")
 SLICES_ASSET_ROOT: str = _get("SLICES_ASSET_ROOT", env.str, "/pfs/.catalogue")
 SLICES_INSTANCE_SSH_USER: str = _get("SLICES_INSTANCE_SSH_USER", env.str, "root")
@@ -332,11 +347,15 @@ SLICES_MIGRATION_VOUCHER_DAYS: int = _get("SLICES_MIGRATION_VOUCHER_DAYS", env.i
 if SLICES_STOPPED_RELEASE_DAYS < 1 or SLICES_NODE_FAIL_GRACE_SECONDS < 0:
     raise ConfigError("SLICES_STOPPED_RELEASE_DAYS or SLICES_NODE_FAIL_GRACE_SECONDS out of range")
 # Recipes (the one-click demo): a follower reads a running recipe's output every
-# RECIPE_FOLLOW_INTERVAL seconds, RECIPE_FOLLOW_SECONDS per task run; RECIPE_TIME_LIMIT_SECONDS (0 =
-# the recipe's own) shortens a run's time limit (tests, demonstrations); RECIPE_EXTRA_ENV (JSON
-# object) is added to a run's environment: where a bare test host keeps the recipe and its Python.
+# RECIPE_FOLLOW_INTERVAL seconds, as one short task run each time (what is due, at most 2,000
+# lines); RECIPE_FOLLOW_SECONDS > 0 keeps a run polling (and its worker thread busy) that long;
+# RECIPE_TIME_LIMIT_SECONDS (0 = the recipe's own) shortens a run's time limit (tests,
+# demonstrations); RECIPE_EXTRA_ENV (JSON object) is added to a run's environment: where a bare test
+# host keeps the recipe and its Python (checked against the recipe's bounds at launch).
 RECIPE_FOLLOW_INTERVAL: float = _get("RECIPE_FOLLOW_INTERVAL", env.float, 1.0)
-RECIPE_FOLLOW_SECONDS: float = _get("RECIPE_FOLLOW_SECONDS", env.float, 300.0)
+RECIPE_FOLLOW_SECONDS: float = _get("RECIPE_FOLLOW_SECONDS", env.float, 0.0)
+if not 0.01 <= RECIPE_FOLLOW_INTERVAL <= 60 or not 0 <= RECIPE_FOLLOW_SECONDS <= 600:
+    raise ConfigError("RECIPE_FOLLOW_INTERVAL or RECIPE_FOLLOW_SECONDS is out of range")
 RECIPE_TIME_LIMIT_SECONDS: int = _get("RECIPE_TIME_LIMIT_SECONDS", env.int, 0)
 RECIPE_EXTRA_ENV: dict = _get("RECIPE_EXTRA_ENV", env.json, {})
 CELERY_BEAT_SCHEDULE["slices-follow-recipes"] = {

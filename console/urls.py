@@ -33,6 +33,7 @@ for _app in API_APPS:
 # The admin's login form shares the console's failed-login lockout.
 admin.site.login = limit_failed_logins(admin.site.login)
 
+handler400 = "console.views.bad_request"  # JSON under /api/ (413 for a body over the limits)
 handler403 = "console.views.permission_denied"
 handler404 = "console.views.page_not_found"
 handler429 = "console.views.too_many_requests"  # allauth's rate limits answer with it

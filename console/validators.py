@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import unicodedata
-
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext_lazy
 
+from console.names import NameRefused, clean_name
 from console.sshkeys import MIN_RSA_BITS, PublicKey, SshKeyError, parse_public_key
 
 SSH_KEY_MESSAGES = {
@@ -53,28 +52,21 @@ def parse_ssh_public_key(text: str) -> PublicKey:
         ) from None
 
 
-# Unicode categories that are invisible or act on the text around them: control characters
-# (ESC, NUL, newlines), format characters (zero-width spaces and joiners, right-to-left overrides,
-# the BOM), line/paragraph separators, surrogates, private-use and unassigned code points.
-_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+# Keys' and tokens' names are stored in 100-character columns; the rules are console/names.py's.
+DISPLAY_NAME_MAX_LENGTH = 100
 
 
-def validate_display_name(value: str) -> None:
-    """Names people choose (SSH keys, API tokens) show in lists, logs and terminals.
+def validate_display_name(value: str | None, max_length: int = DISPLAY_NAME_MAX_LENGTH) -> str:
+    """A name people choose (SSH keys, API tokens), cleaned by the rules every name follows
+    (``console.names.clean_name``: NFC, trimmed, no control or invisible characters, a length).
 
-    A name with ``\x1b[31m`` recolours a terminal, U+202E reverses what follows ("gpj.exe"), and a
-    name of zero-width spaces looks empty; all are refused with a message naming the character.
+    Returns the name to store ("" when blank); raises a ``ValidationError`` naming the character
+    or the limit.
     """
-    for char in value:
-        if unicodedata.category(char) in _HIDDEN_CATEGORIES:
-            raise ValidationError(
-                _(
-                    "Names may not contain control or invisible characters (found %(char)s). "
-                    "Use letters, digits, spaces and punctuation."
-                ),
-                code="hidden_characters",
-                params={"char": f"U+{ord(char):04X}"},
-            )
+    try:
+        return clean_name(value, max_length=max_length)
+    except NameRefused as exc:
+        raise ValidationError(exc.message(), code=exc.reason) from None
 
 
 def _blocked_domains() -> frozenset[str]:

@@ -8,13 +8,15 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.shortcuts import render
 from django.template import loader
 from django.utils.translation import gettext as _
+from django.views import defaults
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_POST
 
+from console.api.exceptions import TOO_LARGE, too_large_body
 from console.auth import staff_required
 from console.dashboard import build_dashboard, build_landing
 from console.errors import ErrorCode
@@ -118,9 +120,32 @@ def _error(
     return render(request, f"{status}.html", context, status=status)
 
 
-@require_http_methods(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+_NOT_FOUND_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
 def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if request.method not in _NOT_FOUND_METHODS:  # TRACE, CONNECT, made-up methods
+        if request.path.startswith("/api/"):
+            response = JsonResponse(
+                {"error": str(ErrorCode.METHOD_NOT_ALLOWED), "detail": "Method not allowed."},
+                status=405,
+            )
+            response["Allow"] = ", ".join(_NOT_FOUND_METHODS)
+            return response
+        return HttpResponseNotAllowed(_NOT_FOUND_METHODS)
     return _error(request, 404, ErrorCode.NOT_FOUND, "Not found.")
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's 400 for what it refuses before or while reading a request (a body over
+    ``DATA_UPLOAD_MAX_MEMORY_SIZE``, a Host not in ``ALLOWED_HOSTS``). Under /api/ the API's
+    error body: 413 ``too_large`` for a body over a limit, else 400 ``invalid``; pages keep
+    Django's own 400."""
+    if not request.path.startswith("/api/"):
+        return defaults.bad_request(request, exception)  # type: ignore[arg-type]
+    if isinstance(exception, TOO_LARGE):
+        return JsonResponse(too_large_body(exception), status=413)
+    return JsonResponse({"error": str(ErrorCode.INVALID), "detail": "Bad request."}, status=400)
 
 
 def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -4,11 +4,19 @@ Each recipe is a directory of ``marketplace/recipes/`` with a ``manifest.yaml`` 
 model and dataset it mounts, the cards, the time limit, the entrypoint, the environment) and the
 files the image runs (``train.py``...). This module only reads and checks them: no Django, no money.
 The demo page (``slices.services.recipes``) prices a recipe on the current price book and orders it.
+
+Bounds: a run's parameters decide how much work it is (steps, how often it logs and saves, batch
+and sequence sizes), for the node and for the console that follows its output. Every parameter
+named in ``PARAMETER_LIMITS`` is bounded whatever a manifest says (the loader's fixed limits); a
+manifest's ``bounds`` narrows them (never widens them) and may bound more names. The loader checks
+a manifest's defaults against them, and every launch checks what it actually runs (the console
+may add values), refusing with the parameter and its bound (``ParameterOutOfBounds``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -23,6 +31,64 @@ MANIFEST = "manifest.yaml"
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 BUDGETS = {"trial_credit"}
 MAX_TIME_LIMIT_MINUTES = 24 * 60
+
+# The loader's fixed limits (least, most) of the parameters a recipe's work grows with.
+PARAMETER_LIMITS: dict[str, tuple[int, int]] = {
+    "MAX_STEPS": (1, 100_000),
+    "SAVE_EVERY": (0, 100_000),  # 0: no checkpoint before the last one
+    "EVAL_EVERY": (0, 100_000),  # 0: no evaluation
+    "LOG_EVERY": (1, 100_000),
+    "BATCH_SIZE": (1, 1024),
+    "SEQ_LEN": (1, 131_072),
+    "LORA_R": (1, 1024),
+}
+# What a run may print and save, whatever its steps: the progress lines (MAX_STEPS / LOG_EVERY)
+# and the checkpoints (MAX_STEPS / SAVE_EVERY). They raise the least LOG_EVERY and SAVE_EVERY.
+MAX_PROGRESS_LINES = 10_000
+MAX_CHECKPOINTS = 200
+
+
+class ParameterOutOfBounds(ValueError):
+    """A run parameter outside its bounds (or not a whole number): names it and the bounds."""
+
+    def __init__(self, name: str, value: str, low: int, high: int) -> None:
+        self.name, self.value, self.low, self.high = name, value, low, high
+        super().__init__(f"{name} must be a whole number from {low} to {high}, not {value!r}")
+
+
+def _whole(value: object) -> int | None:
+    text = str(value).strip()
+    if not re.fullmatch(r"[+-]?[0-9]{1,12}", text):  # no 4,000-digit numbers to parse
+        return None
+    return int(text)
+
+
+def effective_bounds(
+    bounds: Mapping[str, tuple[int, int]], env: Mapping[str, str]
+) -> dict[str, tuple[int, int]]:
+    """``bounds`` with the least LOG_EVERY and non-zero SAVE_EVERY raised so that a run of
+    ``env``'s MAX_STEPS prints and saves at most ``MAX_PROGRESS_LINES`` / ``MAX_CHECKPOINTS``."""
+    out = dict(bounds)
+    steps = _whole(env.get("MAX_STEPS", "")) or 0
+    for name, most in (("LOG_EVERY", MAX_PROGRESS_LINES), ("SAVE_EVERY", MAX_CHECKPOINTS)):
+        if name in out and steps > most:
+            low, high = out[name]
+            value = _whole(env.get(name, ""))
+            if name == "SAVE_EVERY" and value == 0 and low <= 0:
+                continue  # no intermediate checkpoint at all
+            out[name] = (max(low, -(-steps // most)), high)
+    return out
+
+
+def check_parameters(bounds: Mapping[str, tuple[int, int]], env: Mapping[str, str]) -> None:
+    """Raise ``ParameterOutOfBounds`` for the first of ``env``'s bounded parameters outside its
+    bounds (``effective_bounds``); names without a bound are not parameters of the run."""
+    for name, (low, high) in effective_bounds(bounds, env).items():
+        if name not in env:
+            continue
+        value = _whole(env[name])
+        if value is None or not low <= value <= high:
+            raise ParameterOutOfBounds(name, str(env[name])[:40], low, high)
 
 
 @dataclass(frozen=True)
@@ -46,6 +112,12 @@ class Recipe:
     files: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
+    # (least, most) of each bounded parameter: the loader's fixed limits, narrowed by the manifest.
+    bounds: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(PARAMETER_LIMITS))
+
+    def check_parameters(self, env: Mapping[str, str]) -> None:
+        """Refuse (``ParameterOutOfBounds``) a run environment outside the recipe's bounds."""
+        check_parameters(self.bounds, env)
 
     def checkpoint_path(self, run: str, step: int) -> str:
         """Where step ``step`` of run ``run`` is saved, relative to the user's /pfs."""
@@ -121,9 +193,18 @@ def read_recipe(directory: Path) -> Recipe:
         raise CatalogueError(f"{where}: env must map names to values")
     env: dict[str, str] = {}
     for key, value in env_data.items():
-        if not isinstance(key, str) or not ENV_NAME.match(key) or isinstance(value, (dict, list)):
+        if (
+            not isinstance(key, str)
+            or not ENV_NAME.fullmatch(key)
+            or isinstance(value, (dict, list))
+        ):
             raise CatalogueError(f"{where}: env {key!r} is not NAME: value")
         env[key] = str(value)
+    bounds = _bounds(data.get("bounds"), where)
+    try:
+        check_parameters(bounds, env)
+    except ParameterOutOfBounds as exc:
+        raise CatalogueError(f"{where}: env {exc}") from exc
     outputs = data.get("outputs") or {}
     if not isinstance(outputs, dict) or {"checkpoints", "adapter"} - set(outputs):
         raise CatalogueError(f"{where}: outputs needs checkpoints and adapter")
@@ -151,7 +232,36 @@ def read_recipe(directory: Path) -> Recipe:
         files=files,
         env=env,
         outputs={str(k): str(v) for k, v in outputs.items()},
+        bounds=bounds,
     )
+
+
+def _bounds(data: Any, where: str) -> dict[str, tuple[int, int]]:
+    """The loader's fixed limits narrowed by the manifest's ``bounds`` (NAME: [least, most])."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise CatalogueError(f"{where}: bounds must map names to [least, most]")
+    bounds = dict(PARAMETER_LIMITS)
+    for name, pair in data.items():
+        if (
+            not isinstance(name, str)
+            or not ENV_NAME.fullmatch(name)
+            or not isinstance(pair, list)
+            or len(pair) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+            or pair[0] > pair[1]
+        ):
+            raise CatalogueError(f"{where}: bounds.{name} must be [least, most], whole numbers")
+        low, high = pair
+        fixed = PARAMETER_LIMITS.get(name)
+        if fixed is not None and (low < fixed[0] or high > fixed[1]):
+            raise CatalogueError(
+                f"{where}: bounds.{name} [{low}, {high}] goes beyond the loader's fixed limits "
+                f"[{fixed[0]}, {fixed[1]}]"
+            )
+        bounds[name] = (low, high)
+    return bounds
 
 
 def read_recipes(root: Path = RECIPES_DIR) -> list[Recipe]:

@@ -9,6 +9,7 @@ read-only mounts the provisioning drivers apply (see ``marketplace/mounts.py``).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -106,6 +107,62 @@ def get_image_version(ref: str) -> ImageVersion:
         raise Http404 from None
 
 
+class ImageRefused(DomainError):  # noqa: N818 - reads as a domain event: "image refused"
+    """An order's ``image`` names no listed image version or family (a 400 on the field)."""
+
+    code = ErrorCode.INVALID
+    http_status = 400
+    field = "image"
+
+
+def _version_key(version: ImageVersion) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Newer first when sorted descending: the framework's version, then CUDA's, then Python's,
+    compared as numbers ("2.10" after "2.9"; "core_r0.8.0" after "core_r0.5.0")."""
+
+    def numbers(text: str) -> tuple[int, ...]:
+        return tuple(int(n) for n in re.findall(r"\d+", text or ""))
+
+    return numbers(version.framework_version), numbers(version.cuda), numbers(version.python)
+
+
+def resolve_image_version(ref: str, gpu_model: str) -> ImageVersion:
+    """What an order's ``image`` names: a listed version's public id or slug, or a listed image
+    family's slug (``pytorch``, as ``GET /api/v1/images/`` lists them), which means the family's
+    newest listed version that supports ``gpu_model`` (a fleet code or product name).
+
+    Raises :class:`ImageRefused` (field ``image``) when nothing listed matches, or the family has
+    no version for that card. A version named exactly is returned even if it does not support the
+    card: the order says so with its own message.
+    """
+    ref = (ref or "").strip()
+    try:
+        return get_image_version(ref)
+    except Http404:
+        pass
+    family = Image.objects.listed().filter(slug=ref[:64]).first()
+    if family is None:
+        raise ImageRefused(
+            gettext_noop(
+                "Unknown image %(image)s: give an image version's slug or id, or an image's slug "
+                "(GET /api/v1/images/)."
+            ),
+            image=ref[:120],
+        )
+    versions = [
+        v
+        for v in ImageVersion.objects.listed().filter(image=family).select_related("image")
+        if v.supports(gpu_model)
+    ]
+    if not versions:
+        raise ImageRefused(
+            gettext_noop("The image %(image)s has no version for %(gpu_model)s."),
+            image=family.slug,
+            gpu_model=gpu_model,
+        )
+    # Newest by version numbers; among equals, the catalogue's order (the first listed).
+    return max(sorted(versions, key=lambda v: v.position), key=_version_key)
+
+
 # --- licenses -----------------------------------------------------------------------------------
 def has_accepted_license(user: Any, license: License | None) -> bool:
     if license is None or not license.requires_acceptance:
@@ -153,12 +210,16 @@ def build_mount_specs(user: Any, asset_ids: Iterable[Any]) -> list[MountSpec]:
         raise MountRefused(
             INVALID_MOUNT,
             gettext_noop("At most %(max)d assets can be mounted on one instance."),
+            field="assets",
             max=mounts.MAX_MOUNTS,
         )
     ids = {parse_uuid(a) for a in wanted}
     if None in ids:
         raise MountRefused(
-            UNKNOWN_ASSET, gettext_noop("Not an asset id."), [str(a) for a in wanted]
+            UNKNOWN_ASSET,
+            gettext_noop("Not an asset id."),
+            [str(a) for a in wanted],
+            field="assets",
         )
     assets = list(
         Asset.objects.listed()
@@ -172,6 +233,7 @@ def build_mount_specs(user: Any, asset_ids: Iterable[Any]) -> list[MountSpec]:
             UNKNOWN_ASSET,
             gettext_noop("Some assets are not in the catalogue."),
             sorted(map(str, missing)),
+            field="assets",
         )
     gated = [a for a in assets if a.gated]
     if gated:
@@ -189,7 +251,7 @@ def build_mount_specs(user: Any, asset_ids: Iterable[Any]) -> list[MountSpec]:
         return mounts.plan_mounts(a.as_ref() for a in assets)
     except mounts.MountError as exc:
         # The pure module's reason is English and carries paths: a parameter, not a template.
-        raise MountRefused(INVALID_MOUNT, "%(reason)s", reason=str(exc)) from exc
+        raise MountRefused(INVALID_MOUNT, "%(reason)s", field="assets", reason=str(exc)) from exc
 
 
 def order_form_url(image: ImageVersion | None = None, assets: Iterable[Asset] = ()) -> str:

@@ -22,6 +22,12 @@ Format (see slices/fleets/shipped.yaml for the full, commented example)::
             hostname: "yc-a8-su{su:02d}-n{node:02d}"
             address: "10.20.{su}.{node}"
             host_keys: {"yc-a8-su01-n01": "SHA256:..."}   # optional pins
+            runtime: docker         # optional: docker | enroot | process (default SLICES_NODE_RUNTIME)
+            single_tenant: false    # optional: true only for hosts one tenant uses at a time
+
+``runtime: process`` (no container: test hosts) needs ``single_tenant: true``: a bare process
+shares the host's network, IPC, files and devices with whatever else runs there, so a node that
+can hold more than one instance must not run it (the driver refuses it there too).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from slices.topology import (
 )
 
 FABRICS = {"ib-hdr": (200, 40), "ib-ndr": (400, 64), FABRIC_ETHERNET: (100, 0)}
+RUNTIMES = ("docker", "enroot", "process")  # slices.drivers.ssh.commands.RUNTIMES
 CODE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 HOSTNAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
@@ -229,6 +236,7 @@ def _build(doc: Any) -> FleetSpec:
 _CLUSTER_KEYS = {
     "code", "name", "gpu_model", "fabric", "gpus_per_node", "nodes", "su_nodes", "scalable_units",
     "hostname", "address", "ssh_port", "host_keys", "numa_nodes", "gpus_per_hca", "rails",
+    "runtime", "single_tenant",
 }  # fmt: skip
 
 
@@ -245,6 +253,7 @@ def _cluster(
     link_gbps, leaf_ports = FABRICS[fabric]
     sizes = _su_sizes(c, fabric)
     sus = _cluster_nodes(c, code, region, sizes, seen_hosts, seen_addresses)
+    runtime, single_tenant = _cluster_tenancy(c, code, sus)
     return ClusterSpec(
         code=code,
         name=_get(c, "name", str, False, code),
@@ -259,7 +268,30 @@ def _cluster(
         link_gbps=link_gbps,
         leaf_ports=leaf_ports,
         line=c.line,
+        runtime=runtime,
+        single_tenant=single_tenant,
     )
+
+
+def _cluster_tenancy(c: _LDict, code: str, sus: list[ScalableUnitSpec]) -> tuple[str, bool]:
+    """The nodes' runtime and whether one tenant uses them at a time: ``runtime: process``
+    isolates nothing, so it is refused unless the cluster says ``single_tenant: true``."""
+    runtime = _get(c, "runtime", str, False, "")
+    if runtime and runtime not in RUNTIMES:
+        raise FleetFileError(
+            _line(c, "runtime"), f"runtime {runtime!r} is not one of {', '.join(RUNTIMES)}"
+        )
+    single = _get(c, "single_tenant", bool, False, False)
+    if runtime == "process" and not single:
+        nodes = [n.hostname for su in sus for n in su.nodes]
+        named = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+        raise FleetFileError(
+            _line(c, "runtime"),
+            f"cluster {code} (node {named}): runtime process cannot isolate tenants that share a "
+            "node; add single_tenant: true only for test hosts one tenant uses at a time, or use "
+            "docker",
+        )
+    return runtime, single
 
 
 def _cluster_identity(

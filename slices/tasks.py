@@ -3,11 +3,22 @@
 Provisioning and teardown hold the instance's lease while they work, so a redelivered message
 finds it busy or done; a worker killed mid-task leaves the lease to expire and the reconciler
 re-drives the instance from its last recorded step.
+
+Time limits: every task has Celery's soft and hard limits (``CELERY_TASK_SOFT_TIME_LIMIT`` /
+``CELERY_TASK_TIME_LIMIT``, 29.5 / 30 minutes: the longest legitimate task, a provisioning over
+SSH, fits), and the recipe follower much shorter ones of its own. A prefork worker (production)
+enforces them. The embedded worker's thread pool cannot interrupt a thread, so it enforces
+neither: there every loop bounds itself instead (the follower: ``RECIPE_FOLLOW_SECONDS`` and
+``FOLLOW_MAX_LINES`` per run; provisioning: the driver's step and SSH command timeouts and the
+attempt limit; the simulated recipe: O(1) per read whatever its parameters).
 """
 
 from __future__ import annotations
 
+import time
+
 from celery import shared_task
+from django.conf import settings
 
 from slices.services import provisioning, recipes, reconcile, telemetry
 from slices.services.migration import drive_migration
@@ -22,12 +33,31 @@ def provision_instance_task(instance_id: int) -> str:
     return result
 
 
-@shared_task(acks_late=True, ignore_result=True)
+# A follower run lasts RECIPE_FOLLOW_SECONDS plus one bounded pass (reads are bounded by the
+# driver's SSH command timeout): its own limits, far below the default half hour.
+FOLLOW_SOFT_TIME_LIMIT = int(settings.RECIPE_FOLLOW_SECONDS) + 2 * 60
+FOLLOW_TIME_LIMIT = FOLLOW_SOFT_TIME_LIMIT + 30
+
+
+@shared_task(
+    acks_late=True,
+    ignore_result=True,
+    soft_time_limit=FOLLOW_SOFT_TIME_LIMIT,
+    time_limit=FOLLOW_TIME_LIMIT,
+)
 def follow_recipe_task(instance_id: int) -> str:
-    """Read a running recipe's output for a while; queued again until the run ends."""
+    """Read a running recipe's output (one bounded run); queued again, ``RECIPE_FOLLOW_INTERVAL``
+    later, until the run ends: between runs the worker's thread serves other customers."""
     result = recipes.follow_recipe(instance_id)
+    interval = float(settings.RECIPE_FOLLOW_INTERVAL)
+    if follow_recipe_task.request.is_eager:
+        # Tests run tasks inline: go on here rather than nest one call per pass.
+        while result == "again":
+            time.sleep(interval)
+            result = recipes.follow_recipe(instance_id)
+        return result
     if result == "again":
-        follow_recipe_task.apply_async((instance_id,), countdown=1)
+        follow_recipe_task.apply_async((instance_id,), countdown=interval)
     return result
 
 

@@ -379,6 +379,10 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
                 # One run per rendering of the page: a double click launches once.
                 idempotency_key=f"demo:{key}" if key else None,
             )
+        except recipes.DemoRunLive as exc:
+            # One demo run per account at a time: open the live one and say why.
+            messages.info(request, exc.message())
+            return redirect("slices:instance-detail", public_id=exc.live.public_id)
         except (DomainError, NoCapacity) as exc:
             error = exc
         else:

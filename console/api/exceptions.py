@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import (
+    RequestDataTooBig,
+    TooManyFieldsSent,
+    TooManyFilesSent,
+)
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.utils.translation import gettext
 from rest_framework import status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
@@ -17,7 +24,11 @@ from rest_framework.views import exception_handler, set_rollback
 
 from console.errors import DomainError, ErrorCode
 
-__all__ = ["ApiError", "ErrorCode", "api_exception_handler"]
+__all__ = ["TOO_LARGE", "ApiError", "ErrorCode", "api_exception_handler", "too_large_body"]
+
+# Django's request-size limits (DATA_UPLOAD_MAX_MEMORY_SIZE, _NUMBER_FIELDS, _NUMBER_FILES): raised
+# where the body is first read, as a SuspiciousOperation that Django answers with its HTML 400.
+TOO_LARGE = (RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent)
 
 
 class ApiError(APIException):
@@ -43,11 +54,35 @@ _STATUS_CODES = {
     404: ErrorCode.NOT_FOUND,
     405: ErrorCode.METHOD_NOT_ALLOWED,
     409: ErrorCode.CONFLICT,
+    413: ErrorCode.TOO_LARGE,
     429: ErrorCode.THROTTLED,
 }
 
 
+def too_large_body(exc: Exception) -> dict[str, Any]:
+    """The JSON error body (413 ``too_large``) for a body over one of Django's upload limits;
+    the console's ``handler400`` answers it too, for a body read before any API view runs."""
+    if isinstance(exc, TooManyFieldsSent):
+        limit, detail = (
+            settings.DATA_UPLOAD_MAX_NUMBER_FIELDS,
+            gettext("The request has more than %(limit)s fields."),
+        )
+    elif isinstance(exc, TooManyFilesSent):
+        limit, detail = (
+            settings.DATA_UPLOAD_MAX_NUMBER_FILES,
+            gettext("The request has more than %(limit)s files."),
+        )
+    else:
+        limit, detail = (
+            settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+            gettext("The request body is larger than %(limit)s bytes."),
+        )
+    return {"error": str(ErrorCode.TOO_LARGE), "detail": detail % {"limit": limit}, "limit": limit}
+
+
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, TOO_LARGE):
+        return Response(too_large_body(exc), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, DomainError):
         set_rollback()
         return Response(exc.as_body(), status=exc.http_status)

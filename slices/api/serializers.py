@@ -47,7 +47,9 @@ class InstanceSerializer(serializers.Serializer):
     gpu_model_name = serializers.CharField(help_text='The product name, e.g. "RTX 4090".')
     cards = serializers.IntegerField()
     region = serializers.CharField(source="region.code", allow_null=True, default=None)
-    image = serializers.CharField()
+    image = serializers.CharField(
+        help_text='The image version\'s slug (also when the order named its family); "" for none.'
+    )
     mounts = serializers.ListField(child=serializers.DictField())
     billing_mode = serializers.CharField()
     term_days = serializers.IntegerField(allow_null=True)
@@ -89,7 +91,15 @@ class InstanceCreateSerializer(serializers.Serializer):
     cards = serializers.IntegerField(min_value=1, max_value=2048)
     name = serializers.CharField(max_length=63, required=False, allow_blank=True, default="")
     region = serializers.CharField(max_length=63, required=False, allow_blank=True, default="")
-    image = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
+    image = serializers.CharField(
+        max_length=120,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="An image version's slug or id, or an image's slug (\"pytorch\", from "
+        "GET /api/v1/images/): its newest version for the GPU model. The response's image "
+        "is the version chosen. Unknown: 400 naming the field.",
+    )
     assets = serializers.ListField(
         child=serializers.CharField(max_length=64), required=False, default=list, max_length=32
     )
@@ -98,7 +108,7 @@ class InstanceCreateSerializer(serializers.Serializer):
         required=False,
         allow_blank=True,
         default="",
-        help_text="An SSH key id; empty = the account's default key.",
+        help_text="An SSH key id; empty = the account's default key. Unknown: 400 naming the field.",
     )
     billing_mode = serializers.ChoiceField(choices=["on_demand", "term"], default="on_demand")
     term_days = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1)

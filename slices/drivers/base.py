@@ -7,16 +7,15 @@ threads, one thread per node, and records what it returns. Errors say whether re
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# Environment variable names (always ``ENV_NAME.fullmatch``): re-exported for the drivers.
+from slices.envpolicy import ENV_NAME as ENV_NAME
+
 # Log sink: the driver calls it with each line it wants the user to see (thread-safe in services).
 LogFn = Callable[[str], None]
-
-# Names that reach a node's shell (environment variable names) must match this; values are quoted.
-ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -51,6 +50,16 @@ class NodeTarget:
     gpus: tuple[int, ...]
     workdir: str = "/var/lib/gpu-console"
     runtime: str = "docker"  # docker | enroot | process (no container runtime: the test hosts)
+    node_gpus: int = 0  # the node's GPUs, all of them (0 = unknown: never taken as the whole node)
+    # A host one tenant uses at a time (the test hosts): the only place a bare process may run
+    # beside others, since nothing isolates it (``Node.layout["single_tenant"]``).
+    single_tenant: bool = False
+
+    @property
+    def exclusive(self) -> bool:
+        """The instance holds every GPU of the node (a whole host, or a node of a slice): no
+        other tenant can be placed on it, so it may use the host's network and IPC."""
+        return self.node_gpus > 0 and len(self.gpus) == self.node_gpus
 
 
 @dataclass(frozen=True)
@@ -73,14 +82,17 @@ class InstanceSpec:
     sim_fail: str = ""  # sim driver only: "<step>" or "<step>@<rank>" fails that step
     disks: tuple[DiskMount, ...] = ()
     system_disk_gb: int = 0
+    # The image's service ports (catalogue data): published per instance on a shared node.
+    ports: tuple[int, ...] = ()
 
     @property
     def master_addr(self) -> str:
         return self.nodes[0].address if self.nodes else ""
 
     def job_env(self, node: NodeTarget) -> dict[str, str]:
-        """The environment a distributed job needs on ``node`` (RunPod Instant Clusters' names)."""
-        env = {
+        """The environment a distributed job needs on ``node`` (RunPod Instant Clusters' names):
+        the instance's own (``env``) under what the console sets, which always wins."""
+        console = {
             "INSTANCE_ID": self.instance_id,
             "INSTANCE_NAME": self.name,
             "MASTER_ADDR": self.master_addr,
@@ -94,9 +106,8 @@ class InstanceSpec:
             "PFS": "/pfs",
         }
         if self.partition_key is not None:
-            env["NCCL_IB_PKEY"] = str(self.partition_key)
-        env.update(self.env)
-        return env
+            console["NCCL_IB_PKEY"] = str(self.partition_key)
+        return {**self.env, **console}
 
     def hostfile(self) -> str:
         return "".join(f"{n.address} slots={len(n.gpus)}\n" for n in self.nodes)

@@ -11,11 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
+from marketplace.recipes import PARAMETER_LIMITS
 from slices.drivers.base import (
     DriverError,
     InstanceSpec,
@@ -131,7 +134,8 @@ class SimDriver:
         self._sleep("start", node)
         if spec.env.get("RESUME_FROM"):
             log(f"[sim] job resumes from checkpoint {spec.env['RESUME_FROM']}")
-        log(f"[sim] started {spec.slug} with {len(node.gpus)} GPU(s), host network, host IPC")
+        network = "host network, host IPC" if node.exclusive else "its own network and IPC"
+        log(f"[sim] started {spec.slug} with {len(node.gpus)} GPU(s), {network}")
         return StepResult()
 
     def health(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
@@ -172,12 +176,11 @@ class SimDriver:
         ``SIM_TIME_SCALE``), from line ``offset``; an instance without a recipe prints nothing."""
         if node.rank != 0 or not spec.env.get("RECIPE"):
             return WorkloadOutput([], True)
-        timeline = sim_recipe_lines(
+        recipe = _SimRecipe.from_env(
             spec.env, len(spec.nodes) * spec.gpus_per_node, time_scale=self.time_scale
         )
-        due = [line for at, line in timeline if at * self.time_scale <= elapsed_s]
-        lines = due[offset : offset + max(0, limit)]
-        return WorkloadOutput(lines, offset + len(lines) < len(timeline))
+        lines = recipe.window(offset, elapsed_s, limit)
+        return WorkloadOutput(lines, offset + len(lines) < recipe.total)
 
     # -- telemetry ---------------------------------------------------------------------------
     def telemetry(self, spec: InstanceSpec, node: NodeTarget, gpu_model: str) -> SimTelemetry:
@@ -218,24 +221,52 @@ class SimTelemetry:
 # marketplace/recipes/llama-lora/train.py prints, marked simulated, with a falling loss. Realistic
 # figures for LLaMA-7B LoRA on RTX 4090s (bf16, sequence 512, batch 4 per GPU): about 2,000
 # tokens/s per GPU, a model load of about 90 s. Seconds are before SIM_TIME_SCALE.
+#
+# The run is a closed form of its parameters, not a list: line ``i`` and when it is printed are
+# computed directly (a binary search over the steps), so a poll costs O(log MAX_STEPS) plus the
+# lines it returns (at most SIM_OUTPUT_MAX_LINES), whatever the steps, the time limit or the
+# elapsed time. The parameters are clamped to the catalogue loader's fixed limits as well (a launch
+# refuses values outside the recipe's bounds; this is the simulator's own guard).
 SIM_RECIPE_LOAD_SECONDS = 90.0
 SIM_RECIPE_TOKENS_PER_GPU_S = 2000.0
+SIM_CHECKPOINT_SECONDS = 2.0
+SIM_OUTPUT_MAX_LINES = 1000
+_HEAD_LINES = 3  # torchrun, loading, start
+_TAIL_LINES = 2  # the last checkpoint, done
 
 
 def _int_env(env: dict[str, str], name: str, default: int) -> int:
-    try:
-        return max(0, int(env.get(name, default)))
-    except ValueError:
-        return default
+    """``env[name]`` as a whole number clamped to the loader's fixed limits for ``name``."""
+    low, high = PARAMETER_LIMITS.get(name, (0, 10**9))
+    text = str(env.get(name, default)).strip()
+    value = int(text) if re.fullmatch(r"[+-]?[0-9]{1,12}", text) else default
+    return max(low, min(high, value))
 
 
 def _sim_line(**fields: object) -> str:
     return json.dumps({**fields, "simulated": True}, ensure_ascii=False)
 
 
+def _first(low: int, high: int, pred: Any) -> int:
+    """The least ``n`` in [low, high] with ``pred(n)`` (monotone), or ``high + 1``."""
+    while low <= high:
+        mid = (low + high) // 2
+        if pred(mid):
+            high = mid - 1
+        else:
+            low = mid + 1
+    return low
+
+
 @dataclass(frozen=True)
 class _SimRecipe:
-    """A simulated recipe run's parameters, read from its environment as train.py reads them."""
+    """A simulated recipe run's parameters, read from its environment as train.py reads them.
+
+    Step ``s`` ends ``step_s`` after the previous one and prints a progress line when ``s`` is a
+    multiple of ``log_every`` (or the last step); a checkpoint (multiples of ``save_every`` before
+    the last step) adds ``SIM_CHECKPOINT_SECONDS``. The run stops after ``stop_step``: the last
+    step, or the first one after which two more would not finish 30 s before ``TIME_LIMIT_S``.
+    """
 
     run: str
     world_size: int
@@ -247,24 +278,106 @@ class _SimRecipe:
     step_s: float
     seed: int
     time_scale: float
+    model_dir: str = "/models"
 
     @classmethod
     def from_env(cls, env: dict[str, str], world_size: int, time_scale: float) -> _SimRecipe:
-        run = env.get("RUN_NAME", "run")
+        run = str(env.get("RUN_NAME", "run"))[:100]
+        world_size = max(1, world_size)
         tokens = world_size * _int_env(env, "BATCH_SIZE", 4) * _int_env(env, "SEQ_LEN", 512)
         return cls(
             run=run,
             world_size=world_size,
-            max_steps=_int_env(env, "MAX_STEPS", 300) or 1,
-            log_every=_int_env(env, "LOG_EVERY", 10) or 1,
+            max_steps=_int_env(env, "MAX_STEPS", 300),
+            log_every=_int_env(env, "LOG_EVERY", 10),
             save_every=_int_env(env, "SAVE_EVERY", 100),
             limit=float(_int_env(env, "TIME_LIMIT_S", 0)),
             tokens=tokens,
             step_s=tokens / max(1.0, world_size * SIM_RECIPE_TOKENS_PER_GPU_S),
             seed=int(hashlib.sha256(run.encode()).hexdigest()[:8], 16),
             time_scale=time_scale,
+            model_dir=str(env.get("MODEL_DIR", "/models"))[:300],
         )
 
+    # -- the closed form ----------------------------------------------------------------------
+    def _saves(self, step: int) -> int:
+        """Checkpoints saved at steps 1..``step`` (not counting the last step's)."""
+        return min(step, self.max_steps - 1) // self.save_every if self.save_every else 0
+
+    def _ends(self, step: int) -> float:
+        """When step ``step`` (and its checkpoint) is over, before scaling."""
+        return (
+            SIM_RECIPE_LOAD_SECONDS
+            + step * self.step_s
+            + SIM_CHECKPOINT_SECONDS * self._saves(step)
+        )
+
+    def _out_of_time(self, step: int) -> bool:
+        return bool(self.limit) and (
+            (self._ends(step) + 2 * self.step_s) * self.time_scale + 30 > self.limit
+        )
+
+    @cached_property
+    def stop_step(self) -> int:
+        return min(self.max_steps, _first(1, self.max_steps, self._out_of_time))
+
+    @property
+    def reason(self) -> str:
+        return "time_limit" if self._out_of_time(self.stop_step) else "max_steps"
+
+    def _logs(self, step: int) -> bool:
+        return step % self.log_every == 0 or step == self.max_steps
+
+    def _saves_at(self, step: int) -> bool:
+        return bool(self.save_every) and step % self.save_every == 0 and step < self.max_steps
+
+    def _lines_to(self, step: int) -> int:
+        """Training lines printed by steps 1..``step`` (``step`` at most ``stop_step``)."""
+        last = 1 if step >= self.max_steps and self.max_steps % self.log_every else 0
+        return step // self.log_every + last + self._saves(step)
+
+    @cached_property
+    def total(self) -> int:
+        return _HEAD_LINES + self._lines_to(self.stop_step) + _TAIL_LINES
+
+    def _line(self, i: int) -> tuple[float, str]:
+        """Line ``i`` (0 = the first) and when it is printed, before scaling."""
+        stop = self.stop_step
+        if i < _HEAD_LINES:
+            return self._head(i)
+        j = i - _HEAD_LINES
+        trained = self._lines_to(stop)
+        if j >= trained:
+            t = self._ends(stop) + 3.0
+            if j == trained:
+                return t, self.checkpoint(stop)
+            return t + 1.0, self.done(stop, t + 1.0)
+        step = _first(1, stop, lambda s: self._lines_to(s) > j)
+        at_progress = SIM_RECIPE_LOAD_SECONDS + step * self.step_s
+        at_progress += SIM_CHECKPOINT_SECONDS * self._saves(step - 1)
+        if self._logs(step) and j == self._lines_to(step - 1):
+            return at_progress, self.progress(step, at_progress)
+        return self._ends(step), self.checkpoint(step)
+
+    def _at(self, i: int) -> float:
+        return self._line(i)[0]
+
+    def window(self, offset: int, elapsed_s: float, limit: int) -> list[str]:
+        """The lines printed ``elapsed_s`` (scaled seconds) after running, from line ``offset``,
+        at most ``limit`` (and ``SIM_OUTPUT_MAX_LINES``)."""
+        total = self.total
+        offset = max(0, offset)
+        if offset >= total:
+            return []
+        due = _first(offset, total - 1, lambda i: self._at(i) * self.time_scale > elapsed_s)
+        end = min(due, offset + max(0, min(limit, SIM_OUTPUT_MAX_LINES)))
+        return [self._line(i)[1] for i in range(offset, end)]
+
+    def lines(self) -> list[tuple[float, str]]:
+        """The whole run (tests): ``total`` lines, so only for small runs."""
+        return [self._line(i) for i in range(self.total)]
+
+    # -- the lines ----------------------------------------------------------------------------
     def loss(self, step: int) -> float:
         wobble = ((self.seed >> (step % 24)) % 97) / 97 - 0.5
         return 1.05 + 0.85 * math.exp(-step / (self.max_steps / 5)) + 0.05 * wobble
@@ -289,62 +402,39 @@ class _SimRecipe:
             elapsed_s=round(t * self.time_scale, 1),
         )
 
-    def start(self, model_dir: str) -> list[tuple[float, str]]:
-        return [
-            (
-                1.0,
-                f"[sim] torchrun: {self.world_size} processes, NCCL over {self.world_size} GPU(s)",
-            ),
-            (2.0, f"[sim] loading {model_dir} (bf16) on every GPU"),
-            (
-                SIM_RECIPE_LOAD_SECONDS,
-                _sim_line(
-                    event="start",
-                    run=self.run,
-                    world_size=self.world_size,
-                    device="cuda",
-                    trainable_params=4_194_304,
-                    total_params=6_742_609_920,
-                    max_steps=self.max_steps,
-                    resumed_from=None,
-                ),
-            ),
-        ]
+    def done(self, step: int, t: float) -> str:
+        return _sim_line(
+            event="done",
+            step=step,
+            loss=round(self.loss(step), 4),
+            adapter=f"/pfs/adapters/{self.run}",
+            reason=self.reason,
+            elapsed_s=round(t * self.time_scale, 1),
+        )
 
-    def train(self, out: list[tuple[float, str]]) -> tuple[float, int, str]:
-        """Append the steps' lines; the clock, the last step and why it stopped."""
-        t, step = SIM_RECIPE_LOAD_SECONDS, 0
-        while step < self.max_steps:
-            step += 1
-            t += self.step_s
-            if step % self.log_every == 0 or step == self.max_steps:
-                out.append((t, self.progress(step, t)))
-            if self.save_every and step % self.save_every == 0 and step < self.max_steps:
-                t += 2.0
-                out.append((t, self.checkpoint(step)))
-            if self.limit and (t + 2 * self.step_s) * self.time_scale + 30 > self.limit:
-                return t, step, "time_limit"
-        return t, step, "max_steps"
+    def _head(self, i: int) -> tuple[float, str]:
+        if i == 0:
+            return 1.0, (
+                f"[sim] torchrun: {self.world_size} processes, NCCL over {self.world_size} GPU(s)"
+            )
+        if i == 1:
+            return 2.0, f"[sim] loading {self.model_dir} (bf16) on every GPU"
+        return SIM_RECIPE_LOAD_SECONDS, _sim_line(
+            event="start",
+            run=self.run,
+            world_size=self.world_size,
+            device="cuda",
+            trainable_params=4_194_304,
+            total_params=6_742_609_920,
+            max_steps=self.max_steps,
+            resumed_from=None,
+        )
 
 
 def sim_recipe_lines(
     env: dict[str, str], world_size: int, *, time_scale: float = 1.0
 ) -> list[tuple[float, str]]:
-    """(seconds after running, line) for a whole simulated recipe run. The seconds are before
-    ``time_scale``; what the lines report (elapsed, ETA) and the time limit (``TIME_LIMIT_S``,
-    real seconds) are on the scaled clock the user watches."""
-    recipe = _SimRecipe.from_env(env, world_size, time_scale)
-    out = recipe.start(env.get("MODEL_DIR", "/models"))
-    t, step, reason = recipe.train(out)
-    t += 3.0
-    out.append((t, recipe.checkpoint(step)))
-    done = _sim_line(
-        event="done",
-        step=step,
-        loss=round(recipe.loss(step), 4),
-        adapter=f"/pfs/adapters/{recipe.run}",
-        reason=reason,
-        elapsed_s=round((t + 1.0) * time_scale, 1),
-    )
-    out.append((t + 1.0, done))
-    return out
+    """(seconds after running, line) for a whole simulated recipe run (tests; the driver reads a
+    window of it). The seconds are before ``time_scale``; what the lines report (elapsed, ETA) and
+    the time limit (``TIME_LIMIT_S``, real seconds) are on the scaled clock the user watches."""
+    return _SimRecipe.from_env(env, world_size, time_scale).lines()

@@ -122,8 +122,8 @@ class SshAgentSource:
         directory = posixpath.join(self.node.workdir, "agent")
         agent = posixpath.join(directory, "nvml_agent.py")
         self.driver.write_files(client, directory, [(agent, AGENT_SOURCE.read_text(), 0o600)])
-        command = render(
-            AGENT_COMMAND, agent=agent, host=self.node.hostname, interval=str(self.interval)
+        command = self.driver.host_command(
+            render(AGENT_COMMAND, agent=agent, host=self.node.hostname, interval=str(self.interval))
         )
         transport = client.get_transport()
         if transport is None:

@@ -29,6 +29,7 @@ from billing import services as billing
 from billing.choices import Meter
 from console.errors import DomainError, ErrorCode
 from console.ids import uuid_or_404
+from console.names import NameRefused, clean_name
 from slices.choices import DiskMode, DiskState, EventKind, InstanceState
 from slices.models import Disk, DiskAttachment, Instance, PfsUsage, Region
 
@@ -243,9 +244,12 @@ def _check_funds(user: Any, added_gb: int) -> None:
 @transaction.atomic
 def create_disk(user: Any, *, name: str, size_gb: Any, region: str) -> Disk:
     size = _check_size(size_gb)
-    name = (name or "").strip()
-    if not name or len(name) > 63 or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise DiskRefused(gettext_noop("A disk needs a name of 1 to 63 printable characters."))
+    try:
+        name = clean_name(name)  # the rules every customer-chosen name follows (console/names.py)
+    except NameRefused as exc:
+        raise DiskRefused(exc.template, field=exc.field, **exc.params) from None
+    if not name:
+        raise DiskRefused(gettext_noop("Give the disk a name."), field="name")
     region_row = Region.objects.filter(code=region).first()
     if region_row is None:
         raise DiskRefused(gettext_noop("Unknown region %(region)s."), region=region)
@@ -390,17 +394,23 @@ def resolve_for_order(
     for ref in refs:
         pid, mode = (ref, DiskMode.READ_WRITE) if isinstance(ref, str) else (ref[0], ref[1])
         if mode not in DiskMode.values:
-            raise DiskRefused(gettext_noop("A disk is attached read-write (rw) or read-only (ro)."))
+            raise DiskRefused(
+                gettext_noop("A disk is attached read-write (rw) or read-only (ro)."), field="disks"
+            )
         try:
             disk = get_disk_for_user(user, pid)
         except Http404:
-            raise DiskRefused(gettext_noop("Unknown disk %(disk)s."), disk=str(pid)[:64]) from None
+            raise DiskRefused(
+                gettext_noop("Unknown disk %(disk)s."), field="disks", disk=str(pid)[:64]
+            ) from None
         if any(d.pk == disk.pk for d, _m in out):
             continue
         out.append((disk, mode))
     regions = {d.region.code for d, _m in out}
     if len(regions) > 1 or (region and regions and regions != {region}):
-        raise DiskRefused(gettext_noop("The disks and the instance must all be in one region."))
+        raise DiskRefused(
+            gettext_noop("The disks and the instance must all be in one region."), field="disks"
+        )
     return (region or (regions.pop() if regions else "")), out
 
 

@@ -174,6 +174,8 @@ def _load_nodes(
                     "gpus_per_hca": cs.gpus_per_hca,
                     "rails": cs.rails,
                     "nvlink": bool(model.nvlink_gbps),
+                    **({"runtime": cs.runtime} if cs.runtime else {}),
+                    **({"single_tenant": True} if cs.single_tenant else {}),
                 },
                 "in_fleet_file": True,
             }

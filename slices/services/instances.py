@@ -11,13 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
-import re
-import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import ROUND_UP, Decimal
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -28,16 +25,13 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from billing import services as billing
-from billing.choices import Meter, UsageState
-from billing.models import UsageSession
-from billing.money import charge_for
 from console import services as console_services
 from console.errors import ErrorCode
 from console.ids import parse_uuid
+from console.names import NameRefused, clean_name
 from marketplace import services as marketplace
-from slices import events, lifecycle, topology
+from slices import envpolicy, events, lifecycle, topology
 from slices.choices import AllocationKind, BillingMode, EventKind, EventLevel, InstanceState
-from slices.drivers.base import ENV_NAME
 from slices.errors import OrderRefused, quota_exceeded
 from slices.models import (
     Allocation,
@@ -56,7 +50,6 @@ logger = logging.getLogger(__name__)
 # Usage sessions that bill an instance carry this kind and the instance's public id.
 INSTANCE_RESOURCE = "instance"
 MAX_ENV_VARS = 32
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,6 +180,9 @@ class OrderRequest:
     term_days: int | None = None
     auto_release_at: datetime | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # The console's own variables (a recipe launch: RECIPE, RUN_NAME, CHECKPOINT_RUN...): only
+    # console code fills it; exempt from the platform-name rule, and it wins over ``env``.
+    platform_env: dict[str, str] = field(default_factory=dict)
     # Cloud disks to attach: (disk public id, "rw" | "ro"); they pin the order to their region.
     disks: tuple[tuple[str, str], ...] = ()
     # A recipe's entrypoint (catalogue data, never user input): replaces the image's launch command.
@@ -205,6 +201,7 @@ class OrderRequest:
             "term_days": self.term_days,
             "auto_release_at": self.auto_release_at.isoformat() if self.auto_release_at else None,
             "env": self.env,
+            **({"platform_env": self.platform_env} if self.platform_env else {}),
             **({"disks": sorted(map(list, self.disks))} if self.disks else {}),
             **({"entrypoint": self.entrypoint} if self.entrypoint else {}),
         }
@@ -231,86 +228,139 @@ def price_name(gpu_model: str) -> str | None:
 
 
 def _clean_name(name: str, fallback: str) -> str:
-    name = (name or "").strip()
-    if not name:
-        return fallback
-    if len(name) > 63:
-        raise OrderRefused(gettext_noop("The name is longer than 63 characters."))
-    if _CONTROL.search(name) or any(
-        unicodedata.category(ch) in ("Cf", "Cc", "Co", "Cs") for ch in name
-    ):
-        raise OrderRefused(gettext_noop("The name contains control or invisible characters."))
-    return name
+    """The rules every customer-chosen name follows (console/names.py); blank: ``fallback``."""
+    try:
+        return clean_name(name) or fallback
+    except NameRefused as exc:
+        raise OrderRefused(exc.template, field=exc.field, **exc.params) from None
 
 
-def _clean_env(env: dict[str, Any]) -> dict[str, str]:
+def _clean_env(env: Any, platform_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The instance's environment: the customer's ``env`` checked (``slices.envpolicy``: whole
+    names, one-line values, none of the names the platform owns, all of them named), then the
+    console's ``platform_env`` over it (a recipe launch's RECIPE, RUN_NAME...)."""
     if not isinstance(env, dict):
-        raise OrderRefused(gettext_noop("The environment must map names to values."))
+        raise OrderRefused(gettext_noop("The environment must map names to values."), field="env")
     if len(env) > MAX_ENV_VARS:
-        raise OrderRefused(gettext_noop("At most %(max)d environment variables."), max=MAX_ENV_VARS)
+        raise OrderRefused(
+            gettext_noop("At most %(max)d environment variables."), max=MAX_ENV_VARS, field="env"
+        )
     out: dict[str, str] = {}
     for key, value in env.items():
-        if not isinstance(key, str) or not ENV_NAME.match(key):
+        if not envpolicy.is_name(key):
             raise OrderRefused(
                 gettext_noop(
                     "Environment variable names use A–Z, 0–9 and _ and start with a letter or _ "
                     "(%(name)s)."
                 ),
-                name=str(key)[:64],
+                name=repr(str(key)[:64]),
+                field="env",
             )
-        if (
-            not isinstance(value, (str, int, float))
-            or "\x00" in str(value)
-            or len(str(value)) > 4096
-        ):
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise OrderRefused(
                 gettext_noop("The value of %(name)s must be text of at most 4096 characters."),
                 name=key,
+                field="env",
+            )
+        problem = envpolicy.value_problem(str(value))
+        if problem == "too_long":
+            raise OrderRefused(
+                gettext_noop("The value of %(name)s must be text of at most 4096 characters."),
+                name=key,
+                field="env",
+            )
+        if problem:
+            raise OrderRefused(
+                gettext_noop("The value of %(name)s must be one line (no line break or NUL)."),
+                name=key,
+                field="env",
             )
         out[key] = str(value)
-    return out
+    refused = envpolicy.refused_customer_names(out)
+    if refused:
+        raise OrderRefused(
+            gettext_noop(
+                "These environment variables are set by the platform and cannot be set in an "
+                "order: %(names)s."
+            ),
+            names=", ".join(refused),
+            field="env",
+        )
+    platform = dict(platform_env or {})
+    wrong = [
+        k
+        for k, v in platform.items()
+        if not envpolicy.is_name(k) or envpolicy.is_host_control(k) or envpolicy.value_problem(v)
+    ]
+    if wrong:  # the console's own mistake (a setting, a catalogue file): never sent to a node
+        raise OrderRefused(
+            gettext_noop(
+                "These environment variables are set by the platform and cannot be set in an "
+                "order: %(names)s."
+            ),
+            names=", ".join(sorted(repr(k)[:66] for k in wrong)),
+            field="env",
+        )
+    return envpolicy.merged(out, platform)
 
 
 def min_runway_seconds() -> int:
-    return int(settings.ORDER_MIN_RUNWAY_SECONDS)
+    """How long an order's balance must last (billing's rule; the order form says it)."""
+    return billing.order_min_runway_seconds()
 
 
-def check_funds(user: Any, price: str, req: OrderRequest) -> tuple[Any, Decimal]:
-    """The quote, and the per-hour price; refuses an order the balance cannot run long enough."""
-    quote = billing.quote_for(user, price, req.cards)
-    balance = billing.get_wallet_summary(user).spendable
-    runway = min_runway_seconds()
-    if req.billing_mode == BillingMode.TERM:
-        term = next((t for t in quote.terms if t.days == req.term_days), None)
-        if term is None:
-            raise OrderRefused(
-                gettext_noop("No %(days)s-day term is offered for %(gpu_model)s."),
-                days=req.term_days,
-                gpu_model=price,
-            )
-        needed = Decimal(term.total)
-    else:
-        if req.auto_release_at is not None:
-            # Released automatically sooner: the balance only has to last until then.
-            until = (req.auto_release_at - timezone.now()).total_seconds()
-            runway = max(0, min(runway, math.ceil(until)))
-        needed = (quote.per_hour * runway / Decimal(3600)).quantize(
-            Decimal("0.01"), rounding=ROUND_UP
+# States in which an instance holds or is about to hold cards before billing meters it (ordered,
+# starting, moving to another node): billing's commitments. Running ones bill in billing's tables.
+_COMMITTED_STATES = (
+    InstanceState.PENDING,
+    InstanceState.ALLOCATING,
+    InstanceState.PROVISIONING,
+    InstanceState.STARTING,
+    InstanceState.MIGRATING,
+)
+
+
+def committed_resources(user: Any, *, exclude: Instance | None = None) -> list[billing.Commitment]:
+    """The account's instances billing will meter once they run, as billing's commitments."""
+    rows = (
+        Instance.objects.for_owner(user)
+        .filter(state__in=_COMMITTED_STATES, gpuless=False)
+        .select_related("gpu_model")
+    )
+    if exclude is not None:
+        rows = rows.exclude(pk=exclude.pk)
+    return [
+        billing.Commitment(
+            INSTANCE_RESOURCE,
+            str(i.public_id),
+            i.gpu_model.code,  # billing matches the fleet code to its price name
+            i.cards,
+            i.term_days if i.billing_mode == BillingMode.TERM else None,
         )
-    if balance < needed:
-        raise billing.InsufficientFunds(
-            gettext_noop(
-                "This order needs at least %(needed)s 元 (%(hours)s h at %(per_hour)s 元/h); your "
-                "balance is %(balance)s 元. Top up %(shortfall)s 元 to order it."
-            ),
-            needed=needed,
-            hours=Decimal(runway) / 3600,
-            per_hour=quote.per_hour,
-            balance=balance,
-            shortfall=needed - balance,
-            top_up_url="/billing/",
-        )
-    return quote, quote.per_hour
+        for i in rows
+    ]
+
+
+def check_funds(
+    user: Any, price: str, req: OrderRequest, *, starting: Instance | None = None
+) -> tuple[Any, Decimal]:
+    """Billing's affordability check for an order, or for ``starting`` a stopped instance (开机):
+    the balance must carry the account's whole burn with it (``billing.ensure_affordable``).
+    Returns the quote and the price per hour (a term's locked rate). Call it again under
+    ``_lock_quota`` to decide: it counts the orders committed before."""
+    term_days = (req.term_days or 0) if req.billing_mode == BillingMode.TERM else None
+    release_in = None
+    if req.auto_release_at is not None and term_days is None:
+        release_in = (req.auto_release_at - timezone.now()).total_seconds()
+    quote = billing.ensure_affordable(
+        user,
+        price,
+        req.cards,
+        term_days=term_days,
+        release_in_seconds=release_in,
+        committed=committed_resources(user, exclude=starting),
+    )
+    return quote, quote.per_hour_for(term_days)
 
 
 def quota_for(user: Any) -> int:
@@ -332,11 +382,16 @@ def _lock_quota(user: Any) -> int:
 
 
 def _ssh_key(user: Any, ref: str) -> tuple[str, str]:
-    key = (
-        console_services.get_ssh_key_for_user(user, ref)
-        if ref
-        else console_services.get_default_ssh_key(user)
-    )
+    try:
+        key = (
+            console_services.get_ssh_key_for_user(user, ref)
+            if ref
+            else console_services.get_default_ssh_key(user)
+        )
+    except Http404:  # unknown, or another customer's: the same answer
+        raise OrderRefused(
+            gettext_noop("Unknown SSH key %(ssh_key)s."), field="ssh_key", ssh_key=ref[:64]
+        ) from None
     if key is None:
         return "", ""
     return key.name, key.public_key
@@ -410,8 +465,9 @@ def _check_shape(req: OrderRequest) -> None:
 
 
 def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
-    """Every check of an order that needs no lock: model, region, shape, price and runway,
-    image, mounts, SSH key. Raises the refusal; changes nothing."""
+    """Every check of an order that needs no lock: model, region, shape, price and runway (a
+    first look; decided again under the lock), image, mounts, SSH key. Raises the refusal;
+    changes nothing."""
     model = resolve_gpu_model(req.gpu_model)
     region_code, order_disks = disk_service.resolve_for_order(user, req.disks, req.region)
     region = None
@@ -427,10 +483,11 @@ def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
             gpu_model=model.code,
         )
     _quote, per_hour = check_funds(user, price, req)
-    version = marketplace.get_image_version(req.image) if req.image else None
+    version = marketplace.resolve_image_version(req.image, model.code) if req.image else None
     if version is not None and not version.supports(model.code):
         raise OrderRefused(
             gettext_noop("The image %(image)s is not built for %(gpu_model)s."),
+            field="image",
             image=str(version),
             gpu_model=model.code,
         )
@@ -440,7 +497,7 @@ def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
         model=model,
         region=region,
         name=_clean_name(req.name, f"{model.code}-{req.cards}"),
-        env=_clean_env(req.env),
+        env=_clean_env(req.env, req.platform_env),
         per_hour=per_hour,
         image=version.slug if version else "",
         container=version.container if version else "",
@@ -476,6 +533,8 @@ def _create_and_allocate(
     used = cards_in_use(user)
     if used + req.cards > limit:
         raise quota_exceeded(limit, used, req.cards)
+    # Decided here, under the lock: an order that committed while this one waited is counted.
+    check_funds(user, price_name(c.model.code) or c.model.code, req)
     instance = Instance.objects.create(
         owner=user,
         name=c.name,
@@ -558,32 +617,15 @@ def enqueue_on_commit(task_name: str, instance_id: int) -> None:
 
 
 def instance_costs(instances: Iterable[Instance]) -> dict[int, Decimal]:
-    """What each instance's GPUs have cost so far, by instance pk, as billing counts it (one query).
+    """What each instance has cost so far, by instance pk, as billing counts it (its services).
 
-    On demand: the charges of its usage sessions (each run has one: a stop, a start or a migration
-    closes it and opens another), the open one up to this second under billing's cumulative
-    rounding, so a stopped and restarted instance shows all its runs and a 无卡模式 run (no GPU
-    session) adds nothing. A locked-price term was paid up front: its seconds at the locked rate.
+    On demand: what billing charged for each of its runs (usage sessions), the open one to this
+    second on billing's clock, so a stopped and restarted instance shows all its runs and a
+    无卡模式 run (no GPU session) adds nothing. A locked-price term: what was paid for it up front.
     """
-    now = timezone.now()
-    by_id = {str(i.public_id): i for i in instances}
-    costs = {i.pk: Decimal("0.00") for i in by_id.values()}
-    sessions = UsageSession.objects.filter(
-        resource_kind=INSTANCE_RESOURCE, resource_id__in=list(by_id), meter=Meter.GPU
-    )
-    for session in sessions:
-        if session.state == UsageState.OPEN:
-            seconds = max(int((now - session.started_at).total_seconds()), session.settled_seconds)
-            amount = charge_for(session.rate, session.cards, seconds, session.per_seconds)
-        else:
-            amount = session.charged
-        costs[by_id[session.resource_id].pk] += amount
-    for instance in by_id.values():
-        if instance.billing_mode == BillingMode.TERM and instance.running_at:
-            end = instance.ended_at or now
-            seconds = max(0, int((end - instance.running_at).total_seconds()))
-            costs[instance.pk] = instance.quoted_per_hour * seconds / Decimal(3600)
-    return {pk: cost.quantize(Decimal("0.01")) for pk, cost in costs.items()}
+    by_id = {str(i.public_id): i.pk for i in instances}
+    costs = billing.costs_so_far(INSTANCE_RESOURCE, by_id)
+    return {pk: costs[public_id] for public_id, pk in by_id.items()}
 
 
 def instance_cost(instance: Instance) -> Decimal:

@@ -112,7 +112,7 @@ def preview_order(
 ) -> OrderPreview:
     """Place (without reserving), price and check the mounts of an order, through each app's
     services: the allocator here, billing's quote and affordability check, marketplace mounts.
-    ``image`` is an image version's slug or public id ("" for none)."""
+    ``image`` is an image version's slug or public id, or an image family's slug ("" for none)."""
     placement: Preview | None = None
     no_capacity: NoCapacity | None = None
     try:
@@ -134,8 +134,12 @@ def preview_order(
         except billing.InsufficientFunds as exc:
             insufficient = exc.message()
 
-    version = marketplace.get_image_version(image) if image else None
-    image_warning = ""
+    version, image_warning = None, ""
+    if image:
+        try:  # a version's slug or id, or a family's slug (its newest version for this card)
+            version = marketplace.resolve_image_version(image, gpu_model)
+        except marketplace.ImageRefused as exc:
+            image_warning = exc.message()
     if version is not None and not version.supports(gpu_model):
         image_warning = _("This image is not built for %(model)s.") % {"model": gpu_model}
 

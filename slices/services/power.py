@@ -45,13 +45,13 @@ from slices.services import disks as disk_service
 from slices.services.allocation import NoCapacity, allocate, release_allocation
 from slices.services.instances import (
     OrderRequest,
+    _lock_quota,
     cards_in_use,
     check_funds,
     close_billing,
     enqueue_on_commit,
     fail_instance,
     price_name,
-    quota_for,
     record_event,
     record_logs,
     release_instance,
@@ -233,14 +233,18 @@ def start_instance(instance: Instance, *, by: str, mode: str = StartMode.AUTO) -
     node = old
     gpuless = mode == StartMode.GPULESS
     if not gpuless:
-        limit, used = quota_for(instance.owner), cards_in_use(instance.owner) - instance.cards
+        # The account's order lock, as an order takes it: a start and an order (or two starts)
+        # never pass the quota and the funds check on the same cards and the same balance.
+        limit = _lock_quota(instance.owner)
+        used = cards_in_use(instance.owner) - instance.cards
         if used + instance.cards > limit:
             raise quota_exceeded(limit, used, instance.cards)
         price = price_name(instance.gpu_model.code) or instance.gpu_model.code
-        check_funds(
+        check_funds(  # billing's rule: the balance carries the account's whole burn with it
             instance.owner,
             price,
             OrderRequest(gpu_model=instance.gpu_model.code, cards=instance.cards),
+            starting=instance,
         )
         allocation = _claim_on_node(instance, old, instance.cards)
         if allocation is None and mode == StartMode.SAME_HOST:

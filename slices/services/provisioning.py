@@ -21,9 +21,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.http import Http404
 from django.utils import timezone
 
 from billing import services as billing
+from marketplace import services as marketplace
 from slices import events, lifecycle
 from slices.choices import BillingMode, EventKind, EventLevel, InstanceState, NodeHealth
 from slices.drivers import DriverError, InstanceSpec, Mount, NodeDriver, NodeTarget, get_driver
@@ -89,7 +91,23 @@ def node_target(node: Node, rank: int, gpu_mask: int) -> NodeTarget:
         gpus=tuple(i for i in range(node.gpus_per_node) if gpu_mask >> i & 1),
         workdir=str(layout.get("workdir") or settings.SLICES_NODE_WORKDIR),
         runtime=str(layout.get("runtime") or settings.SLICES_NODE_RUNTIME),
+        # Whether the instance holds the whole node (its network, its runtime) is the driver's
+        # to decide from these two: the node's size, and whether one tenant uses it at a time.
+        node_gpus=node.gpus_per_node,
+        single_tenant=layout.get("single_tenant") is True,
     )
+
+
+def _image_ports(instance: Instance) -> tuple[int, ...]:
+    """The service ports of the instance's image (catalogue data), published per instance."""
+    if not instance.image:
+        return ()
+    try:
+        version = marketplace.get_image_version(instance.image)
+    except Http404:
+        return ()
+    ports = (p.get("port") for p in version.ports if isinstance(p, dict))
+    return tuple(sorted({p for p in ports if isinstance(p, int) and 0 < p < 65536}))
 
 
 def build_spec(instance: Instance) -> InstanceSpec:
@@ -106,16 +124,27 @@ def build_spec(instance: Instance) -> InstanceSpec:
         owner=str(getattr(instance.owner, "public_id", instance.owner_id)),
         image=instance.container,
         entrypoint=instance.entrypoint,
+        # The customer's and the platform's (``instance.env``); job_env's values win over both.
         env={**storage.checkpoint_env(instance), **dict(instance.env)},
         mounts=tuple(Mount(str(m["source"]), str(m["target"])) for m in instance.mounts),
         ssh_public_key=instance.ssh_public_key,
         nodes=targets,
         gpus_per_node=len(targets[0].gpus) if targets else 0,
         partition_key=instance.partition_key,
+        # SIM_* and MASTER_PORT are the platform's (envpolicy): only the console sets them.
         sim_fail=str(instance.env.get("SIM_FAIL", "")),
+        master_port=_master_port(instance.env),
         disks=disks,
         system_disk_gb=instance.system_disk_gb,
+        ports=_image_ports(instance),
     )
+
+
+def _master_port(env: dict[str, Any]) -> int:
+    """The rendezvous port: 29500 unless the platform's environment set MASTER_PORT (a test host
+    running several jobs at once)."""
+    value = str(env.get("MASTER_PORT", ""))
+    return int(value) if value.isdigit() and 0 < int(value) < 65536 else 29500
 
 
 # ---------------------------------------------------------------------------------------------

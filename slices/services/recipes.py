@@ -6,10 +6,13 @@
   8-card model whose cost fits, or when the cards are expected to be free).
 - ``launch_recipe``: accept the licence (when the page's checkbox says so) and order the recipe
   through ``order_instance``: its image, its model and dataset mounted, its entrypoint, its
-  environment, and an automatic release at the time limit.
+  environment, and an automatic release at the time limit. One live demo run per account (under
+  the account's order lock; a second launch raises ``DemoRunLive``, 409, naming the live run), its
+  parameters within the recipe's bounds, and only a GPU model the offer names (never a stand-in).
 - ``follow_recipe``: while the instance runs, read the recipe's output from the node (the ``sim``
   driver simulates it), keep each line as a log event, and release the instance when the recipe
-  prints its ``done`` line or exits (the time limit is the reconciler's automatic release).
+  prints its ``done`` line or exits (the time limit is the reconciler's automatic release). Each
+  task run is one bounded pass; the task queues itself again rather than wait in a worker thread.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
+from django.db import transaction
 from django.http import Http404
 from django.utils import timezone
 from django.utils.translation import gettext_noop
@@ -32,15 +36,18 @@ from django.utils.translation import gettext_noop
 from billing import services as billing
 from marketplace import recipes as catalogue_recipes
 from marketplace import services as marketplace
+from marketplace.catalogue import GPU_LABELS, gpu_code
 from marketplace.recipes import Recipe
 from slices import events, progress
 from slices.choices import EventKind, EventLevel, InstanceState
 from slices.drivers import get_driver
-from slices.errors import OrderRefused
+from slices.errors import InstanceConflict, OrderRefused
+from slices.lifecycle import LIVE
 from slices.models import Instance, InstanceEvent
 from slices.services.allocation import NoCapacity, preview_allocation
 from slices.services.instances import (
     OrderRequest,
+    _lock_quota,
     order_instance,
     price_name,
     record_event,
@@ -55,6 +62,8 @@ RECIPE_ENV = "RECIPE"
 RUN_ENV = "RUN_NAME"
 # Log events of a recipe's output carry this step (provisioning logs carry theirs).
 RUN_STEP = "run"
+# One demo run per account at a time: a run in these states (not yet releasing) is live.
+DEMO_LIVE_STATES = tuple(s.value for s in LIVE if s != InstanceState.RELEASING)
 # The recipe must save its adapter before the automatic release: it is told to stop this much
 # before the time limit, after the expected provisioning time.
 RELEASE_MARGIN_SECONDS = 60
@@ -100,6 +109,22 @@ class DemoOffer:
     @property
     def launchable(self) -> bool:
         return self.choice is not None and not self.problems
+
+
+class DemoRunLive(InstanceConflict):
+    """A second demo run while one is live: one at a time per account (the page opens the live
+    one; a script gets 409 with its id)."""
+
+    def __init__(self, live: Instance) -> None:
+        super().__init__(
+            gettext_noop(
+                "Your demo run %(name)s is still running: one demo run at a time per account. "
+                "Release it or wait for it to finish to launch another."
+            ),
+            name=live.name,
+            instance=str(live.public_id),
+        )
+        self.live = live
 
 
 def budget_for(recipe: Recipe) -> Decimal:
@@ -223,14 +248,10 @@ def launch_recipe(
         existing = Instance.objects.filter(owner=user, idempotency_key=idempotency_key).first()
         if existing is not None:
             return existing
+    _refuse_a_second_run(user)
+    check_parameters(recipe)
     offer = demo_offer(user, recipe)
-    choices = {c.gpu_model: c for c in (offer.choice, offer.preferred) if c is not None}
-    choice = choices.get(gpu_model or "") or offer.choice
-    if choice is None or not choice.available:
-        raise OrderRefused(
-            gettext_noop("No %(cards)s-card machine that fits the budget is free now."),
-            cards=recipe.cards,
-        )
+    choice = _chosen(recipe, offer, gpu_model)
     if offer.model is None or offer.dataset is None or offer.image is None:
         raise OrderRefused(
             gettext_noop("The recipe's model, dataset or image is not in the catalogue.")
@@ -262,12 +283,85 @@ def launch_recipe(
         name=run,
         image=recipe.image,
         asset_ids=(str(offer.model.public_id), str(offer.dataset.public_id)),
-        env=env,
+        platform_env=env,  # the console's (RECIPE, RUN_NAME...): exempt from the customer rule
         auto_release_at=timezone.now() + timedelta(seconds=limit),
         entrypoint=recipe.entrypoint,
     )
-    instance, _created = order_instance(user, req, idempotency_key=idempotency_key)
+    with transaction.atomic():
+        # The account's orders queue on its quota row: of concurrent launches, the first orders
+        # and the others find its run live (or, with the same launch key, return it).
+        _lock_quota(user)
+        if idempotency_key:
+            existing = Instance.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+            if existing is not None:
+                return existing
+        _refuse_a_second_run(user)
+        instance, _created = order_instance(user, req, idempotency_key=idempotency_key)
     return instance
+
+
+def live_demo_run(user: Any) -> Instance | None:
+    """The account's recipe run that holds (or is about to hold) GPUs, if any."""
+    return (
+        Instance.objects.for_owner(user)
+        .filter(state__in=DEMO_LIVE_STATES, env__has_key=RECIPE_ENV)
+        .order_by("-created_at")
+        .first()
+    )
+
+
+def _refuse_a_second_run(user: Any) -> None:
+    live = live_demo_run(user)
+    if live is not None:
+        raise DemoRunLive(live)
+
+
+def check_parameters(recipe: Recipe) -> None:
+    """The run's parameters (the recipe's defaults and what the console adds) are within the
+    recipe's bounds, or ``OrderRefused`` names the first one outside and its bounds."""
+    params = {**recipe.env, **{str(k): str(v) for k, v in dict(settings.RECIPE_EXTRA_ENV).items()}}
+    try:
+        recipe.check_parameters(params)
+    except catalogue_recipes.ParameterOutOfBounds as exc:
+        raise OrderRefused(
+            gettext_noop(
+                "The recipe parameter %(name)s must be a whole number from %(low)s to %(high)s, "
+                "not %(value)s."
+            ),
+            name=exc.name,
+            low=exc.low,
+            high=exc.high,
+            value=exc.value,
+        ) from exc
+
+
+def _chosen(recipe: Recipe, offer: DemoOffer, gpu_model: str | None) -> Choice:
+    """The offer's choice, or the GPU model the page named: one the demo offers now, else a
+    refusal that says so (never another model in its place)."""
+    if gpu_model:
+        code = gpu_code(gpu_model)
+        offered = {
+            c.gpu_model: c for c in (offer.choice, offer.preferred) if c is not None and c.available
+        }
+        if offered and code not in offered:
+            models = [GPU_LABELS.get(m, m) for m in offered]
+            raise OrderRefused(
+                gettext_noop(
+                    "The demo does not run on %(gpu_model)s now; it offers %(offered)s. Reload "
+                    "the page to see its current offer."
+                ),
+                gpu_model=str(gpu_model)[:40],
+                offered=", ".join(models),
+            )
+        choice: Choice | None = offered.get(code)
+    else:
+        choice = offer.choice
+    if choice is None or not choice.available:
+        raise OrderRefused(
+            gettext_noop("No %(cards)s-card machine that fits the budget is free now."),
+            cards=recipe.cards,
+        )
+    return choice
 
 
 def _override_limit(limit: int) -> int:
@@ -304,23 +398,50 @@ def run_progress(instance: Instance) -> progress.RunProgress:
 
 
 def follow_recipe(instance_id: int, *, budget_s: float | None = None, driver: Any = None) -> str:
-    """Read a running recipe's output until it ends or ``budget_s`` runs out ("again": call once
-    more). One follower per instance (a cache lock); safe to call twice."""
+    """Read a running recipe's output: what is due now (at most ``FOLLOW_MAX_LINES`` lines), then
+    for up to ``budget_s`` more seconds (``RECIPE_FOLLOW_SECONDS``; 0 = this one pass). Returns
+    "again" when the run goes on: the task queues itself ``RECIPE_FOLLOW_INTERVAL`` later, so a
+    follower holds a worker thread only while it has lines to store, never while it waits (four
+    followers on the embedded worker's four threads would otherwise starve every other customer's
+    provisioning, settlement and reconciliation). One follower per instance (a cache lock); safe
+    to call twice."""
     instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
     if instance is None or instance.state != InstanceState.RUNNING or recipe_of(instance) is None:
         return "nothing to do"
-    lock = f"recipe-follow:{instance.pk}"
     interval = float(settings.RECIPE_FOLLOW_INTERVAL)
-    budget = float(budget_s if budget_s is not None else settings.RECIPE_FOLLOW_SECONDS)
+    budget = max(0.0, float(budget_s if budget_s is not None else settings.RECIPE_FOLLOW_SECONDS))
+    lock = f"recipe-follow:{instance.pk}"
     if not cache.add(lock, "1", timeout=int(budget + 60)):
         return "busy"
+    # Between passes no lock is held: this mark says a follower will come back (the beat starts
+    # one only for a running recipe without it).
+    followed = _followed_key(instance)
+    cache.set(followed, "1", timeout=int(interval + budget + 60))
+    result = "again"
     try:
-        return _follow(instance, driver or get_driver(instance.driver or None), budget, interval)
+        result = _follow(instance, driver or get_driver(instance.driver or None), budget, interval)
+        return result
     finally:
         cache.delete(lock)
+        if result != "again":
+            cache.delete(followed)
+
+
+# A follower task run stores at most this many output lines; the next run goes on from there.
+FOLLOW_MAX_LINES = 10 * OUTPUT_BATCH_LINES
+
+
+def _followed_key(instance: Instance) -> str:
+    return f"recipe-followed:{instance.public_id}"
+
+
+def _done_line(lines: list[str]) -> bool:
+    return any((progress.parse_line(line) or {}).get("event") == "done" for line in lines)
 
 
 def _follow(instance: Instance, driver: Any, budget: float, interval: float) -> str:
+    """The follower's loop, bounded per task run: ``FOLLOW_MAX_LINES`` lines and ``budget``
+    seconds (each read is bounded by the driver: a window of lines, an SSH command timeout)."""
     from slices.services.provisioning import build_spec  # provisioning imports this module
 
     reader = getattr(driver, "workload_output", None)
@@ -334,6 +455,7 @@ def _follow(instance: Instance, driver: Any, budget: float, interval: float) -> 
         instance=instance, kind=EventKind.LOG, step=RUN_STEP
     ).count()
     deadline = time.monotonic() + budget
+    left = FOLLOW_MAX_LINES
     failures = 0
     while True:
         state = Instance.objects.filter(pk=instance.pk).values_list("state", flat=True).first()
@@ -342,45 +464,53 @@ def _follow(instance: Instance, driver: Any, budget: float, interval: float) -> 
         running_at = instance.running_at or timezone.now()
         elapsed = (timezone.now() - running_at).total_seconds()
         try:
-            out = reader(spec, node, offset, elapsed, OUTPUT_BATCH_LINES)
+            out = reader(spec, node, offset, elapsed, min(OUTPUT_BATCH_LINES, left))
             failures = 0
         except Exception as exc:  # a dropped link: try again; the time limit still releases it
             failures += 1
             logger.warning("reading the output of %s failed: %s", instance.public_id, exc)
-            if failures >= 5 or time.monotonic() > deadline:
+            if failures >= 5 or time.monotonic() + interval > deadline:
                 return "again"
             time.sleep(interval)
             continue
-        if out.lines:
-            record_logs(instance, [(node.hostname, RUN_STEP, line) for line in out.lines])
-            offset += len(out.lines)
-            if any(progress.parse_line(line) for line in out.lines):
+        lines = list(out.lines)[: max(0, left)]
+        if lines:
+            record_logs(instance, [(node.hostname, RUN_STEP, line) for line in lines])
+            offset += len(lines)
+            left -= len(lines)
+            if any(progress.parse_line(line) for line in lines):
                 events.broadcast_progress_on_commit(instance)
-        if len(out.lines) >= OUTPUT_BATCH_LINES:
+        if _done_line(lines) or not out.running:
+            return _finish(instance, run_progress(instance), out.running)
+        if len(lines) >= OUTPUT_BATCH_LINES and left > 0:
             continue  # more is waiting
-        run = run_progress(instance) if out.lines or not out.running else None
-        if run is not None and run.done:
-            record_event(
-                instance,
-                EventKind.STATE,
-                code="recipe_done",
-                params={"adapter": run.adapter, "step": run.step, "reason": run.done_reason},
-            )
-            release_instance(instance, by="recipe", code="recipe_finished")
-            return "finished"
-        if not out.running:
-            record_event(
-                instance,
-                EventKind.ERROR,
-                code="recipe_exited",
-                level=EventLevel.WARNING,
-                params={"checkpoint": run.last_checkpoint if run else ""},
-            )
-            release_instance(instance, by="recipe", code="recipe_exited")
-            return "exited"
-        if time.monotonic() > deadline:
-            return "again"
+        if left <= 0 or time.monotonic() + interval > deadline:
+            return "again"  # the next task run goes on (the worker serves others meanwhile)
         time.sleep(interval)
+
+
+def _finish(instance: Instance, run: progress.RunProgress, running: bool) -> str:
+    """The recipe printed ``done`` (release: finished) or exited without it (release: exited)."""
+    if run.done:
+        record_event(
+            instance,
+            EventKind.STATE,
+            code="recipe_done",
+            params={"adapter": run.adapter, "step": run.step, "reason": run.done_reason},
+        )
+        release_instance(instance, by="recipe", code="recipe_finished")
+        return "finished"
+    if running:
+        return "again"  # a "done" line the summary did not accept: keep reading
+    record_event(
+        instance,
+        EventKind.ERROR,
+        code="recipe_exited",
+        level=EventLevel.WARNING,
+        params={"checkpoint": run.last_checkpoint},
+    )
+    release_instance(instance, by="recipe", code="recipe_exited")
+    return "exited"
 
 
 def follow_running_recipes() -> int:
@@ -389,8 +519,9 @@ def follow_running_recipes() -> int:
 
     started = 0
     running = Instance.objects.filter(state=InstanceState.RUNNING, env__has_key=RECIPE_ENV)
-    for pk in running.values_list("pk", flat=True):
-        if cache.get(f"recipe-follow:{pk}") is None:
+    for instance in running.only("pk", "public_id"):
+        pk = instance.pk
+        if cache.get(_followed_key(instance)) is None and cache.get(f"recipe-follow:{pk}") is None:
             tasks.follow_recipe_task.delay(pk)
             started += 1
     return started

@@ -46,6 +46,8 @@ class ClusterSpec:
     link_gbps: int = 200
     leaf_ports: int = 40
     line: int = 0  # where the cluster is declared in its fleet file, for messages
+    runtime: str = ""  # docker | enroot | process; "" = SLICES_NODE_RUNTIME (the nodes' layout)
+    single_tenant: bool = False  # one tenant at a time (test hosts): a bare process may run
 
     @property
     def slices_allowed(self) -> bool:

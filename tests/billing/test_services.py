@@ -115,10 +115,17 @@ def test_running_out_stops_the_session_and_calls_the_hook(
     assert_ledger_consistent()
 
 
-def test_an_order_the_balance_cannot_run_for_a_minute_is_refused(alice, prices) -> None:
+def test_an_order_the_balance_cannot_run_for_the_minimum_runway_is_refused(
+    alice, prices, settings
+) -> None:
     with pytest.raises(services.InsufficientFunds):
         services.ensure_affordable(alice, "A800", 8)
     services.grant_trial_credit(alice)  # 10 元 runs 8 × A800 (28 元/h) for 21 minutes
+    with pytest.raises(services.InsufficientFunds) as refused:  # not the hour an order needs
+        services.ensure_affordable(alice, "A800", 8)
+    assert refused.value.params["needed"] == Decimal("28.00")
+    assert refused.value.params["shortfall"] == Decimal("18.00")
+    settings.ORDER_MIN_RUNWAY_SECONDS = 1200
     assert services.ensure_affordable(alice, "A800", 8).runway_seconds == 1285
     with pytest.raises(services.PriceNotSet):
         services.ensure_affordable(alice, "V100", 1)

@@ -43,12 +43,14 @@ def _logged_in(client: Client) -> bool:
     return "_auth_user_id" in client.session
 
 
+# Not "frank.old@example.com": an added address never verified is not a login of the account
+# and answers as an unknown one, lock included (tests/console/test_input_edges.py).
 IDENTIFIERS = [
     "frank",
     "FRANK",
     "frank@example.com",
+    "Frank@Example.com",
     "frank.work@example.com",
-    "frank.old@example.com",
 ]
 
 

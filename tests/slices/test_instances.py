@@ -58,7 +58,9 @@ def test_release_frees_gpus_and_closes_billing(
 
 
 def test_failed_step_fails_cleanly(sim_fleet, funded, django_capture_on_commit_callbacks):
-    instance = run_order(funded, django_capture_on_commit_callbacks, env={"SIM_FAIL": "start"})
+    instance = run_order(
+        funded, django_capture_on_commit_callbacks, platform_env={"SIM_FAIL": "start"}
+    )
     assert instance.state == InstanceState.FAILED
     assert instance.failure_code == "sim_failure"
     node = Node.objects.get(pk=instance.nodes.get().node_id)
@@ -67,7 +69,9 @@ def test_failed_step_fails_cleanly(sim_fleet, funded, django_capture_on_commit_c
 
 
 def test_transient_failure_is_retried(sim_fleet, funded, django_capture_on_commit_callbacks):
-    instance = run_order(funded, django_capture_on_commit_callbacks, env={"SIM_FAIL": "mount~"})
+    instance = run_order(
+        funded, django_capture_on_commit_callbacks, platform_env={"SIM_FAIL": "mount~"}
+    )
     assert instance.state == InstanceState.RUNNING
     assert InstanceEvent.objects.filter(instance=instance, code="step_retry").count() == 1
 

@@ -93,9 +93,10 @@ def host(full_catalogue, settings, ssh_hosts: SshHostPool, tmp_path: Path):  # n
     model = fleet.asset_root / "models" / recipe.model
     dataset = fleet.asset_root / "datasets" / recipe.dataset
     subprocess.run([str(python), str(TINY), str(model), str(dataset)], check=True)  # noqa: S603
+    # The node's PATH is the operator's (no environment sets it): the recipe's venv on the host.
+    settings.SLICES_NODE_PATH = f"{python.parent}:/usr/local/bin:/usr/bin:/bin"
     settings.RECIPE_EXTRA_ENV = {
         "RECIPE_DIR": str(RECIPE_DIR),
-        "PATH": f"{python.parent}:/usr/local/bin:/usr/bin:/bin",
         "MASTER_PORT": str(_free_port()),
         "MAX_STEPS": "8",
         "SAVE_EVERY": "4",

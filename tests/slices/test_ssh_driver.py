@@ -31,11 +31,13 @@ from tests.support.sshd import (  # noqa: F401
     generate_key,
     process_alive,
     ssh_hosts,
+    workload_pid,
 )
 
 SLUG = "gpc-0a1b2c3d"
-# Every shell metacharacter the brief names, a newline, and payloads that would leave a marker.
-HOSTILE = "; $(touch {m}) `touch {m}` | touch {m} & touch {m} ' \" \\\n touch {m}\n"
+# Every shell metacharacter the brief names and payloads that would leave a marker. (A line
+# break is refused: no runtime's environment format carries one; see the test below.)
+HOSTILE = "; $(touch {m}) `touch {m}` | touch {m} & touch {m} ' \" \\ touch {m}"
 
 
 class Logs(list[str]):
@@ -80,6 +82,7 @@ def make_node(
         gpus=(0, 1, 2, 3),
         workdir=str(workdir),
         runtime="process",
+        single_tenant=True,
     )
 
 
@@ -371,7 +374,7 @@ def test_hostile_text_reaches_the_node_literally_and_runs_nothing(
     run_steps(driver, spec, node, logs)
 
     root = instance_dir(roots["node"])
-    pid = int((root / "pid").read_text())
+    pid = workload_pid(int((root / "pid").read_text()))
     environ = dict(
         item.split(b"=", 1)
         for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -392,9 +395,32 @@ def test_hostile_text_reaches_the_node_literally_and_runs_nothing(
 
 
 @pytest.mark.parametrize(
+    "env",
+    [
+        {"NOTE": "first line\ntouch {m}"},
+        {"NOTE": "carriage\rreturn"},
+        {"A\n": "x"},
+        {"PATH": "{m}:/usr/bin:/bin"},
+        {"LD_PRELOAD": "{m}"},
+    ],
+)
+def test_an_environment_no_runtime_can_carry_as_data_is_refused_before_anything_is_written(
+    driver: SshDriver, node: NodeTarget, roots: dict[str, Path], tmp_path: Path, env: dict
+) -> None:
+    marker = tmp_path / "pwned"
+    spec = make_spec((node,), env={k: v.format(m=marker) for k, v in env.items()})
+    with pytest.raises(DriverError) as refused:
+        driver.prepare(spec, node, Logs())
+    assert refused.value.code == "bad_environment" and refused.value.permanent
+    assert not instance_dir(roots["node"]).exists()
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
     ("field", "value"),
     [
         ("slug", "gpc-1; touch {m}"),
+        ("slug", "gpc-1\n"),
         ("owner", "../../etc"),
         ("mount_target", "/models/x; touch {m}"),
         ("mount_source", "/pfs/public/../../../etc"),
@@ -460,11 +486,11 @@ def test_provisioning_steps_write_the_job_environment_and_start_idempotently(
 
     for rank, workdir in enumerate(workdirs):
         root = instance_dir(workdir)
-        env = (root / "env.sh").read_text()
-        assert f"export NODE_RANK={rank}\n" in env
-        assert "export MASTER_ADDR=127.0.0.1\n" in env
-        assert "export WORLD_SIZE=8\n" in env
-        assert "export NCCL_IB_PKEY=33059\n" in env
+        env = (root / "environment").read_text()
+        assert f"NODE_RANK={rank}\n" in env
+        assert "MASTER_ADDR=127.0.0.1\n" in env
+        assert "WORLD_SIZE=8\n" in env
+        assert "NCCL_IB_PKEY=33059\n" in env
         assert (root / "hostfile").read_text() == "127.0.0.1 slots=4\n127.0.0.1 slots=4\n"
         assert (root / "authorized_keys").read_text() == spec.ssh_public_key + "\n"
         assert (root / "authorized_keys").stat().st_mode & 0o777 == 0o600
@@ -544,7 +570,7 @@ def test_a_dropped_connection_between_steps_is_replaced_and_keepalives_are_on(
         time.sleep(0.05)
     driver.prepare(spec, node, Logs())
     assert logins(host) == before + 2  # a new connection, host key checked again
-    assert (instance_dir(roots["node"]) / "env.sh").exists()
+    assert (instance_dir(roots["node"]) / "environment").exists()
     driver.close()
 
 

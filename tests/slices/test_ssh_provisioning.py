@@ -15,6 +15,7 @@ from billing.models import UsageSession
 from console import services as console_services
 from slices import services
 from slices.choices import InstanceState
+from slices.errors import OrderRefused
 from slices.models import Instance, InstanceEvent, Node
 from tests.slices.factories import load_small_fleet, run_order
 from tests.support.sshd import (  # noqa: F401
@@ -24,6 +25,7 @@ from tests.support.sshd import (  # noqa: F401
     generate_key,
     process_alive,
     ssh_hosts,
+    workload_pid,
 )
 
 pytestmark = pytest.mark.django_db
@@ -54,16 +56,8 @@ def _instance_dir(fleet: SshFleet, hostname: str, instance: Instance) -> Path:
 
 
 def _env(path: Path) -> dict[str, str]:
-    """The environment file as the shell sees it (sourced by a real shell, printed NUL-separated)."""
-    import subprocess
-
-    out = subprocess.run(
-        ["sh", "-c", 'set -a; . "$0"; set +a; env -0', str(path)],
-        check=True,
-        capture_output=True,
-        env={"PATH": os.environ["PATH"]},
-    ).stdout
-    return dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
+    """The environment file as docker reads it (``--env-file``): NAME=value lines, literal."""
+    return dict(line.split("=", 1) for line in path.read_text().splitlines())
 
 
 def _events(instance: Instance) -> list[str]:
@@ -89,7 +83,7 @@ def test_a_slice_runs_on_eight_ssh_hosts_in_parallel_and_release_stops_it(
     pids = []
     for part in parts:
         root = _instance_dir(fleet, part.node.hostname, instance)
-        env = _env(root / "env.sh")
+        env = _env(root / "environment")
         assert env["NODE_RANK"] == str(part.rank)
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["MASTER_PORT"] == "29500"
@@ -162,7 +156,12 @@ def test_hostile_name_and_environment_reach_the_node_literally(
 ) -> None:  # noqa: ANN001
     marker = tmp_path / "pwned"
     payload = f"; $(touch {marker}) `touch {marker}` | touch {marker} & ' \" \\"
-    note = f"first line{payload}\ntouch {marker}\n"
+    note = f"first line{payload} touch {marker}"
+    with pytest.raises(OrderRefused) as refused:  # no runtime's environment carries a line break
+        _order(
+            funded, django_capture_on_commit_callbacks, cards=8, env={"NOTE": f"a\ntouch {marker}"}
+        )
+    assert refused.value.params == {"name": "NOTE"}
     instance = _order(
         funded,
         django_capture_on_commit_callbacks,
@@ -173,13 +172,13 @@ def test_hostile_name_and_environment_reach_the_node_literally(
     assert instance.state == InstanceState.RUNNING, _events(instance)
     part = instance.nodes.select_related("node").get()
     root = _instance_dir(fleet, part.node.hostname, instance)
-    env = _env(root / "env.sh")
+    env = _env(root / "environment")
     assert env["NOTE"] == note
     assert env["INSTANCE_NAME"] == f"box{payload}"[:63]
     assert env["EMPTY"] == ""
     assert env["WORLD_SIZE"] == "8" and env["NODE_RANK"] == "0"
     pid = int((root / "pid").read_text())
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    environ = Path(f"/proc/{workload_pid(pid)}/environ").read_bytes().split(b"\0")
     assert f"NOTE={note}".encode() in environ
     assert not marker.exists()
     with django_capture_on_commit_callbacks(execute=True):

@@ -31,7 +31,16 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def order(sim_fleet, funded, django_capture_on_commit_callbacks):
     def make(cards: int = 8, **env: str) -> Instance:
-        instance = run_order(funded, django_capture_on_commit_callbacks, cards=cards, env=env)
+        # SIM_* steer the simulated fleet: the platform's names (slices.envpolicy), not an order's.
+        platform = {k: v for k, v in env.items() if k.startswith("SIM_")}
+        customer = {k: v for k, v in env.items() if k not in platform}
+        instance = run_order(
+            funded,
+            django_capture_on_commit_callbacks,
+            cards=cards,
+            env=customer,
+            platform_env=platform,
+        )
         assert instance.state == InstanceState.RUNNING
         return instance
 

@@ -116,6 +116,23 @@ def process_alive(pid: int) -> bool:
     return "Z" not in state.split()[1]
 
 
+def workload_pid(pid: int, timeout: float = 5.0) -> int:
+    """The instance's own process under a bare-process launch's recorded ``pid`` (the driver's
+    ``xargs -0`` launcher, which runs it as its one child with exactly the instance's
+    environment: ``env -i ... <command>``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except FileNotFoundError:
+            children = []
+        if children:
+            return int(children[0])
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} started no workload")
+        time.sleep(0.02)
+
+
 @dataclass
 class SshHost:
     index: int
@@ -257,7 +274,14 @@ def configure_ssh_fleet(
             shutil.rmtree(workdir)
         workdir.mkdir(parents=True)
         workdirs[node.hostname] = workdir
-        layout = {**(node.layout or {}), "runtime": "process", "workdir": str(workdir)}
+        # A bare process on a test host: single-tenant, the only place the driver allows it
+        # beside other instances (slices.drivers.ssh: runtime_not_isolating).
+        layout = {
+            **(node.layout or {}),
+            "runtime": "process",
+            "single_tenant": True,
+            "workdir": str(workdir),
+        }
         Node.objects.filter(pk=node.pk).update(
             address=host.address,
             ssh_port=host.port,

@@ -9,10 +9,26 @@ Trust and injection, the two things a driver that runs commands as root must get
   trust-on-first-use.
 - Every remote command is one of the fixed templates in ``commands``, filled by ``render``, which
   ``shlex.quote``s each argument; identifiers that name things on the node (the instance's slug,
-  the owner's id, paths, the image) must also match an allow-list pattern up front. Files (the
-  hostfile, the environment, authorized_keys) are written with SFTP, never through a shell. The
-  user's free text (the instance name, environment values) only ever reaches the node inside the
-  environment file, quoted, and is never logged.
+  the owner's id, paths, the image) must also match an allow-list pattern (``fullmatch``) up
+  front. Files (the hostfile, the environment, authorized_keys, a launch's argument file) are
+  written with SFTP, never through a shell. The user's free text (the instance name, environment
+  values) only ever reaches the node inside those files, and is never logged.
+- No host shell evaluates the instance's environment, and no command name is looked up where an
+  instance could have put a file: every command starts with ``PATH=<SLICES_NODE_PATH>; export
+  PATH;``, the runtimes are run by absolute path (SLICES_DOCKER_BIN, SLICES_ENROOT_BIN,
+  SLICES_MPIRUN_BIN; ``/usr/bin/setsid``, ``/usr/bin/xargs``, ``/usr/bin/env``, ``/bin/sh``), and
+  the environment reaches the runtime as data: docker's ``--env-file``; for enroot and a bare
+  process an argument file (NUL-separated, run by ``xargs -0 -x`` as one command line:
+  ``enroot start --env=NAME=value...``, ``env -i NAME=value... /bin/sh -c <entrypoint>``). The
+  entrypoint (catalogue data) is run by ``sh -c`` inside the instance only.
+- Devices come from the allocation only: ``--gpus '"device=1,3"'`` (every device listed, a whole
+  node's too; no ``--gpus`` at all in 无卡模式), and CUDA_VISIBLE_DEVICES/NVIDIA_VISIBLE_DEVICES set
+  by the driver over anything in the instance's environment (``void`` when it has no GPU).
+- An instance that shares its node gets a network namespace and IPC of its own (docker's bridge,
+  ``--ipc private``, the image's ports published on free host ports); a whole node or a node of a
+  slice keeps the host's network and IPC (NCCL over InfiniBand). A bare process or enroot cannot
+  isolate a share of a node: they run a whole node's instance only, or on a host marked
+  ``single_tenant`` (the test hosts), and are refused otherwise (``runtime_not_isolating``).
 
 Bounded: connect, banner, authentication and channel-open each have the connect timeout; every
 command runs under ``timeout`` on the node and a deadline here; keepalives (SSH and TCP) notice
@@ -21,12 +37,14 @@ closed after the last one (health, teardown), when idle, or when the driver is d
 megabytes cannot fill a window and deadlock; a bounded tail is kept for error messages and only a
 rate-limited number of lines reaches the instance's log.
 
-Each node's instance lives in ``<workdir>/instances/<slug>/``: ``env.sh`` (sourced, ``export
-NAME='value'``), ``docker.env`` (the names only: docker and enroot take the values from the
-sourced environment, so values may hold any byte but NUL, newlines included), ``hostfile``,
-``authorized_keys``, ``pid`` and ``output.log`` for a process, and on ``runtime=process`` the
-links ``pfs`` and the asset mount points. A container or process is named after the slug, so
-every step is idempotent: starting twice reuses what the first start made.
+Each node's instance lives in ``<workdir>/instances/<slug>/``: ``environment`` (docker's env-file:
+``NAME=value`` lines, so a value may hold any character but NUL and line breaks, which the order
+refuses), ``launch.args`` (process, enroot), ``hostfile``, ``authorized_keys``, ``pid`` and
+``output.log`` for a process, and on ``runtime=process`` the links ``pfs`` and the asset mount
+points. A container or process is named after the slug, so every step is idempotent: starting
+twice reuses what the first start made; a stopped docker container is reused only when created
+with the same devices, network and environment (its ``gpc.config`` label), else its writable layer
+is committed (``gpc-disk/<slug>``) and run again with the new ones.
 """
 
 from __future__ import annotations

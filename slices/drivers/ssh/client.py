@@ -22,7 +22,7 @@ from typing import Any
 import paramiko
 
 from slices.drivers.base import DriverError, LogFn, NodeTarget
-from slices.drivers.ssh.commands import TAIL_BYTES, Arg, render
+from slices.drivers.ssh.commands import NODE_PATH, TAIL_BYTES, Arg, host_prefix, render
 
 MAX_LINE_CHARS = 400
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
@@ -39,6 +39,12 @@ class SshSettings:
     asset_root: str = "/pfs/.catalogue"
     # Output lines of one command passed to the instance's log before it is summarised.
     log_lines: int = 40
+    # The PATH every command runs under on a node, and the runtimes by absolute path: no command
+    # name is looked up anywhere an instance could have put a file.
+    node_path: str = NODE_PATH
+    docker_bin: str = "/usr/bin/docker"
+    enroot_bin: str = "/usr/bin/enroot"
+    mpirun_bin: str = "/usr/bin/mpirun"
 
     @classmethod
     def from_settings(cls, settings: Any) -> SshSettings:
@@ -50,6 +56,10 @@ class SshSettings:
             keepalive=int(settings.SLICES_SSH_KEEPALIVE),
             pfs_root=str(settings.SLICES_PFS_ROOT),
             asset_root=str(settings.SLICES_ASSET_ROOT),
+            node_path=str(settings.SLICES_NODE_PATH),
+            docker_bin=str(settings.SLICES_DOCKER_BIN),
+            enroot_bin=str(settings.SLICES_ENROOT_BIN),
+            mpirun_bin=str(settings.SLICES_MPIRUN_BIN),
         )
 
 
@@ -371,6 +381,10 @@ class SshConnections:
         self._pool.close_all()
 
     # -- running commands -------------------------------------------------------------------
+    def host_command(self, script: str) -> str:
+        """``script`` under the node's fixed PATH (every command the driver sends starts so)."""
+        return host_prefix(self.settings.node_path) + script
+
     def run(
         self,
         client: paramiko.SSHClient,
@@ -402,8 +416,10 @@ class SshConnections:
         """Run an already rendered script (see ``run``)."""
         limit = float(timeout if timeout is not None else self.settings.command_timeout)
         # The node enforces the limit too (and kills the command); our deadline covers the link.
-        remote = render(
-            "timeout -k 5 {secs} sh -c {script}", secs=max(1, math.ceil(limit)), script=script
+        remote = self.host_command(
+            render(
+                "timeout -k 5 {secs} sh -c {script}", secs=max(1, math.ceil(limit)), script=script
+            )
         )
         transport = client.get_transport()
         if transport is None or not transport.is_active():
@@ -494,10 +510,10 @@ class SshConnections:
         self,
         client: paramiko.SSHClient,
         directory: str,
-        files: Sequence[tuple[str, str, int]],
+        files: Sequence[tuple[str, str | bytes, int]],
     ) -> None:
-        """Create ``directory`` (and its parents, mode 700) and write each (path, text, mode) in
-        it over one SFTP session: no shell involved; each file replaced atomically."""
+        """Create ``directory`` (and its parents, mode 700) and write each (path, content, mode)
+        in it over one SFTP session: no shell involved; each file replaced atomically."""
         try:
             sftp = client.open_sftp()
         except (OSError, EOFError, paramiko.SSHException) as exc:
@@ -516,7 +532,8 @@ class SshConnections:
             for path, text, mode in files:
                 current = path
                 tmp = f"{path}.tmp"
-                sftp.putfo(io.BytesIO(text.encode()), tmp)
+                data = text if isinstance(text, bytes) else text.encode()
+                sftp.putfo(io.BytesIO(data), tmp)
                 sftp.chmod(tmp, mode)
                 sftp.posix_rename(tmp, path)
         except (OSError, EOFError, paramiko.SSHException) as exc:

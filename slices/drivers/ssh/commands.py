@@ -1,29 +1,54 @@
 """The fixed shell templates the SSH driver runs, the allow-lists for what names things on a node,
-and ``render``, which ``shlex.quote``s every argument (see ``slices.drivers.ssh``)."""
+and ``render``, which ``shlex.quote``s every argument (see ``slices.drivers.ssh``).
+
+No template evaluates the instance's environment: it reaches the runtime as data (``--env-file``,
+an argument file read by ``xargs -0``), and every binary that matters is named by its absolute
+path, under a fixed ``PATH`` (``host_prefix``).
+"""
 
 from __future__ import annotations
 
 import posixpath
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from slices.drivers.base import ENV_NAME, DriverError
+from slices import envpolicy
+from slices.drivers.base import DriverError
 
 RUNTIMES = ("docker", "enroot", "process")
 
-# Allow-lists for what names things on a node (everything is quoted as well).
-SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-OWNER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+@-]{0,1023}$")
-SAFE_RELATIVE = re.compile(r"^[A-Za-z0-9._+@-][A-Za-z0-9._/+@-]{0,1023}$")
-IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+# Allow-lists for what names things on a node (everything is quoted as well). Always used with
+# ``fullmatch``: ``$`` would let a trailing newline through.
+SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+OWNER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+SAFE_PATH = re.compile(r"/[A-Za-z0-9._/+@-]{0,1023}")
+SAFE_RELATIVE = re.compile(r"[A-Za-z0-9._+@-][A-Za-z0-9._/+@-]{0,1023}")
+IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
+SEARCH_PATH = re.compile(r"/[A-Za-z0-9._/+@-]{0,255}(:/[A-Za-z0-9._/+@-]{0,255}){0,31}")
 # Where the marketplace says assets live (marketplace.mounts.PFS_PUBLIC_ROOT); on the node they
 # are found under SLICES_ASSET_ROOT.
 ASSET_PREFIX = "/pfs/public/"
+# Where an instance may have something mounted (marketplace.mounts.MOUNT_ROOTS, the cloud disks'
+# /data): never over a system path of the image (/etc, /usr/bin, /proc, /root/.ssh...).
+MOUNT_ROOTS = ("/models/", "/datasets/", "/data/")
 
 TAIL_BYTES = 64 * 1024
 NO_GPU_DRIVER = "no NVIDIA driver on this test host: GPU check skipped"
+
+# Binaries every node has at these paths (Debian: coreutils, util-linux, findutils, dash); the
+# container runtimes and mpirun are settings (SLICES_DOCKER_BIN...).
+SH = "/bin/sh"
+SLEEP = "/bin/sleep"
+SETSID = "/usr/bin/setsid"
+XARGS = "/usr/bin/xargs"
+ENV = "/usr/bin/env"
+# The PATH every command runs under unless SLICES_NODE_PATH says otherwise.
+NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# A stopped docker container whose devices, network or environment must change is committed to
+# this image (its writable layer is the instance's system disk) and run again from it.
+DISK_IMAGE = "gpc-disk/{slug}"
+CONFIG_LABEL = "gpc.config"
 
 
 Arg = str | int | Sequence[str]
@@ -41,10 +66,26 @@ def render(template: str, **args: Arg) -> str:
     return template.format(**quoted)
 
 
+def host_prefix(path: str) -> str:
+    """``PATH=<fixed>; export PATH;``: what every remote command starts with, so no command name
+    is looked up anywhere an instance can write (``path`` is the operator's SLICES_NODE_PATH)."""
+    if not SEARCH_PATH.fullmatch(path) or ".." in path.replace(":", "/").split("/"):
+        raise DriverError("bad_identifier", f"SLICES_NODE_PATH {path!r}", permanent=True)
+    return render("PATH={path}; export PATH; ", path=path)
+
+
 # A process is alive unless it is gone or a zombie (an unreaped child of a dead parent).
 _ALIVE = 'alive() {{ kill -0 "$1" 2>/dev/null && ! grep -qs "^State:[[:space:]]*Z" "/proc/$1/status"; }}; '
 _PID_ALIVE = (
     _ALIVE + 'p=$(cat {pid} 2>/dev/null); case "$p" in ""|*[!0-9]*) false;; *) alive "$p";; esac'
+)
+# Run an argument file (NUL-separated, written by the driver over SFTP) as one command line:
+# ``xargs -0`` reads it as data, ``-n`` with its item count and ``-x`` make it one command or
+# none (never split in two), in a new session (``setsid``: stop kills the whole group).
+_LAUNCH = (
+    "( exec {setsid} {xargs} -0 -x -n {count} -s {size} -a {args} {launcher} ) "
+    "</dev/null >>{output} 2>&1 & "
+    'echo $! > {pid}; echo "started pid $!"'
 )
 
 CMD_ID = "id -u"
@@ -58,44 +99,52 @@ CMD_LINK = (
     'if [ -e "$2" ] && [ ! -L "$2" ]; then echo "not a link: $2" >&2; exit 4; fi; '
     'mkdir -p -- "$(dirname -- "$2")" && ln -sfn -- "$1" "$2" || exit 1; shift 2; done'
 )
-CMD_START_PROCESS = (
-    _PID_ALIVE + " && {{ echo reused; exit 0; }}; cd {root} || exit 1; "
-    "( set -a; . {env}; set +a; exec setsid {argv} ) </dev/null >>{output} 2>&1 & "
-    'echo $! > {pid}; echo "started pid $!"'
-)
+# The bare process: ``env -i NAME=value... /bin/sh -c <entrypoint>`` from the argument file.
+CMD_START_PROCESS = _PID_ALIVE + " && {{ echo reused; exit 0; }}; cd {root} || exit 1; " + _LAUNCH
+# A container is reused (开机 on the same host) only when it was created with the same devices,
+# network and environment (its label); otherwise its writable layer is committed and a new
+# container runs from it. The environment is docker's --env-file (NAME=value lines, no shell).
 CMD_START_DOCKER = (
-    "set -a; . {env}; set +a; "
-    "if docker container inspect {name} >/dev/null 2>&1; then "
-    "docker start {name} >/dev/null && echo reused; else "
-    'ib=""; [ -d /dev/infiniband ] && ib="--device=/dev/infiniband --cap-add=IPC_LOCK"; '
-    "docker run -d --name {name} --gpus {gpus} --network host --ipc host "
-    "--ulimit memlock=-1:-1 --ulimit stack=67108864 $ib --env-file {env_names} {volumes} "
-    "{image} {command}; fi"
+    "if {docker} container inspect {name} >/dev/null 2>&1; then "
+    "c=$({docker} container inspect --format {label_fmt} {name} 2>/dev/null); "
+    'if [ "$c" = {config} ]; then {docker} start {name} >/dev/null || exit 1; echo reused; '
+    "{docker} port {name} 2>/dev/null; exit 0; fi; "
+    "{docker} commit {name} {disk} >/dev/null && {docker} rm -f {name} >/dev/null || exit 1; "
+    'img={disk}; echo "recreated: its devices, network or environment changed"; '
+    "elif {docker} image inspect {disk} >/dev/null 2>&1; then img={disk}; else img={image}; fi; "
+    'ib=""; [ {ib} = 1 ] && [ -d /dev/infiniband ] && '
+    'ib="--device=/dev/infiniband --cap-add=IPC_LOCK"; '
+    "{docker} run -d --name {name} --label {label} {devices} {network} "
+    "--ulimit memlock=-1:-1 --ulimit stack=67108864 $ib --env-file {env_file} {publish} "
+    '{volumes} "$img" {command} || exit 1; {docker} port {name} 2>/dev/null; true'
 )
 CMD_START_ENROOT = (
     _PID_ALIVE + " && {{ echo reused; exit 0; }}; cd {root} || exit 1; "
-    "set -a; . {env}; set +a; "
-    "[ -f {squashfs} ] || enroot import -o {squashfs} {image_uri} || exit 1; "
-    "enroot list | grep -qx {name} || enroot create --name {name} {squashfs} || exit 1; "
-    "( exec setsid enroot start --rw {mounts} {envs} {name} {command} ) "
-    "</dev/null >>{output} 2>&1 & "
-    'echo $! > {pid}; echo "started pid $!"'
+    "[ -f {squashfs} ] || {enroot} import -o {squashfs} {image_uri} || exit 1; "
+    "{enroot} list | grep -qx {name} || {enroot} create --name {name} {squashfs} || exit 1; "
+    + _LAUNCH
 )
 CMD_PROCESS_ALIVE = (
     _PID_ALIVE + ' || {{ echo "not running" >&2; tail -n 20 {output} >&2; exit 5; }}'
 )
 CMD_GPUS_HOST = "if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L; else echo {none}; fi"
 CMD_PROCESS_HEALTH = CMD_PROCESS_ALIVE + "; " + CMD_GPUS_HOST
-CMD_DOCKER_HEALTH = (
-    "s=$(docker container inspect --format {fmt} {name} 2>&1); "
+_DOCKER_RUNNING = (
+    "s=$({docker} container inspect --format {fmt} {name} 2>&1); "
     '[ "$s" = true ] || {{ echo "container {name}: $s" >&2; exit 5; }}; '
-    "docker exec {name} nvidia-smi -L"
 )
-CMD_TOOLS = 'for t in {tools}; do command -v "$t" >/dev/null 2>&1 && echo "$t"; done; true'
+CMD_DOCKER_HEALTH = _DOCKER_RUNNING + "{docker} exec {name} nvidia-smi -L"
+# 无卡模式: the container must see no GPU at all (nvidia-smi there fails or lists none).
+CMD_DOCKER_HEALTH_NO_GPU = _DOCKER_RUNNING + "{docker} exec {name} nvidia-smi -L 2>/dev/null; true"
+# Each tool found on the node, with its path: "<name> <path>" lines.
+CMD_TOOLS = (
+    'for t in {tools}; do p=$(command -v "$t") && echo "$t $p"; done; '
+    "[ -x {mpirun} ] && echo mpirun {mpirun}; true"
+)
+# The console's values only (``-x NAME=value``): nothing of the instance's environment.
 CMD_ALLREDUCE = (
-    "set -a; . {env}; set +a; mpirun --allow-run-as-root --hostfile {hostfile} -np {ranks} "
-    "-x MASTER_ADDR -x NCCL_IB_HCA -x NCCL_SOCKET_IFNAME -x NCCL_IB_PKEY "
-    "all_reduce_perf -b 8 -e 4G -f 2 -g 1"
+    "{mpirun} --allow-run-as-root --hostfile {hostfile} -np {ranks} {exports} "
+    "{allreduce} -b 8 -e 4G -f 2 -g 1"
 )
 CMD_STOP_PROCESS = (
     _ALIVE + 'p=$(cat {pid} 2>/dev/null); case "$p" in ""|*[!0-9]*) ;; *) '
@@ -112,38 +161,81 @@ CMD_READ_OUTPUT = (
     + " || echo __exited__ >&2"
 )
 CMD_READ_DOCKER_OUTPUT = (
-    "docker logs {name} 2>&1 | tail -n +{start} | head -n {lines} | head -c {bytes}; "
-    's=$(docker container inspect --format {fmt} {name} 2>&1); [ "$s" = true ] || echo __exited__ >&2'
+    "{docker} logs {name} 2>&1 | tail -n +{start} | head -n {lines} | head -c {bytes}; "
+    "s=$({docker} container inspect --format {fmt} {name} 2>&1); "
+    '[ "$s" = true ] || echo __exited__ >&2'
 )
-CMD_STOP_DOCKER = "docker rm -f {name} >/dev/null 2>&1; true"
+CMD_STOP_DOCKER = (
+    "{docker} rm -f {name} >/dev/null 2>&1; {docker} image rm -f {disk} >/dev/null 2>&1; true"
+)
 # 关机: the container stops and is kept (its writable layer is the system disk); start reuses it.
-CMD_PAUSE_DOCKER = "docker stop {name} >/dev/null 2>&1; true"
+CMD_PAUSE_DOCKER = "{docker} stop {name} >/dev/null 2>&1; true"
 # 开机 on another node: the instance's directory streams from one node to the other through the
 # console (tar keeps the links to the PFS as links; the old pid file stays behind).
 CMD_TAR_OUT = "cd {root} && tar --exclude=./pid -cf - ."
 CMD_TAR_IN = "mkdir -p -- {root} && tar -C {root} -xf -"
-CMD_STOP_ENROOT = CMD_STOP_PROCESS + "; enroot remove -f {name} >/dev/null 2>&1; true"
+CMD_STOP_ENROOT = CMD_STOP_PROCESS + "; {enroot} remove -f {name} >/dev/null 2>&1; true"
 # Links first (rm never follows them into the PFS), then the instance's directory.
 CMD_REMOVE = 'for l in {links}; do [ -L "$l" ] && rm -f -- "$l"; done; rm -rf -- {root}; true'
 
 
 def clean_abs(path: str, what: str) -> str:
     norm = posixpath.normpath(path or "")
-    if not SAFE_PATH.match(norm) or ".." in norm.split("/") or norm != path.rstrip("/"):
+    if (
+        not SAFE_PATH.fullmatch(norm)
+        or ".." in (path or "").split("/")
+        or norm != (path or "").rstrip("/")
+    ):
         raise DriverError(
             "bad_identifier", f"{what} {path!r} is not an acceptable path", permanent=True
         )
     return norm
 
 
-def env_file(env: dict[str, str]) -> str:
-    """``export NAME='value'`` lines, each value ``shlex.quote``d: sourcing it sets exactly these
-    values (newlines and quotes included) and runs nothing."""
-    lines = []
+def _check_format(env: Mapping[str, str]) -> None:
+    """Whole names (``fullmatch``), and values docker's env-file and an argument file carry as
+    they are (no NUL, no line break; ``envpolicy.value_problem``)."""
     for name, value in env.items():
-        if not ENV_NAME.match(name):
-            raise DriverError("bad_identifier", f"environment name {name[:64]!r}", permanent=True)
-        if "\x00" in value:
-            raise DriverError("bad_identifier", f"the value of {name} contains NUL", permanent=True)
-        lines.append(f"export {name}={shlex.quote(value)}\n")
-    return "".join(lines)
+        if not envpolicy.is_name(name):
+            raise DriverError("bad_environment", f"environment name {name[:64]!r}", permanent=True)
+        problem = envpolicy.value_problem(value)
+        if problem:
+            raise DriverError(
+                "bad_environment",
+                f"the value of {name} is {problem.replace('_', ' ')}",
+                permanent=True,
+            )
+
+
+def clean_env(env: Mapping[str, str]) -> dict[str, str]:
+    """An instance's environment as the console gave it, checked: the format every runtime
+    needs, and none of the names that steer a shell or the loader (``envpolicy.HOST_CONTROL``),
+    whoever set them (the driver sets PATH for a bare process itself)."""
+    _check_format(env)
+    refused = envpolicy.refused_platform_names(env)
+    if refused:
+        raise DriverError(
+            "bad_environment",
+            f"{', '.join(refused)} may not be set in an instance's environment",
+            permanent=True,
+        )
+    return dict(env)
+
+
+def env_file(env: Mapping[str, str]) -> str:
+    """docker's ``--env-file``: ``NAME=value`` lines, each value as it is (docker reads the
+    line after the first ``=`` literally: quotes, ``$()`` and backticks included)."""
+    _check_format(env)
+    return "".join(f"{name}={value}\n" for name, value in env.items())
+
+
+def argument_file(argv: Sequence[str]) -> tuple[bytes, int, int]:
+    """An argument file for ``_LAUNCH``: the items NUL-terminated, their count, and an ``xargs
+    -s`` that holds them all (one command line, or xargs refuses to run any)."""
+    if not argv:
+        raise DriverError("bad_identifier", "an empty command line", permanent=True)
+    for item in argv:
+        if "\x00" in item:
+            raise DriverError("bad_identifier", "a NUL in a command line", permanent=True)
+    body = b"".join(item.encode() + b"\x00" for item in argv)
+    return body, len(argv), len(body) + 4096

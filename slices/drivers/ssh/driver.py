@@ -3,6 +3,8 @@ the workload's output, teardown), each one or two fixed commands on one node's c
 
 from __future__ import annotations
 
+import hashlib
+import json
 import posixpath
 import re
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from slices.drivers.ssh.commands import (
     ASSET_PREFIX,
     CMD_ALLREDUCE,
     CMD_DOCKER_HEALTH,
+    CMD_DOCKER_HEALTH_NO_GPU,
     CMD_ID,
     CMD_LINK,
     CMD_MOUNT_CHECK,
@@ -37,15 +40,25 @@ from slices.drivers.ssh.commands import (
     CMD_TAR_IN,
     CMD_TAR_OUT,
     CMD_TOOLS,
+    CONFIG_LABEL,
+    DISK_IMAGE,
+    ENV,
     IMAGE_REF,
+    MOUNT_ROOTS,
     NO_GPU_DRIVER,
     OWNER,
     RUNTIMES,
     SAFE_RELATIVE,
+    SETSID,
+    SH,
+    SLEEP,
     SLUG,
     TAIL_BYTES,
+    XARGS,
     Arg,
+    argument_file,
     clean_abs,
+    clean_env,
     env_file,
     render,
 )
@@ -61,6 +74,9 @@ STEP_SECONDS: dict[str, float] = {
     "allreduce": 60.0,
     "teardown": 5.0,
 }
+# What the all-reduce check exports to its ranks (the console's values, never the instance's).
+ALLREDUCE_ENV = ("MASTER_ADDR", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_IB_PKEY")
+_LABEL_FMT = '{{index .Config.Labels "' + CONFIG_LABEL + '"}}'
 
 
 @dataclass(frozen=True)
@@ -69,7 +85,7 @@ class _Paths:
 
     root: str  # <workdir>/instances/<slug>
     env: str
-    env_names: str
+    launch: str
     hostfile: str
     authorized_keys: str
     pid: str
@@ -81,8 +97,8 @@ class _Paths:
     def under(cls, root: str) -> _Paths:
         return cls(
             root=root,
-            env=f"{root}/env.sh",
-            env_names=f"{root}/docker.env",
+            env=f"{root}/environment",
+            launch=f"{root}/launch.args",
             hostfile=f"{root}/hostfile",
             authorized_keys=f"{root}/authorized_keys",
             pid=f"{root}/pid",
@@ -104,7 +120,7 @@ class SshDriver(SshConnections):
 
     # -- what a step needs ------------------------------------------------------------------
     def _paths(self, spec: InstanceSpec, node: NodeTarget) -> _Paths:
-        if not SLUG.match(spec.slug):
+        if not SLUG.fullmatch(spec.slug):
             raise DriverError("bad_identifier", f"instance slug {spec.slug!r}", permanent=True)
         workdir = clean_abs(node.workdir, "the node's workdir")
         return _Paths.under(f"{workdir}/instances/{spec.slug}")
@@ -118,8 +134,25 @@ class SshDriver(SshConnections):
             )
         return node.runtime
 
+    def _isolating_runtime(self, node: NodeTarget) -> str:
+        """The node's runtime, refused where it cannot keep this instance apart from the others
+        a node may hold: a bare process isolates nothing, and enroot gives no network namespace
+        of its own; both run only on a node the instance holds whole, or on a host marked
+        single-tenant (the test hosts). Docker isolates any share of a node."""
+        runtime = self._runtime(node)
+        if runtime != "docker" and not node.exclusive and not node.single_tenant:
+            raise DriverError(
+                "runtime_not_isolating",
+                f"{node.hostname} runs {runtime}, which cannot isolate tenants that share a node; "
+                f"it runs an instance holding the whole node only ({len(node.gpus)} of "
+                f"{node.node_gpus or '?'} GPUs here), unless the node is marked single_tenant "
+                "(a test host)",
+                permanent=True,
+            )
+        return runtime
+
     def _pfs_source(self, spec: InstanceSpec) -> str:
-        if not OWNER.match(spec.owner):
+        if not OWNER.fullmatch(spec.owner):
             raise DriverError("bad_identifier", f"owner id {spec.owner!r}", permanent=True)
         return f"{clean_abs(self.settings.pfs_root, 'SLICES_PFS_ROOT')}/{spec.owner}"
 
@@ -133,21 +166,41 @@ class SshDriver(SshConnections):
                 rel = rel[len(ASSET_PREFIX) :]
             rel = rel.lstrip("/")
             norm = posixpath.normpath(rel) if rel else ""
-            if not SAFE_RELATIVE.match(norm) or ".." in norm.split("/"):
+            if not SAFE_RELATIVE.fullmatch(norm) or ".." in rel.split("/"):
                 raise DriverError("bad_identifier", f"asset path {mount.source!r}", permanent=True)
             target = clean_abs(mount.target, "mount target")
-            if target in ("/", "/pfs") or target.startswith("/pfs/"):
-                raise DriverError("bad_identifier", f"mount target {target!r}", permanent=True)
+            if not target.startswith(MOUNT_ROOTS) or target.count("/") < 2:
+                raise DriverError(
+                    "bad_identifier",
+                    f"mount target {target!r}: assets are mounted under "
+                    f"{', '.join(MOUNT_ROOTS)} only",
+                    permanent=True,
+                )
             pairs.append((f"{root}/{norm}", target))
         return pairs
 
-    def _node_env(self, spec: InstanceSpec, node: NodeTarget) -> dict[str, str]:
-        env = spec.job_env(node)
-        if node.runtime in ("process", "enroot") and node.gpus:
-            # No container to hide the node's other GPUs: point CUDA (and enroot's hook) at ours.
-            devices = ",".join(str(g) for g in node.gpus)
-            env.setdefault("CUDA_VISIBLE_DEVICES", devices)
-            env.setdefault("NVIDIA_VISIBLE_DEVICES", devices)
+    def _binary(self, path: str, setting: str) -> str:
+        return clean_abs(path, setting)
+
+    def _node_env(self, spec: InstanceSpec, node: NodeTarget, paths: _Paths) -> dict[str, str]:
+        """The instance's environment on ``node``: the job's (console values over the
+        instance's), checked (``clean_env``), then the devices from the allocation, which no one
+        else sets: a tenant's CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES is overwritten."""
+        env = clean_env(spec.job_env(node))
+        host = ",".join(str(g) for g in node.gpus)
+        if node.runtime == "docker":
+            # The container sees only its devices (``--gpus``), numbered from 0; none at all in
+            # 无卡模式 ("void": the NVIDIA runtime hook mounts nothing, even by default).
+            env["NVIDIA_VISIBLE_DEVICES"] = host or "void"
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(node.gpus)))
+        else:
+            # No container hides the node's other GPUs: point CUDA (and enroot's hook) at ours.
+            env["NVIDIA_VISIBLE_DEVICES"] = host or "void"
+            env["CUDA_VISIBLE_DEVICES"] = host
+        if node.runtime == "process":
+            # A bare process has no image to give it a PATH: the operator's, and its own home.
+            env["PATH"] = self.settings.node_path
+            env.setdefault("HOME", paths.root)
         return env
 
     def _where(self, node: NodeTarget) -> str:
@@ -179,9 +232,8 @@ class SshDriver(SshConnections):
 
     def prepare(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         paths = self._paths(spec, node)
-        self._runtime(node)
-        env = self._node_env(spec, node)
-        body = env_file(env)
+        self._isolating_runtime(node)
+        env = self._node_env(spec, node, paths)
         with self.session(node) as client:
             self.write_files(
                 client,
@@ -189,8 +241,7 @@ class SshDriver(SshConnections):
                 [
                     (paths.authorized_keys, _authorized_keys(spec), 0o600),
                     (paths.hostfile, spec.hostfile(), 0o644),
-                    (paths.env, body, 0o600),
-                    (paths.env_names, "".join(f"{k}\n" for k in env), 0o600),
+                    (paths.env, env_file(env), 0o600),
                 ],
             )
         log(f"created {paths.root}")
@@ -240,76 +291,147 @@ class SshDriver(SshConnections):
 
     def start(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         paths = self._paths(spec, node)
-        runtime = self._runtime(node)
-        if spec.image and not IMAGE_REF.match(spec.image):
+        runtime = self._isolating_runtime(node)
+        if spec.image and not IMAGE_REF.fullmatch(spec.image):
             raise DriverError("bad_identifier", f"image {spec.image!r}", permanent=True)
         if runtime != "process" and not spec.image:
             raise DriverError(
                 "no_image", f"{node.hostname} runs {runtime}: an image is needed", permanent=True
             )
         # The entrypoint is catalogue data (the image's launch template), never user input; it is
-        # run by a shell so that its ${VARIABLES} expand from the instance's environment.
-        command = ["sh", "-c", spec.entrypoint] if spec.entrypoint else []
-        if runtime == "docker":
-            template, args = CMD_START_DOCKER, self._docker_args(spec, node, paths, command)
-        elif runtime == "enroot":
-            template, args = CMD_START_ENROOT, self._enroot_args(spec, node, paths, command)
-        else:
-            template = CMD_START_PROCESS
-            args = {"pid": paths.pid, "root": paths.root, "env": paths.env, "output": paths.log}
-            args["argv"] = command or ["sleep", "infinity"]
-        # Only docker's output (the image pull) is worth logging; the others print a pid.
-        result = self.run_on(node, template, args, log=log if runtime == "docker" else None)
+        # run by a shell inside the instance so that its ${VARIABLES} expand from the instance's
+        # environment. The host's shell never sees it: it is an argument (docker) or an item of
+        # the argument file (process, enroot).
+        command = [SH, "-c", spec.entrypoint] if spec.entrypoint else []
+        env = self._node_env(spec, node, paths)
+        with self.session(node) as client:
+            if runtime == "docker":
+                template = CMD_START_DOCKER
+                args = self._docker_args(spec, node, paths, env, command)
+            else:
+                launcher: Arg
+                if runtime == "enroot":
+                    launcher = self._binary(self.settings.enroot_bin, "SLICES_ENROOT_BIN")
+                    argv = self._enroot_argv(spec, env, command)
+                    template = CMD_START_ENROOT
+                else:
+                    launcher = [ENV, "-i"]  # nothing of the node's environment, only the file's
+                    argv = [f"{k}={v}" for k, v in env.items()] + (command or [SLEEP, "infinity"])
+                    template = CMD_START_PROCESS
+                body, count, size = argument_file(argv)
+                # Over SFTP, no shell: what the launcher runs is exactly these items.
+                self.write_files(client, paths.root, [(paths.launch, body, 0o600)])
+                args = self._launch_args(spec, paths, launcher, count, size)
+            # Only docker's output (the image pull, the ports) is worth logging.
+            result = self.run_script(
+                client, node, render(template, **args), log=log if runtime == "docker" else None
+            )
         reused = "reused" in result.stdout
         what = {"process": "process", "docker": "container", "enroot": "enroot container"}[runtime]
         log(
             f"{what} {spec.slug} already running: reused"
             if reused
             else f"started {what} {spec.slug} ({spec.image or 'bare host'}) with "
-            f"{len(node.gpus)} GPU(s)"
+            f"{len(node.gpus)} GPU(s), {self._network(node, runtime)}"
         )
-        return StepResult({"reused": reused})
+        data: dict[str, object] = {"reused": reused}
+        ports = re.findall(r"^(\d+)/tcp -> \S+:(\d+)$", result.stdout, re.MULTILINE)
+        if ports:
+            data["ports"] = {int(inner): int(outer) for inner, outer in ports}
+        return StepResult(data)
+
+    @staticmethod
+    def _network(node: NodeTarget, runtime: str) -> str:
+        if runtime == "docker" and not node.exclusive:
+            return "its own network namespace and IPC"
+        return "the host's network and IPC" if node.exclusive else "a single-tenant test host"
+
+    def _launch_args(
+        self, spec: InstanceSpec, paths: _Paths, launcher: Arg, count: int, size: int
+    ) -> dict[str, Arg]:
+        args: dict[str, Arg] = {
+            "pid": paths.pid,
+            "root": paths.root,
+            "output": paths.log,
+            "setsid": SETSID,
+            "xargs": XARGS,
+            "args": paths.launch,
+            "count": count,
+            "size": size,
+            "launcher": launcher,
+        }
+        if isinstance(launcher, str):  # enroot
+            args.update(
+                enroot=launcher,
+                squashfs=paths.squashfs,
+                image_uri=f"docker://{spec.image}",
+                name=spec.slug,
+            )
+        return args
 
     def _docker_args(
-        self, spec: InstanceSpec, node: NodeTarget, paths: _Paths, command: list[str]
+        self,
+        spec: InstanceSpec,
+        node: NodeTarget,
+        paths: _Paths,
+        env: dict[str, str],
+        command: list[str],
     ) -> dict[str, Arg]:
         volumes = ["-v", f"{self._pfs_source(spec)}:/pfs"]
         volumes += ["-v", f"{paths.authorized_keys}:/root/.ssh/authorized_keys:ro"]
         volumes += ["-v", f"{paths.hostfile}:/etc/gpc/hostfile:ro"]
         for src, target in self._asset_mounts(spec):
             volumes += ["-v", f"{src}:{target}:ro"]
-        return {
-            "env": paths.env,
+        # Exactly the allocation's devices, listed even for a whole node (never "all"); none at
+        # all in 无卡模式 (no --gpus: the container gets no GPU device).
+        devices = ["--gpus", '"device=' + ",".join(str(g) for g in node.gpus) + '"']
+        devices = devices if node.gpus else []
+        if node.exclusive:
+            # The whole node (or a node of a slice): host networking for NCCL over InfiniBand.
+            network, publish, ib = ["--network", "host", "--ipc", "host"], [], "1"
+        else:
+            # Sharing the node: a network namespace and IPC of its own; the image's ports are
+            # published on free host ports (docker picks them), so two instances never collide.
+            network, ib = ["--network", "bridge", "--ipc", "private"], "0"
+            publish = [a for p in spec.ports for a in ("-p", str(int(p)))]
+        args: dict[str, Arg] = {
+            "docker": self._binary(self.settings.docker_bin, "SLICES_DOCKER_BIN"),
             "name": spec.slug,
-            # Only this instance's GPUs (a host may be shared); all of them on a whole node.
-            "gpus": '"device=' + ",".join(str(g) for g in node.gpus) + '"' if node.gpus else "all",
-            "env_names": paths.env_names,
+            "label_fmt": _LABEL_FMT,
+            "disk": DISK_IMAGE.format(slug=spec.slug),
+            "devices": devices,
+            "network": network,
+            "ib": ib,
+            "env_file": paths.env,
+            "publish": publish,
             "volumes": volumes,
             "image": spec.image,
             "command": command,
         }
+        # What the container was created with: a stopped one is reused only if it matches.
+        config = json.dumps(
+            [
+                args[k]
+                for k in ("devices", "network", "ib", "publish", "volumes", "image", "command")
+            ]
+            + [env_file(env)],
+        )
+        digest = hashlib.sha256(config.encode()).hexdigest()[:32]
+        args["config"] = digest
+        args["label"] = f"{CONFIG_LABEL}={digest}"
+        return args
 
-    def _enroot_args(
-        self, spec: InstanceSpec, node: NodeTarget, paths: _Paths, command: list[str]
-    ) -> dict[str, Arg]:
-        mounts = ["--mount", f"{self._pfs_source(spec)} /pfs none x-create=dir,bind"]
+    def _enroot_argv(
+        self, spec: InstanceSpec, env: dict[str, str], command: list[str]
+    ) -> list[str]:
+        """``enroot start``'s arguments: the mounts (colon-separated fstab lines) and every
+        variable as ``--env=NAME=value`` (enroot writes them to the container's environment file;
+        its own environment is the host's, so nothing of the tenant's steers enroot's bash)."""
+        argv = ["start", "--rw", f"--mount={self._pfs_source(spec)}:/pfs:none:x-create=dir,bind"]
         for src, target in self._asset_mounts(spec):
-            mounts += ["--mount", f"{src} {target} none x-create=dir,bind,ro"]
-        envs: list[str] = []
-        for name in self._node_env(spec, node):
-            envs += ["--env", name]
-        return {
-            "pid": paths.pid,
-            "root": paths.root,
-            "env": paths.env,
-            "output": paths.log,
-            "squashfs": paths.squashfs,
-            "image_uri": f"docker://{spec.image}",
-            "name": spec.slug,
-            "mounts": mounts,
-            "envs": envs,
-            "command": command,
-        }
+            argv.append(f"--mount={src}:{target}:none:x-create=dir,bind,ro")
+        argv += [f"--env={k}={v}" for k, v in env.items()]
+        return [*argv, "--", spec.slug, *(command or [SLEEP, "infinity"])]
 
     def health(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         paths = self._paths(spec, node)
@@ -317,8 +439,14 @@ class SshDriver(SshConnections):
         # The last provisioning step on a node: its connection is not kept, except the first
         # node's of a slice, which the all-reduce check uses next.
         first_of_slice = len(spec.nodes) > 1 and node == spec.nodes[0]
+        args: dict[str, Arg]
         if runtime == "docker":
-            template, args = CMD_DOCKER_HEALTH, {"fmt": "{{.State.Running}}", "name": spec.slug}
+            template = CMD_DOCKER_HEALTH if node.gpus else CMD_DOCKER_HEALTH_NO_GPU
+            args = {
+                "docker": self._binary(self.settings.docker_bin, "SLICES_DOCKER_BIN"),
+                "fmt": "{{.State.Running}}",
+                "name": spec.slug,
+            }
         else:
             template = CMD_PROCESS_HEALTH
             args = {"pid": paths.pid, "output": paths.log, "none": "__no_nvidia_smi__"}
@@ -330,6 +458,16 @@ class SshDriver(SshConnections):
                 f" is not running: {gpus.stderr.strip()[-400:]}",
                 permanent=True,
             )
+        listed = [ln for ln in gpus.stdout.splitlines() if ln.startswith("GPU ")]
+        if runtime == "docker" and not node.gpus:
+            if listed:
+                raise DriverError(
+                    "gpu_leak",
+                    f"{node.hostname}: a GPU-less container sees {len(listed)} GPU(s)",
+                    permanent=True,
+                )
+            log(f"{spec.slug} running without GPUs: nvidia-smi lists none in the container")
+            return StepResult({"gpus_visible": 0})
         if "__no_nvidia_smi__" in gpus.stdout:
             if runtime != "process":
                 raise DriverError(
@@ -338,7 +476,6 @@ class SshDriver(SshConnections):
             log(NO_GPU_DRIVER)
             log(f"{spec.slug}: process alive")
             return StepResult({"gpus_visible": None, "gpu_check": "skipped"})
-        listed = [ln for ln in gpus.stdout.splitlines() if ln.startswith("GPU ")]
         indexes = {int(m.group(1)) for ln in listed if (m := re.match(r"GPU (\d+):", ln))}
         if runtime == "docker":
             ok = gpus.exit_status == 0 and len(listed) == len(node.gpus)
@@ -359,26 +496,39 @@ class SshDriver(SshConnections):
             return StepResult({"measured": False, "why": "no nodes"})
         first = spec.nodes[0]
         paths = self._paths(spec, first)
+        mpirun = self._binary(self.settings.mpirun_bin, "SLICES_MPIRUN_BIN")
         with self.session(first, last=True) as client:
-            tools = self.run(
-                client, first, CMD_TOOLS, tools=["all_reduce_perf", "nvidia-smi"]
-            ).stdout.split()
+            found = self.run(
+                client, first, CMD_TOOLS, tools=["all_reduce_perf", "nvidia-smi"], mpirun=mpirun
+            ).stdout
+            tools = dict(line.split(" ", 1) for line in found.splitlines() if " " in line)
+            why = ""
             if "all_reduce_perf" not in tools:
                 why = (
                     "no GPUs on the test hosts"
                     if "nvidia-smi" not in tools
                     else f"nccl-tests' all_reduce_perf is not installed on {first.hostname}"
                 )
+            elif "mpirun" not in tools:
+                why = f"mpirun is not installed at {mpirun} on {first.hostname}"
+            if why:
                 log(f"all-reduce check not run: {why}")
                 return StepResult({"measured": False, "why": why})
+            job = spec.job_env(first)
+            exports: list[str] = []
+            for name in ALLREDUCE_ENV:
+                if name in job:
+                    exports += ["-x", f"{name}={job[name]}"]
             result = self.run(
                 client,
                 first,
                 CMD_ALLREDUCE,
                 log=log,
-                env=paths.env,
+                mpirun=mpirun,
                 hostfile=paths.hostfile,
                 ranks=sum(len(n.gpus) for n in spec.nodes),
+                exports=exports,
+                allreduce=clean_abs(tools["all_reduce_perf"], "all_reduce_perf"),
                 check=False,
             )
         figures = parse_all_reduce_perf(result.stdout)
@@ -403,7 +553,11 @@ class SshDriver(SshConnections):
         args: dict[str, Arg] = {"start": offset + 1, "lines": max(1, limit), "bytes": cap}
         if runtime == "docker":
             template = CMD_READ_DOCKER_OUTPUT
-            args.update(name=spec.slug, fmt="{{.State.Running}}")
+            args.update(
+                docker=self._binary(self.settings.docker_bin, "SLICES_DOCKER_BIN"),
+                name=spec.slug,
+                fmt="{{.State.Running}}",
+            )
         else:
             template = CMD_READ_OUTPUT
             args.update(output=paths.log, pid=paths.pid)
@@ -429,9 +583,14 @@ class SshDriver(SshConnections):
         links = [paths.pfs] + [paths.inside(t) for _src, t in self._asset_mounts(spec)]
         with self.session(node, last=True) as client:
             if runtime == "docker":
-                self.run(client, node, CMD_STOP_DOCKER, name=spec.slug, log=log)
+                docker = self._binary(self.settings.docker_bin, "SLICES_DOCKER_BIN")
+                disk = DISK_IMAGE.format(slug=spec.slug)
+                self.run(client, node, CMD_STOP_DOCKER, docker=docker, name=spec.slug, disk=disk)
             elif runtime == "enroot":
-                self.run(client, node, CMD_STOP_ENROOT, pid=paths.pid, name=spec.slug, log=log)
+                enroot = self._binary(self.settings.enroot_bin, "SLICES_ENROOT_BIN")
+                self.run(
+                    client, node, CMD_STOP_ENROOT, pid=paths.pid, enroot=enroot, name=spec.slug
+                )
             else:
                 self.run(client, node, CMD_STOP_PROCESS, pid=paths.pid, log=log)
             self.run(client, node, CMD_REMOVE, links=links, root=paths.root, log=log)
@@ -444,7 +603,10 @@ class SshDriver(SshConnections):
         paths = self._paths(spec, node)
         runtime = self._runtime(node)
         if runtime == "docker":
-            self.run_on(node, CMD_PAUSE_DOCKER, {"name": spec.slug}, last=True, log=log)
+            docker = self._binary(self.settings.docker_bin, "SLICES_DOCKER_BIN")
+            self.run_on(
+                node, CMD_PAUSE_DOCKER, {"docker": docker, "name": spec.slug}, last=True, log=log
+            )
         else:
             self.run_on(node, CMD_STOP_PROCESS, {"pid": paths.pid}, last=True, log=log)
         log(f"stopped {spec.slug}; kept {paths.root}")
@@ -455,8 +617,8 @@ class SshDriver(SshConnections):
     ) -> StepResult:
         """Copy the instance's directory (its system disk) from ``src`` to ``dst``: a tar stream
         out of one SSH channel into the other, through the console (nodes need no keys)."""
-        out_cmd = render(CMD_TAR_OUT, root=self._paths(spec, src).root)
-        in_cmd = render(CMD_TAR_IN, root=self._paths(spec, dst).root)
+        out_cmd = self.host_command(render(CMD_TAR_OUT, root=self._paths(spec, src).root))
+        in_cmd = self.host_command(render(CMD_TAR_IN, root=self._paths(spec, dst).root))
         total = 0
         with self.session(src, last=True) as a, self.session(dst) as b:
             ta, tb = a.get_transport(), b.get_transport()
