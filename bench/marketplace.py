@@ -67,6 +67,10 @@ QUERIES: list[tuple[str, str, bool]] = [
     ("page: search '百川' (zh, 2 chars)", "/marketplace/?q=百川", True),
     ("api: datasets '中文 指令' (zh)", "/api/v1/datasets/?q=中文+指令", False),
     ("api: mixed 'qwen 7b 通义千问' (zh)", "/api/v1/models/?q=qwen+7b+通义千问", False),
+    # Task, language and kind words (issue 21): concepts are ORs of patterns, ranked by them.
+    ("page: datasets '中文 对话 数据集' (zh)", "/marketplace/datasets/?q=中文+对话+数据集", True),
+    ("page: '中文 对话 模型' (zh)", "/marketplace/?q=中文+对话+模型", True),
+    ("page: size '7b'", "/marketplace/?q=7b", True),
 ]
 
 
@@ -145,6 +149,7 @@ def run(args: argparse.Namespace, connection) -> int:  # noqa: ANN001
     }
     with override_settings(ROOT_URLCONF=__name__, STORAGES=storages):
         if args.quality_only:
+            search_engine_ab(args.rounds)
             return search_quality(client)
         # Warm-up: imports, template compilation, facets cache, SQLite page cache.
         for _, url, htmx in QUERIES:
@@ -188,6 +193,8 @@ def run(args: argparse.Namespace, connection) -> int:  # noqa: ANN001
             f"({percentile(chinese, 95) / percentile(english, 95):.2f}x)"
         )
 
+        search_engine_ab(args.rounds)
+
         print(f"\n2. throughput, one client in-process, {args.seconds:.0f} s each")
         trivial_rps = _rps(client, "/bench/trivial/", args.seconds)
         list_rps = _rps(client, "/marketplace/", args.seconds)
@@ -202,6 +209,103 @@ def run(args: argparse.Namespace, connection) -> int:  # noqa: ANN001
             f"({search_rps / trivial_rps:.0%} of trivial)"
         )
         return search_quality(client)
+
+
+# --- 1b. the search itself, before and after -----------------------------------------------------
+def old_search(qs, q: str):  # noqa: ANN001, ANN201
+    """The queryset search before issue 21 (marketplace/querysets.py at the parent commit): every
+    word a substring, best match by name. The words it looks for are in the new documents too."""
+    from django.db.models import Case, F, IntegerField, Q, Value, When
+    from django.db.models.functions import Concat, Length, Lower
+
+    from marketplace.catalogue import search_terms
+
+    terms = list(dict.fromkeys(search_terms(q)))[:8]
+    condition = Q()
+    for term in terms:
+        condition &= Q(search_document__contains=term)
+    in_names = Q()
+    for term in terms:
+        in_names &= Q(names_lower__contains=term)
+    first = terms[0]
+    score = (
+        Case(
+            When(Q(name_lower__startswith=first) | Q(name_zh_lower__startswith=first), then=4),
+            default=Value(0),
+            output_field=IntegerField(),
+        )
+        + Case(When(in_names, then=Value(2)), default=Value(0), output_field=IntegerField())
+        + Case(
+            When(publisher_lower__in=terms, then=Value(1)),
+            default=Value(0),
+            output_field=IntegerField(),
+        )
+    )
+    return (
+        qs.filter(condition)
+        .alias(
+            name_lower=Lower("name"),
+            name_zh_lower=Lower("name_zh"),
+            names_lower=Lower(Concat("hub_id", Value(" "), "name_zh")),
+            publisher_lower=Lower("publisher"),
+        )
+        .alias(relevance=score, name_length=Length("name"))
+        .order_by(
+            F("relevance").desc(),
+            "name_length",
+            F("likes").desc(nulls_last=True),
+            "name_lower",
+            "id",
+        )
+    )
+
+
+AB_QUERIES = [
+    ("model", "llama 7b"),
+    ("model", "qwen 7b 通义千问"),
+    ("model", "百川"),
+    ("model", "7b"),
+    ("model", "qwen 中文"),
+    ("model", "中文 对话 模型"),
+    ("dataset", "中文 对话 数据集"),
+    ("dataset", "squad"),
+]
+
+
+def search_engine_ab(rounds: int) -> None:
+    """What a list page asks the database for a search (the count and the first page of 24),
+    old and new code alternating in the same loop, so a busy machine slows both alike."""
+    from marketplace.models import Asset
+
+    def timed(make) -> float:  # noqa: ANN001
+        start = time.perf_counter()
+        qs = make()
+        qs.count()
+        list(qs[:24])
+        return (time.perf_counter() - start) * 1000
+
+    print(
+        f"\n1b. the search queryset alone (count + first page of 24), old vs new code "
+        f"alternating, median of {rounds} (ms)"
+    )
+    print(f"   {_pad('query', 28)} {'old':>7} {'new':>7}  results old/new")
+    old_all, new_all = [], []
+    for kind, q in AB_QUERIES:
+        base = Asset.objects.listed().of_kind(kind).for_list()
+        old_ms, new_ms = [], []
+        for _ in range(rounds):
+            old_ms.append(timed(lambda: old_search(base, q)))  # noqa: B023
+            new_ms.append(timed(lambda: base.search(q).by_relevance(q)))  # noqa: B023
+        old_all += old_ms
+        new_all += new_ms
+        print(
+            f"   {_pad(q, 28)} {statistics.median(old_ms):7.2f} {statistics.median(new_ms):7.2f}"
+            f"  {old_search(base, q).count()}/{base.search(q).count()}"
+        )
+    print(
+        f"   {_pad('ALL', 28)} {statistics.median(old_all):7.2f} {statistics.median(new_all):7.2f}"
+        f"  (p95 {percentile(old_all, 95):.2f} / {percentile(new_all, 95):.2f})"
+    )
 
 
 # --- 3. search quality --------------------------------------------------------------------------
@@ -244,6 +348,8 @@ def baseline_search(assets: Sequence, query: str) -> list:  # noqa: ANN001
 
 
 def search_quality(client) -> int:  # noqa: ANN001
+    """Section 3: every case of tests/marketplace/search_queries.py through the API (the new
+    search) and through ``baseline_search`` over the same rows (the old one)."""
     from marketplace.models import Asset
     from tests.marketplace.search_queries import CASES, TOP, Row
 
@@ -260,13 +366,16 @@ def search_quality(client) -> int:  # noqa: ANN001
     by_hub = {(a.kind, a.hub_id): a for kind_assets in assets.values() for a in kind_assets}
 
     print(
-        f"\n3. search quality: {len(CASES)} real queries, precision@{TOP} (P) and recall of the "
-        f"expected results in the top {TOP} (R); new search vs the substring search it replaced"
+        f"\n3. search quality, {len(CASES)} real queries: precision@{TOP} (P) and recall of the "
+        f"expected results in the top {TOP} (R, where a case names them), new search vs the "
+        "substring search it replaced (same rows, same run)"
     )
     print(
-        f"   {'query':<28} {'kind':<7} {'lang':<5} {'P new':>6} {'P old':>6} {'R new':>6} {'R old':>6}  results new/old"
+        f"   {_pad('query', 28)} {'kind':<7} {'lang':<5} {'P new':>6} {'P old':>6} "
+        f"{'R new':>6} {'R old':>6}  results new/old"
     )
-    totals: dict[str, list[tuple[float, float, float, float]]] = {}
+    precision: dict[str, list[tuple[float, float]]] = {}
+    recall: dict[str, list[tuple[float, float]]] = {}
     misses = []
     for case in CASES:
         api = "/api/v1/models/" if case.kind == "model" else "/api/v1/datasets/"
@@ -274,27 +383,50 @@ def search_quality(client) -> int:  # noqa: ANN001
         new = [row(by_hub[(case.kind, r["hub_id"])]) for r in body["results"]]
         old_hits = baseline_search(assets[case.kind], case.query)
         old = [row(a) for a in old_hits[:TOP]]
-        figures = (case.precision(new), case.precision(old), case.recall(new), case.recall(old))
+        p_new, p_old = case.precision(new), case.precision(old)
+        r_new, r_old = case.recall(new), case.recall(old)
         for key in ("all", case.language):
-            totals.setdefault(key, []).append(figures)
-        if figures[2] < 1:
-            misses.append((case.query, [h for h in case.top if h not in {r.hub_id for r in new}]))
+            precision.setdefault(key, []).append((p_new, p_old))
+            if r_new is not None and r_old is not None:
+                recall.setdefault(key, []).append((r_new, r_old))
+        if r_new is not None and r_new < 1:
+            shown = {r.hub_id for r in new}
+            misses.append((case.query, [h for h in case.top if h not in shown]))
         print(
-            f"   {case.query:<28} {case.kind:<7} {case.language:<5} {figures[0]:6.2f} {figures[1]:6.2f} "
-            f"{figures[2]:6.2f} {figures[3]:6.2f}  {body['count']}/{len(old_hits)}"
+            f"   {_pad(case.query, 28)} {case.kind:<7} {case.language:<5} {p_new:6.2f} "
+            f"{p_old:6.2f} {_figure(r_new)} {_figure(r_old)}  {body['count']}/{len(old_hits)}"
         )
     for key in ("zh", "en", "mixed", "all"):
-        rows = totals.get(key, [])
-        if not rows:
+        if key not in precision:
             continue
-        mean = [statistics.fmean(f[i] for f in rows) for i in range(4)]
+        p = precision[key]
+        r = recall.get(key, [])
+        label = f"MEAN {key} ({len(p)} queries; R over {len(r)})"
         print(
-            f"   {'MEAN ' + key + ' (' + str(len(rows)) + ' queries)':<42} "
-            f"{mean[0]:6.2f} {mean[1]:6.2f} {mean[2]:6.2f} {mean[3]:6.2f}"
+            f"   {_pad(label, 42)} {statistics.fmean(x for x, _ in p):6.2f} "
+            f"{statistics.fmean(y for _, y in p):6.2f} "
+            f"{_figure(statistics.fmean(x for x, _ in r) if r else None)} "
+            f"{_figure(statistics.fmean(y for _, y in r) if r else None)}"
         )
     for query, missing in misses:
         print(f"   not in the top {TOP} for {query!r}: {', '.join(missing)}")
+    print(
+        f"   (P is over {TOP} places: a query with fewer good answers in the catalogue, such as "
+        "'流萤' with one, cannot reach 1.00)"
+    )
     return 0
+
+
+def _figure(value: float | None) -> str:
+    return f"{value:6.2f}" if value is not None else f"{'-':>6}"
+
+
+def _pad(text: str, width: int) -> str:
+    """Left-align ``text`` in ``width`` terminal columns (a Chinese character takes two)."""
+    import unicodedata
+
+    columns = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    return text + " " * max(0, width - columns)
 
 
 def _get(client, url: str, htmx: bool) -> int:  # noqa: ANN001

@@ -56,25 +56,432 @@ _JOINERS = str.maketrans("", "", "·・‧•")
 MAX_QUERY_TERMS = 8
 
 
+def _fold(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).lower().translate(_JOINERS)
+
+
 def search_terms(text: str) -> list[str]:
     """``"Qwen2.5-7B 通义千问"`` -> ``["qwen2", "5", "7b", "通义千问"]``: lower-case, NFKC-folded
     (full-width ``Ｑｗｅｎ`` is ``qwen``), ASCII words split from runs of other scripts."""
-    folded = unicodedata.normalize("NFKC", text).lower().translate(_JOINERS)
-    return [t for run in _WORD_RUN.findall(folded) for t in _SCRIPT_RUN.findall(run)]
+    return [t for run in _WORD_RUN.findall(_fold(text)) for t in _SCRIPT_RUN.findall(run)]
 
 
-def search_document(names: list[str], descriptions: list[str]) -> str:
-    """The distinct terms of an asset's names (hub id, name, Chinese name, publisher, tasks,
-    modalities) and the words of its descriptions. Numbers and sizes count in names only: a
-    description that mentions "7B and 13B" must not make the 7B model match "13b"."""
-    terms = search_terms(" ".join(names))
-    terms += [t for t in search_terms(" ".join(descriptions)) if not any(c.isdigit() for c in t)]
-    return " ".join(dict.fromkeys(terms))
+# The search document is these words with a space before and after each, so a pattern can ask for
+# a whole word (" zh "), the start of one (" chat") or any substring ("千问"), plus tokens the
+# query parser alone asks for, marked with "§" (no query word contains it):
+#   §s:7b      a size in a name, cut on number boundaries: "Qwen2.5-7B" and "llama-7b-chat" give
+#              §s:7b; "Qwen1.5-57B" gives §s:57b and "Qwen3-1.7B" §s:1.7b, never §s:7b;
+#   §n:2.5     a number in a name ("Qwen2.5" -> 2.5, "Llama-2" -> 2), for "llama 3" or "qwen 2.5";
+#   §t:… §m:…  the catalogue's task and modality facets (§m:multi: two modalities or more);
+#   §l:zh      Chinese: the asset has Chinese text (the shipped catalogue writes Chinese names and
+#              descriptions for the Chinese model families and datasets) or says "Chinese", "zh"...
+MARK = "§"
+_SIZE_IN_NAME = re.compile(r"(?<![\d.])(?<!\dx)(\d+(?:\.\d+)?[bmkt])(?![a-z])")
+_NUMBER_IN_NAME = re.compile(r"(?<![\d.])(\d+(?:\.\d+)*)(?![\d.])")
+_SIZE = re.compile(r"\d+(?:\.\d+)?[bmkt]")
+_NUMBER = re.compile(r"\d+(?:\.\d+)*")
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_CHINESE_WORDS = frozenset({"chinese", "zh", "cn", "zhs", "mandarin", "cantonese", "中文", "汉语"})
+
+
+def _facet(value: str) -> str:
+    return "_".join(value.lower().split())
+
+
+def search_document(
+    names: list[str],
+    descriptions: list[str],
+    *,
+    tasks: tuple[str, ...] | list[str] = (),
+    modalities: tuple[str, ...] | list[str] = (),
+) -> str:
+    """The distinct words of an asset's names (hub id, name, Chinese name, publisher, tasks,
+    modalities) and of its descriptions, then the marked tokens above. Numbers and sizes count in
+    names only: a description that mentions "7B and 13B" must not make the 7B model match "13b"."""
+    name_text = _fold(" ".join(names))
+    terms = search_terms(name_text)
+    description_terms = search_terms(" ".join(descriptions))
+    terms += [t for t in description_terms if not any(c.isdigit() for c in t)]
+    marked = [f"{MARK}s:{s}" for s in _SIZE_IN_NAME.findall(name_text)]
+    marked += [f"{MARK}n:{n}" for n in _NUMBER_IN_NAME.findall(name_text)]
+    marked += [f"{MARK}t:{_facet(t)}" for t in tasks if t.strip()]
+    marked += [f"{MARK}m:{_facet(m)}" for m in modalities if m.strip()]
+    if len([m for m in modalities if m.strip()]) >= 2:
+        marked.append(f"{MARK}m:multi")
+    all_text = name_text + " ".join(descriptions)
+    if _CJK.search(all_text) or _CHINESE_WORDS & {*terms, *description_terms}:
+        marked.append(f"{MARK}l:zh")
+    return " " + " ".join(dict.fromkeys([*terms, *marked])) + " "
+
+
+def asset_search_document(
+    *,
+    hub_id: str,
+    name: str,
+    name_zh: str,
+    publisher: str,
+    tasks: list[str],
+    modalities: list[str],
+    description: str,
+    description_zh: str,
+) -> str:
+    """An asset's search document (``Asset.build_search_document`` and the migrations that
+    rebuild the stored documents both call this)."""
+    names = [hub_id, name, name_zh, publisher, " ".join(tasks), " ".join(modalities)]
+    return search_document(names, [description, description_zh], tasks=tasks, modalities=modalities)
+
+
+# --- what a query means ---------------------------------------------------------------------------
+# People type task words, not the catalogue's facet names: "中文 对话 数据集", "chinese chat dataset".
+# Each concept below lists the words that name it (Chinese and English; "fine tune" is two words)
+# and the document patterns that satisfy it, in a small notation compiled by `_pattern`:
+#   "chat"  the whole word        "chat*"  a word starting so      "对话"  any substring (Chinese)
+#   "task:conversational"  a task facet ("task:embedding*": every embedding variant)
+#   "modality:image", "lang:zh"  a modality / the language mark
+# ``related`` patterns also satisfy the concept but rank below it: instruction data and
+# instruction-tuned models are how chat models are made, so "对话" finds BELLE and alpaca-zh
+# after LCCC. A kind word ("数据集", "model") filters by kind instead of matching text.
+
+
+@dataclass(frozen=True)
+class Concept:
+    key: str
+    words: tuple[str, ...]
+    match: tuple[str, ...] = ()
+    related: tuple[str, ...] = ()
+    kind: str = ""
+    # Raw substrings of the names (hub id, names, tasks) that make a best match; None: the match
+    # patterns' own text. A language is a property, not what a name is about: none.
+    hints: tuple[str, ...] | None = None
+
+
+def _concept(
+    key: str,
+    words: str,
+    match: str = "",
+    related: str = "",
+    kind: str = "",
+    hints: str | None = None,
+) -> Concept:
+    """A concept from "|"-separated lists (a word or pattern may hold a space: "fine tune")."""
+
+    def split(value: str) -> tuple[str, ...]:
+        return tuple(v.strip() for v in value.split("|") if v.strip())
+
+    return Concept(
+        key,
+        split(words),
+        split(match),
+        split(related),
+        kind,
+        None if hints is None else split(hints),
+    )
+
+
+# fmt: off
+CONCEPTS: tuple[Concept, ...] = (
+    _concept("dataset", "数据集|数据|语料|语料库|dataset|datasets|data|corpus|corpora", kind=DATASET),
+    _concept("model", "模型|权重|model|models|weights|checkpoint|checkpoints", kind=MODEL),
+    _concept(
+        "llm",
+        "大模型|大语言模型|语言模型|基座模型|llm|llms|large language model|large language models|"
+        "language model|language models",
+        match="task:text-generation|task:text2text-generation|llm*|大模型|语言模型",
+        kind=MODEL,
+        hints="text-generation|llm|大模型|语言模型",
+    ),
+    _concept("zh", "中文|汉语|华语|简体|简体中文|国产|chinese|zh|cn|mandarin", match="lang:zh", hints=""),
+    _concept(
+        "en", "英文|英语|english|en", match="english*|en|英文|英语", hints="english|-en|_en|英文|英语"
+    ),
+    _concept(
+        "multilingual",
+        "多语言|多语种|multilingual|multi lingual",
+        match="multilingual*|多语言|多语种|task:any2any-multilingual-retrieval",
+    ),
+    _concept(
+        "chat",
+        "对话|聊天|闲聊|会话|多轮|多轮对话|聊天机器人|chat|chats|chatbot|chatbots|conversation|"
+        "conversations|conversational|dialog|dialogs|dialogue|dialogues",
+        match="task:conversational|chat|chats|chatbot*|chatglm*|conversation*|dialog*|对话|聊天|会话",
+        related="instruct*|指令|sft",
+    ),
+    _concept(
+        "instruct",
+        "指令|指令微调|instruct|instruction|instructions|sft",
+        match="instruct*|指令|sft",
+    ),
+    _concept(
+        "finetune",
+        "微调|精调|finetune|finetuning|finetuned|fine tune|fine tuning|fine tuned",
+        match="finetun*|fine tun*|微调|精调|sft",
+        related="instruct*|指令",
+        hints="finetun|fine-tun|微调|sft",
+    ),
+    _concept(
+        "code",
+        "代码|编程|程序|code|codes|coding|coder|programming",
+        match="code*|program*|starcoder*|wizardcoder*|leetcode*|代码|编程",
+        hints="coder|codellama|codegen|codestral|code-|-code|/code|program|leetcode|代码|编程",
+    ),
+    _concept(
+        "math",
+        "数学|算术|math|maths|mathematics|mathematical|arithmetic",
+        match="math*|arithmetic*|gsm8k*|数学|算术",
+    ),
+    _concept(
+        "image",
+        "图像|图片|视觉|计算机视觉|image|images|vision|visual|photo|photos|picture|pictures",
+        match="modality:image|image*|vision*|visual*|图像|图片|视觉",
+    ),
+    _concept(
+        "text_to_image",
+        "文生图|图像生成|图片生成|生成图片|绘画|画图|text to image|diffusion|txt2img",
+        match="task:text-to-image|diffusion*|文生图|图像生成",
+    ),
+    _concept(
+        "asr",
+        "语音识别|语音转文字|语音转写|speech recognition|asr|stt|speech to text",
+        match="task:automatic-speech-recognition|asr|语音识别",
+        hints="speech-recognition|asr|whisper|语音识别",
+    ),
+    _concept(
+        "speech",
+        "语音|音频|声音|语音合成|speech|audio|tts|voice",
+        match="modality:audio|speech*|audio*|asr|tts|voice*|语音|音频",
+    ),
+    _concept("video", "视频|video|videos", match="modality:video|video*|视频"),
+    _concept(
+        "multimodal",
+        "多模态|图文|跨模态|multimodal|multi modal|vlm|vision language",
+        match="modality:multi|multimodal*|多模态|vlm*|task:image-text-to-text|"
+        "task:visual-question-answering|task:image-to-text",
+        hints="multimodal|多模态|-vl|vlm|image-text|visual-question",
+    ),
+    _concept(
+        "translation",
+        "翻译|机器翻译|translation|translations|translate|translator|machine translation",
+        match="task:translation|translat*|翻译",
+    ),
+    _concept(
+        "summarization",
+        "摘要|总结|文摘|概括|summarization|summarisation|summary|summaries|summarize|summarise",
+        match="task:summarization|summar*|摘要|总结",
+    ),
+    _concept(
+        "qa",
+        "问答|阅读理解|机器阅读理解|qa|question answering",
+        match="task:question-answering|task:visual-question-answering|qa*|问答|阅读理解",
+        hints="question-answering|qa|问答|阅读理解",
+    ),
+    _concept(
+        "classification",
+        "分类|文本分类|classification|classifier|classify",
+        match="classif*|分类",
+    ),
+    _concept(
+        "sentiment",
+        "情感|情感分析|情绪|sentiment|emotion|emotions",
+        match="sentiment*|emotion*|情感|情绪",
+    ),
+    _concept(
+        "ner",
+        "实体|命名实体|命名实体识别|ner|entity|entities",
+        match="ner|entit*|task:token-classification|实体",
+        hints="-ner|_ner|ner-|entit|token-classification|实体",
+    ),
+    _concept(
+        "embedding",
+        "向量|嵌入|向量化|检索|语义检索|embedding|embeddings|retrieval",
+        match="task:embedding*|task:text-retrieval|task:retrieval|embed*|retriev*|向量|嵌入|检索",
+        hints="embed|retriev|向量|嵌入|检索",
+    ),
+    _concept(
+        "eval",
+        "评测|测评|基准|评估|榜单|考试|benchmark|benchmarks|eval|evaluation|exam|leaderboard",
+        match="benchmark*|eval*|exam*|评测|测评|基准|评估|考试",
+        related="task:multiple-choice",
+        hints="benchmark|ceval|-eval|eval-|_eval|mmlu|exam|评测|测评|基准|评估|考试",
+    ),
+    _concept("reasoning", "推理|reasoning", match="reason*|推理"),
+    _concept(
+        "medical",
+        "医疗|医学|医药|临床|medical|medicine|clinical|biomedical",
+        match="medic*|clinic*|biomed*|pubmed*|医疗|医学|医药|临床",
+    ),
+    _concept("legal", "法律|法务|legal|law", match="legal*|law|laws|法律"),
+    _concept("finance", "金融|财经|finance|financial", match="financ*|金融|财经"),
+)
+# fmt: on
+
+# Words that carry nothing to search for ("找一个中文的对话数据集": 找 一个 的).
+STOP_WORDS = frozenset(
+    {"a", "an", "the", "and", "or", "of", "for", "with", "in", "on", "to", "by", "some", "any",
+     "的", "和", "与", "及", "或", "找", "我想要", "我要", "我想", "一个", "一些", "有没有", "推荐",
+     "哪些", "什么", "相关", "关于", "用于", "适合", "可以", "开源", "训练", "好用", "最好"}
+)  # fmt: skip
+
+_CONCEPT_BY_WORD: dict[str, Concept] = {}
+for _each in CONCEPTS:
+    for _word in _each.words:
+        _CONCEPT_BY_WORD.setdefault(_word, _each)
+# Phrases ("fine tune") by their first word, longest first; Chinese words for cutting a run of
+# Chinese characters, longest first ("多轮对话" before "对话").
+_PHRASES: dict[str, list[tuple[str, ...]]] = {}
+for _word in sorted(_CONCEPT_BY_WORD, key=lambda w: -len(w.split())):
+    if " " in _word:
+        _PHRASES.setdefault(_word.split()[0], []).append(tuple(_word.split()))
+_CHINESE_VOCABULARY = sorted(
+    {w for w in [*_CONCEPT_BY_WORD, *STOP_WORDS] if not w.isascii()}, key=len, reverse=True
+)
+# "70亿" is 7B, "15亿" 1.5B: Chinese writes parameter counts in units of 10^8.
+_YI = re.compile(r"(\d+(?:\.\d+)?)\s*亿")
+_QUERY_WORD = re.compile(r"[0-9a-z]+(?:\.[0-9a-z]+)*|(?:(?![\x00-\x7f])[^\W_])+")
+
+
+def _pattern(spec: str) -> str:
+    """A vocabulary pattern (see above) as the substring the search document must contain."""
+    for prefix, mark in (("task:", "t"), ("modality:", "m"), ("lang:", "l")):
+        if spec.startswith(prefix):
+            value = spec.removeprefix(prefix)
+            if value.endswith("*"):
+                return f" {MARK}{mark}:{_facet(value[:-1])}"
+            return f" {MARK}{mark}:{_facet(value)} "
+    if not spec.isascii():
+        return spec
+    return f" {spec[:-1]}" if spec.endswith("*") else f" {spec} "
+
+
+def _hint(spec: str) -> str:
+    """The raw text a pattern stands for in an asset's names (hub id, names, tasks)."""
+    return spec.split(":", 1)[-1].rstrip("*").replace(" ", "-")
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One thing a query asks for: any one of ``patterns`` must be a substring of the document.
+
+    For ranking, ``hints`` (and, a step lower, ``related_hints``) are looked for in the asset's
+    names, and ``evidence`` in the whole document (the concept itself, not a related one)."""
+
+    text: str
+    patterns: tuple[str, ...]
+    hints: tuple[str, ...]
+    related_hints: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()
+    role: str = "word"  # "word" (found as typed), "size", "number" or "concept"
+
+    def matches(self, document: str) -> bool:
+        return any(p in document for p in self.patterns)
+
+
+@dataclass(frozen=True)
+class SearchQuery:
+    """A search box query, understood: the kind it names ("" for none) and what it asks for."""
+
+    kind: str
+    clauses: tuple[Clause, ...]
+
+    @property
+    def words(self) -> list[str]:
+        """The plain words typed (not concepts, sizes or numbers), in order."""
+        return [c.text for c in self.clauses if c.role == "word"]
+
+    def matches(self, document: str, kind: str = "") -> bool:
+        """What the database does with the query, in Python (the tests and the benchmark)."""
+        if self.kind and kind and kind != self.kind:
+            return False
+        return all(c.matches(document) for c in self.clauses)
+
+
+def _concept_clause(concept: Concept, text: str) -> Clause:
+    match = tuple(_pattern(p) for p in concept.match)
+    related = tuple(_pattern(p) for p in concept.related)
+    return Clause(
+        text=text,
+        patterns=match + related,
+        hints=(
+            concept.hints
+            if concept.hints is not None
+            else tuple(dict.fromkeys(_hint(p) for p in concept.match))
+        ),
+        related_hints=tuple(dict.fromkeys(_hint(p) for p in concept.related)),
+        evidence=match,
+        role="concept",
+    )
+
+
+def _word_clauses(word: str) -> list[Clause]:
+    if _SIZE.fullmatch(word):
+        # A size matches on number boundaries: "7b" is 7B and 7b-chat, never 57B or 1.7B.
+        return [Clause(word, (f" {MARK}s:{word} ",), (word,), role="size")]
+    if _NUMBER.fullmatch(word):
+        # "2" is Llama-2 and Qwen2.5 (2.x), not 13B or v1.2.
+        return [Clause(word, (f" {MARK}n:{word} ", f" {MARK}n:{word}."), (word,), role="number")]
+    return [Clause(t, (t,), (t,)) for t in search_terms(word)]
+
+
+def _segment(run: str) -> list[str]:
+    """Cut a run of Chinese characters at the vocabulary's words: "中文对话数据集" -> 中文 对话 数据集;
+    what lies between stays one word ("通义千问")."""
+    pieces: list[str] = []
+    rest = ""
+    i = 0
+    while i < len(run):
+        word = next((w for w in _CHINESE_VOCABULARY if run.startswith(w, i)), None)
+        if word is None:
+            rest += run[i]
+            i += 1
+            continue
+        if rest:
+            pieces.append(rest)
+            rest = ""
+        pieces.append(word)
+        i += len(word)
+    if rest:
+        pieces.append(rest)
+    return pieces
+
+
+def parse_query(q: str) -> SearchQuery:
+    """What a search box query asks for: every clause must match (at most eight).
+
+    Kind words set the kind; stop words go; task, language and modality words become concepts
+    (any of their patterns); sizes and numbers match on number boundaries; every other word must
+    be a substring of the document, as before."""
+    folded = _YI.sub(lambda m: f" {float(m.group(1)) / 10:g}b ", _fold(q))
+    words: list[str] = []
+    for word in _QUERY_WORD.findall(folded):
+        words.extend(_segment(word) if not word.isascii() else [word])
+    kinds: set[str] = set()
+    clauses: dict[str, Clause] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        phrase = next(
+            (p for p in _PHRASES.get(word, []) if tuple(words[i : i + len(p)]) == p), None
+        )
+        if phrase is not None:
+            word = " ".join(phrase)
+        i += len(phrase) if phrase else 1
+        if word in STOP_WORDS:
+            continue
+        concept = _CONCEPT_BY_WORD.get(word)
+        if concept is None:
+            for clause in _word_clauses(word):
+                clauses.setdefault(clause.patterns[0], clause)
+            continue
+        if concept.kind:
+            kinds.add(concept.kind)
+        if concept.match:
+            clauses.setdefault(concept.key, _concept_clause(concept, word))
+    kind = kinds.pop() if len(kinds) == 1 else ""
+    return SearchQuery(kind=kind, clauses=tuple(clauses.values())[:MAX_QUERY_TERMS])
 
 
 def query_terms(q: str) -> list[str]:
-    """The distinct terms of a search box query (at most eight); each must match."""
-    return list(dict.fromkeys(search_terms(q)))[:MAX_QUERY_TERMS]
+    """The plain words of a query (at most eight): what must occur as typed."""
+    return parse_query(q).words
 
 
 class CatalogueError(ValueError):

@@ -191,17 +191,18 @@ class Asset(models.Model):
 
     def build_search_document(self) -> str:
         """The search terms of every field a person may search by, in both languages
-        (``catalogue.search_document``: the query is cut the same way, and each of its terms
-        must be a substring of this document)."""
-        names = [
-            self.hub_id,
-            self.name,
-            self.name_zh,
-            self.publisher,
-            self.tasks or self.task,
-            self.modalities,
-        ]
-        return catalogue.search_document(names, [self.description, self.description_zh])
+        (``catalogue.asset_search_document``: the query is cut the same way, and each of its
+        clauses must be a substring of this document), with the task, modality and language marks."""
+        return catalogue.asset_search_document(
+            hub_id=self.hub_id,
+            name=self.name,
+            name_zh=self.name_zh,
+            publisher=self.publisher,
+            tasks=unpack(self.tasks, ";") or ([self.task] if self.task else []),
+            modalities=unpack(self.modalities, ","),
+            description=self.description,
+            description_zh=self.description_zh,
+        )
 
     @property
     def chinese_ui(self) -> bool:

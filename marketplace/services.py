@@ -18,7 +18,8 @@ from urllib.parse import urlencode
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Prefetch, Q
-from django.http import Http404
+from django.http import Http404, QueryDict
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.text import Truncator
 from django.utils.translation import gettext_noop
@@ -263,6 +264,33 @@ def order_form_url(image: ImageVersion | None = None, assets: Iterable[Asset] = 
     if asset_ids:
         params["assets"] = ",".join(asset_ids)
     return f"{ORDER_FORM_PATH}?{urlencode(params)}" if params else ORDER_FORM_PATH
+
+
+# --- search ------------------------------------------------------------------------------------
+# The filters both list pages share: they travel when a search moves to the other kind's list.
+# Tasks and modalities differ between models and datasets, parameters exist for models only.
+SHARED_FILTERS = ("q", "publisher", "license", "size_min", "size_max", "gated")
+LIST_URL_NAMES: dict[str, str] = {
+    AssetKind.MODEL: "marketplace:model-list",
+    AssetKind.DATASET: "marketplace:dataset-list",
+}
+
+
+def other_kind_list_url(kind: str, params: QueryDict) -> str:
+    """Where a search belongs when it names the other kind: "中文 对话 数据集" typed on the models
+    list is the datasets list with the same query (a kind word filters, it is not text, so on the
+    models list it would find nothing). "" when the query names no kind, or this one."""
+    named = catalogue.parse_query(str(params.get("q", ""))[:100]).kind
+    if not named or named == kind:
+        return ""
+    kept = QueryDict(mutable=True)
+    for key in SHARED_FILTERS:
+        if params.get(key):
+            kept[key] = str(params.get(key))
+    sort = str(params.get("sort", ""))
+    if sort and "params" not in sort:
+        kept["sort"] = sort
+    return f"{reverse(LIST_URL_NAMES[named])}?{kept.urlencode()}"
 
 
 # --- the order form's asset picker --------------------------------------------------------------

@@ -7,6 +7,7 @@ from django.shortcuts import render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRedirect
 
 from console.htmx import render_page
 from marketplace import services
@@ -17,6 +18,11 @@ from marketplace.models import Asset, ImageVersion
 
 
 def _asset_list(request: HttpRequest, kind: str) -> HttpResponse:
+    other = services.other_kind_list_url(kind, request.GET)
+    if other:
+        # htmx swaps only the results: ask it to load the other list as a whole page.
+        htmx = getattr(request, "htmx", None)
+        return HttpResponseClientRedirect(other) if htmx else HttpResponseRedirect(other)
     form = asset_filter_form(request.GET)
     qs = form.apply(Asset.objects.listed().of_kind(kind).for_list())
     context = {

@@ -33,7 +33,12 @@ FILTER_PARAMETERS = [
     OpenApiParameter(
         "q",
         str,
-        description="Words to search for, English or Chinese (every word must match).",
+        description=(
+            "Words to search for, English or Chinese; every word must match. Task and language "
+            "words match the catalogue's facets ('中文 对话', 'chinese chat'), sizes match on "
+            "number boundaries ('7b' is not 57B or 1.7B); a kind word ('数据集', 'dataset') "
+            "keeps only that kind."
+        ),
     ),
     OpenApiParameter("task", str, description="Task, e.g. text-generation, question-answering."),
     OpenApiParameter("modality", str, description="text, image, audio, video, tabular, …"),
