@@ -51,6 +51,7 @@ from billing.models import (
 from billing.money import ZERO, charge_for, round_cents
 from billing.sql import bulk_set, insert_rows
 from console.events import notify_user
+from console.retries import retry_transient
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,11 @@ def _request_stop(resource_kind: str, resource_id: str, reason: str) -> None:
         )
         return
     try:
-        handler(resource_kind, resource_id, reason)
+        # On commit, outside the settlement's transaction: a blip is retried in place.
+        retry_transient(
+            lambda: handler(resource_kind, resource_id, reason),
+            what=f"stopping {resource_kind} {resource_id}",
+        )
     except Exception:  # the billing side is committed; the slices reconciler retries the release
         logger.exception("stop handler failed for %s %s", resource_kind, resource_id)
 

@@ -11,6 +11,7 @@ Bad values fail at start with a message naming the variable (see ``ConfigError``
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -88,6 +89,10 @@ def _ensure_dir(path: Path) -> Path:
     except OSError as exc:
         raise ConfigError(f"Cannot create the directory {path}: {exc}") from exc
     return path
+
+
+if PRODUCTION:  # beat's schedule file (the Procfile's default) and collectstatic's target
+    _ensure_dir(STATE_DIR)
 
 
 def _install_secret_key(path: Path) -> str:
@@ -199,8 +204,44 @@ if PRODUCTION:
         DATABASES = {"default": env.db_url_config(DATABASE_URL)}
     except Exception as exc:  # environ raises a zoo of types for odd URLs
         raise ConfigError(f"DATABASE_URL is not a valid database URL: {exc}") from exc
-    DATABASES["default"]["CONN_MAX_AGE"] = _get("DB_CONN_MAX_AGE", env.int, 60)
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # a connection cut meanwhile is replaced
+    # A pool per process (Django's psycopg pool). Under ASGI each request's sync part runs in a
+    # thread of its own, so connections kept per thread (CONN_MAX_AGE) pile up with the threads:
+    # one uvicorn process held 67 and PostgreSQL refused the rest (issue 22). The pool lends a
+    # request a connection and takes it back when the request ends, never opening more than
+    # DB_POOL_MAX_SIZE; a request that waits DB_POOL_TIMEOUT seconds for one answers 503
+    # (console/api/exceptions.py). DB_POOL=false: a plain connection per thread kept DB_CONN_MAX_AGE
+    # seconds, for processes whose queries run on one thread (the Procfile's worker, beat and
+    # relay) or behind PgBouncer. README "Database connections" sizes max_connections.
+    DB_POOL: bool = _get("DB_POOL", _strict_bool, True)
+    DB_POOL_MIN_SIZE: int = _get("DB_POOL_MIN_SIZE", env.int, 2)
+    DB_POOL_MAX_SIZE: int = _get("DB_POOL_MAX_SIZE", env.int, 10)
+    DB_POOL_TIMEOUT: float = _get("DB_POOL_TIMEOUT", env.float, 10.0)
+    DB_CONN_MAX_AGE: int = _get("DB_CONN_MAX_AGE", env.int, 0 if DB_POOL else 60)
+    if DB_POOL:
+        if not 1 <= DB_POOL_MAX_SIZE <= 1000 or not 0 <= DB_POOL_MIN_SIZE <= DB_POOL_MAX_SIZE:
+            raise ConfigError(
+                f"DB_POOL_MIN_SIZE={DB_POOL_MIN_SIZE} and DB_POOL_MAX_SIZE={DB_POOL_MAX_SIZE} must "
+                "satisfy 0 <= DB_POOL_MIN_SIZE <= DB_POOL_MAX_SIZE, 1 <= DB_POOL_MAX_SIZE <= 1000"
+            )
+        if not 0.1 <= DB_POOL_TIMEOUT <= 300:
+            raise ConfigError(f"DB_POOL_TIMEOUT={DB_POOL_TIMEOUT} must be 0.1 to 300 seconds")
+        if DB_CONN_MAX_AGE != 0:
+            raise ConfigError(
+                f"DB_CONN_MAX_AGE={DB_CONN_MAX_AGE} keeps connections outside the pool; set it "
+                "to 0 (or unset it) with the pool, or DB_POOL=false to run without one"
+            )
+        if importlib.util.find_spec("psycopg_pool") is None:
+            raise ConfigError("DB_POOL needs psycopg_pool: run `make` (uv sync) to install it")
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": DB_POOL_MIN_SIZE,
+            "max_size": DB_POOL_MAX_SIZE,
+            "timeout": DB_POOL_TIMEOUT,
+            "name": "gpu-console",
+        }
+    elif DB_CONN_MAX_AGE < 0:
+        raise ConfigError(f"DB_CONN_MAX_AGE={DB_CONN_MAX_AGE} must be 0 or more seconds")
+    DATABASES["default"]["CONN_MAX_AGE"] = DB_CONN_MAX_AGE
 else:
     SQLITE_PATH = Path(_get("SQLITE_PATH", env.str, str(STATE_DIR / "console.sqlite3")))
     _ensure_dir(SQLITE_PATH.parent)  # SQLite creates the file, not its directory
@@ -264,10 +305,18 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # runs is bounded by itself too (README "Bounds and time limits").
 CELERY_TASK_TIME_LIMIT = _get("CELERY_TASK_TIME_LIMIT", env.int, 30 * 60)
 CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 30
-# A task not acknowledged within this window is redelivered by Redis; it must exceed every
-# countdown, retry delay and time limit (tests/console/test_celery_config.py asserts it).
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 2 * 60 * 60}
+# A task not acknowledged within this window is redelivered by Redis: the longest task (its hard
+# limit) plus 5 minutes, so none is handed out twice while it runs, and far above every countdown
+# and retry delay (tests/console/test_settings.py and tests/slices/test_transient_retries.py
+# assert it). A worker that dies is not waited for this long: its lease lapses
+# (SLICES_LEASE_SECONDS) and the take-over beat (SLICES_TAKEOVER_INTERVAL) re-drives its
+# instances from the database.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT + 5 * 60}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # a worker waits out a broker outage, however long
+# On a broker connection loss, running tasks go on (their lease keeps them single); cancelling
+# them would cut every provisioning short on a Redis blip.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_TIMEZONE = "Asia/Shanghai"
 # billing: per-second usage settled in bulk; the interval is also the low-balance window.
 BILLING_SETTLEMENT_INTERVAL: int = _get("BILLING_SETTLEMENT_INTERVAL", env.int, 60)
@@ -294,8 +343,17 @@ if not 0 <= SIM_TIME_SCALE <= 100:
 # An order needs balance for at least this long at its quoted price.
 ORDER_MIN_RUNWAY_SECONDS: int = _get("ORDER_MIN_RUNWAY_SECONDS", env.int, 3600)
 SLICES_DEFAULT_GPU_QUOTA: int = _get("SLICES_DEFAULT_GPU_QUOTA", env.int, 256)
-# A worker renews its lease on an instance while driving it; an expired lease is re-driven.
-SLICES_LEASE_SECONDS: int = _get("SLICES_LEASE_SECONDS", env.int, 90)
+# A worker holds a lease on an instance while driving it, renewed by a heartbeat five times per
+# lease; a lapsed lease (the worker died) is taken over by the take-over beat, which runs every
+# SLICES_TAKEOVER_INTERVAL seconds: a dead worker's instance moves on within the sum (20 s).
+SLICES_LEASE_SECONDS: int = _get("SLICES_LEASE_SECONDS", env.int, 15)
+SLICES_TAKEOVER_INTERVAL: float = _get("SLICES_TAKEOVER_INTERVAL", env.float, 5.0)
+if not 2 <= SLICES_LEASE_SECONDS <= 3600 or not 1 <= SLICES_TAKEOVER_INTERVAL <= 300:
+    raise ConfigError("SLICES_LEASE_SECONDS or SLICES_TAKEOVER_INTERVAL is out of range")
+CELERY_BEAT_SCHEDULE["slices-take-over"] = {
+    "task": "slices.tasks.take_over_instances_task",
+    "schedule": SLICES_TAKEOVER_INTERVAL,
+}
 SLICES_MAX_DRIVE_ATTEMPTS: int = _get("SLICES_MAX_DRIVE_ATTEMPTS", env.int, 3)
 SLICES_LEAK_GRACE_SECONDS: int = _get("SLICES_LEAK_GRACE_SECONDS", env.int, 300)
 SLICES_RETRY_BACKOFF_SECONDS: float = _get("SLICES_RETRY_BACKOFF_SECONDS", env.float, 2.0)
@@ -399,6 +457,20 @@ CELERY_BEAT_SCHEDULE.update(
         },
     }
 )
+# Beat publishes each job with retries (about 10 s) so a broker blip does not cost the tick, and
+# a job still queued after its own interval expires (the next tick brings a fresh one): a worker
+# back from an outage runs no backlog. Every job derives its work from the database, so a tick
+# lost to a longer outage is caught up by the next one.
+BEAT_PUBLISH_RETRY_POLICY = {
+    "max_retries": 5,
+    "interval_start": 0.5,
+    "interval_step": 1.0,
+    "interval_max": 3.0,
+}
+for _entry in CELERY_BEAT_SCHEDULE.values():
+    _entry.setdefault("options", {}).update(
+        retry=True, retry_policy=BEAT_PUBLISH_RETRY_POLICY, expires=float(_entry["schedule"])
+    )
 
 # --- Cache --------------------------------------------------------------------------------------
 if PRODUCTION:
@@ -428,11 +500,10 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-# collectstatic target in production; the embedded default serves from the source folders.
+# collectstatic target in production (with the rest of the state, not in the clone when STATE_DIR
+# is elsewhere); the embedded default serves from the source folders.
 STATIC_ROOT = (
-    Path(_get("STATIC_ROOT", env.str, str(BASE_DIR / "var" / "staticfiles")))
-    if PRODUCTION
-    else None
+    Path(_get("STATIC_ROOT", env.str, str(STATE_DIR / "staticfiles"))) if PRODUCTION else None
 )
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import sys
 import time
 
 from asgiref.sync import async_to_sync
@@ -16,11 +17,17 @@ from django.views import defaults
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from console.api.exceptions import TOO_LARGE, too_large_body
+from console.api.exceptions import (
+    RETRY_AFTER_SECONDS,
+    TOO_LARGE,
+    too_large_body,
+    unavailable_body,
+)
 from console.auth import staff_required
 from console.dashboard import build_dashboard, build_landing
 from console.errors import ErrorCode
 from console.events import notify_user
+from console.retries import is_transient
 from console.tasks import ping_worker_task
 
 
@@ -71,8 +78,9 @@ async def _channel_layer_roundtrip() -> str:
     layer = get_channel_layer()
     channel = await layer.new_channel("healthz.")
     token = secrets.token_hex(8)
-    await layer.send(channel, {"type": "healthz", "token": token})
-    message = await asyncio.wait_for(layer.receive(channel), timeout=2)
+    async with asyncio.timeout(2):  # a Redis that hangs, not only one that refuses: 503
+        await layer.send(channel, {"type": "healthz", "token": token})
+        message = await layer.receive(channel)
     return "ok" if message.get("token") == token else "error: mismatch"
 
 
@@ -168,6 +176,18 @@ def too_many_requests(request: HttpRequest, exception: Exception | None = None) 
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
+    """Django's 500, and the 503 of a transient error that no view caught: a page's view, or a
+    middleware of any request (the session or user loaded from a database that was cut, the
+    pool exhausted). Django calls this inside its ``except`` block, so ``sys.exc_info()`` has
+    the error (asgiref carries it into the worker thread under ASGI); Django logs it."""
+    exc = sys.exc_info()[1]
+    if exc is not None and is_transient(exc):
+        if request.path.startswith("/api/"):
+            response = JsonResponse(unavailable_body(), status=503)
+        else:  # static, like the 500 page: no context processors, no database
+            response = HttpResponse(loader.get_template("503.html").render({}), status=503)
+        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
     if request.path.startswith("/api/"):
         return JsonResponse({"error": "error", "detail": "Server error."}, status=500)
     # No context processors here: the failure may be in one of them.

@@ -27,6 +27,7 @@ from django.utils.translation import gettext_noop
 from console.errors import DomainError, ErrorCode
 from console.ids import parse_uuid
 from console.loading import LoadReport, upsert
+from console.retries import TRANSIENT_ERRORS
 from marketplace import catalogue, mounts
 from marketplace.choices import AssetKind
 from marketplace.models import Asset, Image, ImageVersion, License, LicenseAcceptance, pack
@@ -385,7 +386,10 @@ def catalogue_facets(kind: str) -> Facets:
             licenses=sorted(licenses.items(), key=lambda kv: kv[1].lower()),
         )
 
-    return cast(Facets, cache.get_or_set(_facets_key(kind), compute, FACETS_CACHE_TIMEOUT))
+    try:
+        return cast(Facets, cache.get_or_set(_facets_key(kind), compute, FACETS_CACHE_TIMEOUT))
+    except TRANSIENT_ERRORS:  # the cache (Redis) is down: one query, not a 503 catalogue
+        return compute()
 
 
 def forget_facets() -> None:

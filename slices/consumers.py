@@ -5,19 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import Http404
 
-from console.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, ForwardingJsonConsumer
+from console.consumers import (
+    CLOSE_NOT_FOUND,
+    CLOSE_UNAUTHENTICATED,
+    OUTAGE_ERRORS,
+    ForwardingJsonConsumer,
+    LayerConsumer,
+)
 from slices.events import instance_group
 from slices.models import Cluster
 from slices.services.instances import get_instance_for_operator, get_instance_for_user
 from slices.telemetry.groups import cluster_group as telemetry_cluster_group
 from slices.telemetry.groups import instance_group as telemetry_instance_group
 from slices.telemetry.metrics import websocket_client_changed
+
+logger = logging.getLogger(__name__)
 
 
 @database_sync_to_async
@@ -33,8 +41,9 @@ def _may_see_instance(user: Any, public_id: str) -> bool:
     return True
 
 
-class InstanceConsumer(AsyncJsonWebsocketConsumer):
-    """Joins ``instance.<uuid>`` after checking the user may see it; then only forwards."""
+class InstanceConsumer(LayerConsumer):
+    """Joins ``instance.<uuid>`` after checking the user may see it; then only forwards. A Redis
+    outage closes it with 1013 (``LayerConsumer``); the page polls meanwhile and reconnects."""
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -45,14 +54,9 @@ class InstanceConsumer(AsyncJsonWebsocketConsumer):
         if not await _may_see_instance(user, public_id):
             await self.close(code=CLOSE_NOT_FOUND)
             return
-        self.group = instance_group(public_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.join(instance_group(public_id))
         await self.accept()
         await self.send_json({"kind": "hello", "payload": {}})
-
-    async def disconnect(self, code: int) -> None:
-        if hasattr(self, "group"):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """Browsers only listen here; anything they send is ignored."""
@@ -75,9 +79,12 @@ class TelemetryConsumer(ForwardingJsonConsumer):
     but ``TELEMETRY_WINDOW - 1`` of the samples it was sent. A slow browser therefore gets the
     latest sample (with ``skipped``: how many were replaced meanwhile), never a backlog, not even
     one hidden in the kernel's socket buffers, and memory stays flat whatever the client's speed.
+
+    The writer is a ``background`` task: cancelled and awaited however the connection ends (a
+    Redis outage closes it with 1013; the charts reconnect and fetch the gap).
     """
 
-    writer: asyncio.Task[None] | None = None
+    counted = False  # this connection is in the open-websockets gauge
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -89,35 +96,38 @@ class TelemetryConsumer(ForwardingJsonConsumer):
             if not (user.is_staff and await self._cluster_exists(kwargs["code"])):
                 await self.close(code=CLOSE_NOT_FOUND)
                 return
-            self.group = telemetry_cluster_group(kwargs["code"])
+            group = telemetry_cluster_group(kwargs["code"])
             self.stream = "cluster"
         else:
             if not await _may_see_instance(user, kwargs["public_id"]):
                 await self.close(code=CLOSE_NOT_FOUND)
                 return
-            self.group = telemetry_instance_group(kwargs["public_id"])
+            group = telemetry_instance_group(kwargs["public_id"])
             self.stream = "instance"
         self._latest: str | None = None  # the newest sample, JSON
         self._skipped = 0
         self._ready = asyncio.Event()
         self._unacked = 0
         self._credit = asyncio.Event()
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.join(group)
         await self.accept()
         await database_sync_to_async(websocket_client_changed)(self.stream, 1)
+        self.counted = True
         await self.send_json({"kind": "hello", "payload": {}})
-        self.writer = asyncio.create_task(self._write())
+        self.background(self._write())
 
     @database_sync_to_async
     def _cluster_exists(self, code: str) -> bool:
         return Cluster.objects.filter(code=code).exists()
 
     async def disconnect(self, code: int) -> None:
-        if self.writer is not None:
-            self.writer.cancel()
-            await database_sync_to_async(websocket_client_changed)(self.stream, -1)
-        if hasattr(self, "group"):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        await super().disconnect(code)  # the writer first: it is awaited, then the groups
+        if self.counted:
+            self.counted = False
+            try:
+                await database_sync_to_async(websocket_client_changed)(self.stream, -1)
+            except OUTAGE_ERRORS as exc:  # the gauge lives in Redis: gone with it
+                logger.debug("telemetry client gauge not decremented: %r", exc)
 
     async def telemetry_sample(self, event: dict[str, Any]) -> None:
         """``text``: the payload as the relay encoded it once for every watcher (``payload``: a
@@ -144,6 +154,8 @@ class TelemetryConsumer(ForwardingJsonConsumer):
             self._latest, self._skipped = None, 0
             if payload is None:
                 continue
+            if self.closing:
+                return  # nothing may follow the close frame
             self._unacked += 1
             await self.send(
                 text_data=f'{{"kind":"sample","skipped":{skipped},"payload":{payload}}}'

@@ -11,6 +11,12 @@ enforces them. The embedded worker's thread pool cannot interrupt a thread, so i
 neither: there every loop bounds itself instead (the follower: ``RECIPE_FOLLOW_SECONDS`` and
 ``FOLLOW_MAX_LINES`` per run; provisioning: the driver's step and SSH command timeouts and the
 attempt limit; the simulated recipe: O(1) per read whatever its parameters).
+
+Transient infrastructure errors (the database cut, Redis away: console/retries.py) are retried
+in place by the services and, past that, by the task itself (``TransientRetryTask``: re-queued
+with backoff); no task turns one into a failed instance. A worker that dies is taken over by
+``take_over_instances_task`` (beat, every ``SLICES_TAKEOVER_INTERVAL`` seconds) once the lease its
+heartbeat no longer renews has lapsed (``SLICES_LEASE_SECONDS``).
 """
 
 from __future__ import annotations
@@ -20,16 +26,18 @@ import time
 from celery import shared_task
 from django.conf import settings
 
+from console.retries import TransientRetryTask, retry_transient
 from slices.services import provisioning, recipes, reconcile, telemetry
 from slices.services.migration import drive_migration
 from slices.services.power import drive_start, drive_stop
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
 def provision_instance_task(instance_id: int) -> str:
     result = provisioning.provision_instance(instance_id)
     if result == "running":
-        recipes.on_running(instance_id)  # a recipe run: follow its output
+        # A recipe run: follow its output (the beat starts a lost follower again).
+        retry_transient(lambda: recipes.on_running(instance_id), what="following a recipe")
     return result
 
 
@@ -40,6 +48,7 @@ FOLLOW_TIME_LIMIT = FOLLOW_SOFT_TIME_LIMIT + 30
 
 
 @shared_task(
+    base=TransientRetryTask,
     acks_late=True,
     ignore_result=True,
     soft_time_limit=FOLLOW_SOFT_TIME_LIMIT,
@@ -48,7 +57,8 @@ FOLLOW_TIME_LIMIT = FOLLOW_SOFT_TIME_LIMIT + 30
 def follow_recipe_task(instance_id: int) -> str:
     """Read a running recipe's output (one bounded run); queued again, ``RECIPE_FOLLOW_INTERVAL``
     later, until the run ends: between runs the worker's thread serves other customers."""
-    result = recipes.follow_recipe(instance_id)
+    what = f"following the recipe of instance {instance_id}"
+    result = retry_transient(lambda: recipes.follow_recipe(instance_id), what=what)
     interval = float(settings.RECIPE_FOLLOW_INTERVAL)
     if follow_recipe_task.request.is_eager:
         # Tests run tasks inline: go on here rather than nest one call per pass.
@@ -57,53 +67,64 @@ def follow_recipe_task(instance_id: int) -> str:
             result = recipes.follow_recipe(instance_id)
         return result
     if result == "again":
-        follow_recipe_task.apply_async((instance_id,), countdown=interval)
+        retry_transient(
+            lambda: follow_recipe_task.apply_async((instance_id,), countdown=interval), what=what
+        )
     return result
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
 def follow_recipes_task() -> int:
     """Celery beat: recipe runs whose follower was lost are followed again."""
-    return recipes.follow_running_recipes()
+    return retry_transient(recipes.follow_running_recipes, what="restarting recipe followers")
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
 def teardown_instance_task(instance_id: int) -> str:
     return provisioning.teardown_instance(instance_id)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
 def stop_instance_task(instance_id: int) -> str:
     """关机: stop the node's container, keep the system disk, free the GPUs."""
     return drive_stop(instance_id)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
 def start_instance_task(instance_id: int) -> str:
     """开机: move the system disk if the host changed, then provision as usual."""
     return drive_start(instance_id)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
 def migrate_instance_task(instance_id: int) -> str:
     """A node of a running instance failed: allocate a replacement and restart from the checkpoint."""
     return drive_migration(instance_id)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
 def reconcile_instances_task() -> str:
-    """Celery beat: re-drive stuck instances, auto-release, free leaked GPUs (idempotent)."""
+    """Celery beat: re-drive stuck instances, auto-release, free leaked GPUs (idempotent; each
+    of its passes retries transient errors itself)."""
     return str(reconcile.reconcile())
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
+def take_over_instances_task() -> str:
+    """Celery beat (every few seconds): instances whose worker died (lease lapsed) are driven
+    on by another worker; the reconciler's cheap first pass alone, so it can run often."""
+    return str(reconcile.take_over())
+
+
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
 def check_idle_instances_task() -> str:
     """Celery beat (every minute): warn owners of idle instances; release where they chose it."""
-    decisions = telemetry.check_idle_instances()
+    decisions = retry_transient(telemetry.check_idle_instances, what="checking idle instances")
     return f"{sum(d.verdict.idle for d in decisions)} idle of {len(decisions)}"
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
 def prune_telemetry_task() -> str:
     """Celery beat (hourly): delete GPU rollups older than TELEMETRY_RETENTION_DAYS."""
-    return f"{telemetry.prune_rollups()} rollups pruned"
+    pruned = retry_transient(telemetry.prune_rollups, what="pruning telemetry")
+    return f"{pruned} rollups pruned"

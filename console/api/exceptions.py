@@ -3,10 +3,13 @@
 Every app's domain errors (``console.errors.DomainError`` subclasses: billing's, the marketplace's
 ``MountRefused``, slices') are mapped here, with their status and parameters, so views call services
 without a try/except; Django's ``ValidationError`` from a service becomes DRF's 400 with its fields.
+A transient error (the database or Redis cut, the connection pool exhausted: ``console.retries``)
+is a 503 ``unavailable`` with ``Retry-After``, never a 500: the same request shortly succeeds.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.conf import settings
@@ -23,8 +26,24 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler, set_rollback
 
 from console.errors import DomainError, ErrorCode
+from console.retries import is_transient
 
-__all__ = ["TOO_LARGE", "ApiError", "ErrorCode", "api_exception_handler", "too_large_body"]
+__all__ = [
+    "RETRY_AFTER_SECONDS",
+    "TOO_LARGE",
+    "ApiError",
+    "ErrorCode",
+    "api_exception_handler",
+    "log_unavailable",
+    "too_large_body",
+    "unavailable_body",
+]
+
+logger = logging.getLogger(__name__)
+
+# What a 503 asks a client to wait: long enough for the pool to free a connection or a restarted
+# server to accept again, short enough that a client polling an order keeps up.
+RETRY_AFTER_SECONDS = 5
 
 # Django's request-size limits (DATA_UPLOAD_MAX_MEMORY_SIZE, _NUMBER_FIELDS, _NUMBER_FILES): raised
 # where the body is first read, as a SuspiciousOperation that Django answers with its HTML 400.
@@ -80,7 +99,38 @@ def too_large_body(exc: Exception) -> dict[str, Any]:
     return {"error": str(ErrorCode.TOO_LARGE), "detail": detail % {"limit": limit}, "limit": limit}
 
 
+def unavailable_body() -> dict[str, Any]:
+    """The JSON error body of a 503 (a transient error): ``unavailable`` and the seconds to wait,
+    also sent as ``Retry-After``; the console's ``handler500`` answers it for an API request
+    whose error came from outside the API view (a middleware)."""
+    return {
+        "error": str(ErrorCode.UNAVAILABLE),
+        "detail": gettext(
+            "The service is briefly unavailable; please retry in %(seconds)s seconds."
+        )
+        % {"seconds": RETRY_AFTER_SECONDS},
+        "retry_after": RETRY_AFTER_SECONDS,
+    }
+
+
+def log_unavailable(method: str, path: str, exc: BaseException) -> None:
+    """One warning line per 503, no traceback: an outage would flood the log with them."""
+    first = str(exc).strip().splitlines()
+    logger.warning(
+        "503 for %s %s: %s: %s", method, path, type(exc).__name__, first[0] if first else ""
+    )
+
+
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if is_transient(exc):
+        set_rollback()
+        request = context.get("request")
+        log_unavailable(getattr(request, "method", ""), getattr(request, "path", ""), exc)
+        return Response(
+            unavailable_body(),
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
     if isinstance(exc, TOO_LARGE):
         return Response(too_large_body(exc), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, DomainError):

@@ -1,12 +1,14 @@
 """Driving an instance's nodes: provisioning in parallel, running, teardown.
 
 One worker holds an instance's lease (``Instance.lease_until``, compare-and-set) while it drives
-it; the reconciler re-drives an instance whose lease expired (its worker died). Per node, the
-steps of ``slices.lifecycle`` run in order in a thread of their own (driver calls are I/O); only
-the calling thread touches the database: it records each finished step, the log lines and the
-state changes, renews the lease and notices a release requested meanwhile. Every step is
-idempotent on the node (the instance's directory and container are named after it), so a
-re-driven instance resumes each node after its last recorded step.
+it, renewed by a heartbeat thread (``Lease``); the reconciler's take-over pass re-drives an
+instance whose lease lapsed (its worker died). Per node, the steps of ``slices.lifecycle`` run in
+order in a thread of their own (driver calls are I/O); only the calling thread touches the
+database for the drive: it records each finished step, the log lines and the state changes and
+notices a release requested meanwhile. Every step is idempotent on the node (the instance's
+directory and container are named after it), so a re-driven instance resumes each node after its
+last recorded step, and so does a drive retried in place after a transient database or broker
+error (console/retries.py): such an error never fails the instance.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -25,6 +27,7 @@ from django.http import Http404
 from django.utils import timezone
 
 from billing import services as billing
+from console.retries import TRANSIENT_ERRORS, close_connections, retry_transient
 from marketplace import services as marketplace
 from slices import events, lifecycle
 from slices.choices import BillingMode, EventKind, EventLevel, InstanceState, NodeHealth
@@ -54,25 +57,132 @@ def lease_seconds() -> int:
     return int(settings.SLICES_LEASE_SECONDS)
 
 
+def heartbeat_seconds() -> float:
+    """How often the driving worker renews its lease: five beats per lease, so a lease only
+    lapses after five missed renewals in a row (a dead worker, or the database away that long)."""
+    return max(0.2, lease_seconds() / 5)
+
+
+class LeaseLost(Exception):
+    """Another worker took the instance over while this one could not renew its lease."""
+
+
+class Lease:
+    """This worker's hold on an instance (``Instance.lease_until``), renewed by a heartbeat thread
+    every ``heartbeat_seconds()`` while the worker drives it, so a short lease (15 s) is never
+    lost during a long step and a dead worker's instance is taken over a lease-time later.
+
+    Renewing and dropping are compare-and-set on the value this worker last wrote: a worker that
+    could not renew for a whole lease (the database away) and was taken over neither extends nor
+    drops its successor's lease; ``lost`` tells it to stop. The heartbeat opens its own database
+    connection for each beat and closes it after (one more connection only while it renews)."""
+
+    def __init__(self, instance_pk: int, until: datetime) -> None:
+        self.pk = instance_pk
+        self.until = until
+        self.lost = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{instance_pk}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def renew(self) -> bool:
+        """Extend by a lease from now if still ours; False (and ``lost``) if another took it."""
+        with self._lock:
+            if self.lost:
+                return False
+            until = timezone.now() + timedelta(seconds=lease_seconds())
+            if Instance.objects.filter(pk=self.pk, lease_until=self.until).update(
+                lease_until=until
+            ):
+                self.until = until
+                return True
+            # Not matched: lost if another worker's lease is there now; a lease nobody holds is
+            # taken back; a row this connection cannot see (a test's open transaction) is left.
+            held = list(Instance.objects.filter(pk=self.pk).values_list("lease_until", flat=True))
+            if held and held[0] is not None:
+                self.lost = True
+            elif held and Instance.objects.filter(pk=self.pk, lease_until__isnull=True).update(
+                lease_until=until
+            ):
+                self.until = until
+                return True
+            return False
+
+    def _beat(self) -> None:
+        while not self._stop.wait(heartbeat_seconds()):
+            try:
+                self.renew()
+            except Exception as exc:  # the database away: keep beating, the lease has slack
+                logger.warning("lease %s not renewed: %s", self.pk, type(exc).__name__)
+            finally:
+                close_connections()  # this thread's; none kept between beats
+            if self.lost:
+                logger.warning("instance %s was taken over by another worker", self.pk)
+                return
+
+    def release(self) -> None:
+        """Stop the heartbeat and drop the lease if it is still ours (retried on a blip; if the
+        database stays away, the lease simply lapses a lease-time later)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        if self.lost:
+            return
+        try:
+            retry_transient(
+                lambda: Instance.objects.filter(pk=self.pk, lease_until=self.until).update(
+                    lease_until=None
+                ),
+                what=f"dropping the lease of instance {self.pk}",
+            )
+        except TRANSIENT_ERRORS:
+            logger.warning("lease of instance %s left to lapse", self.pk)
+
+
+# The leases this process holds, by (instance, the thread driving it): the lease functions take
+# the instance, and each thread finds its own hold (two threads never hold one instance at once,
+# but one may still be letting go of a lapsed hold while another took the instance over).
+_held: dict[tuple[int, int], Lease] = {}
+_held_lock = threading.Lock()
+
+
+def _key(instance: Instance) -> tuple[int, int]:
+    return (instance.pk, threading.get_ident())
+
+
 def acquire_lease(instance: Instance) -> bool:
-    """Take the instance for this worker unless another live worker holds it (compare-and-set)."""
+    """Take the instance for this worker unless another live worker holds it (compare-and-set),
+    and renew it from a heartbeat thread (``Lease``) until ``drop_lease``."""
     now = timezone.now()
+    until = now + timedelta(seconds=lease_seconds())
     won = Instance.objects.filter(pk=instance.pk).filter(lease_until__isnull=True).update(
-        lease_until=now + timedelta(seconds=lease_seconds())
-    ) or Instance.objects.filter(pk=instance.pk, lease_until__lt=now).update(
-        lease_until=now + timedelta(seconds=lease_seconds())
-    )
-    return won == 1
+        lease_until=until
+    ) or Instance.objects.filter(pk=instance.pk, lease_until__lt=now).update(lease_until=until)
+    if won != 1:
+        return False
+    lease = Lease(instance.pk, until)
+    with _held_lock:
+        _held[_key(instance)] = lease
+    lease.start()
+    return True
 
 
-def renew_lease(instance: Instance) -> None:
-    Instance.objects.filter(pk=instance.pk).update(
-        lease_until=timezone.now() + timedelta(seconds=lease_seconds())
-    )
+def lease_lost(instance: Instance) -> bool:
+    """Whether this thread's lease on the instance was taken over by another worker."""
+    with _held_lock:
+        lease = _held.get(_key(instance))
+    return lease is not None and lease.lost
 
 
 def drop_lease(instance: Instance) -> None:
-    Instance.objects.filter(pk=instance.pk).update(lease_until=None)
+    """Stop renewing and let go (only a lease this worker still holds)."""
+    with _held_lock:
+        lease = _held.pop(_key(instance), None)
+    if lease is not None:
+        lease.release()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,17 +295,33 @@ def _still_provisioning(instance: Instance) -> bool:
 
 def provision_instance(instance_id: int, driver: NodeDriver | None = None) -> str:
     """Drive a provisioning instance to running (or failed). Safe to call twice: the second call
-    finds the lease taken (returns "busy") or the work done."""
+    finds the lease taken (returns "busy") or the work done.
+
+    A transient infrastructure error (the database cut, Redis away; console/retries.py) is not
+    the order's fault: the drive is retried in place, resuming every node after its last
+    recorded step, while the heartbeat keeps the lease. If it outlasts the retries, the error
+    goes up to the task (re-queued with backoff) and the reconciler takes over at the latest a
+    lease-time later; the instance never fails for it. Any other error fails it cleanly."""
     instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
     if instance is None or instance.state != InstanceState.PROVISIONING:
         return "nothing to do"
     if not acquire_lease(instance):
         return "busy"
     driver = driver or get_driver(instance.driver or None)
-    storage.ensure_pfs(instance.owner)  # the account's /pfs directory exists before any mount
+    tries = 0
+
+    def attempt() -> str:
+        nonlocal tries
+        tries += 1
+        return _provision_attempt(instance, driver, first=tries == 1)
+
     try:
-        outcome = _provision(instance, driver)
-    except Exception as exc:  # a bug or the database: fail cleanly, free everything
+        outcome = retry_transient(attempt, what=f"provisioning {instance.public_id}")
+    except LeaseLost:
+        return "taken over"  # the other worker drives it now; its lease is not ours to drop
+    except TRANSIENT_ERRORS:
+        raise  # not failed: the task retries, else the reconciler re-drives it
+    except Exception as exc:  # a bug: fail cleanly, free everything
         logger.exception("provisioning %s crashed", instance.public_id)
         fail_instance(instance, "internal", {"error": type(exc).__name__})
         outcome = "failed"
@@ -208,10 +334,24 @@ def provision_instance(instance_id: int, driver: NodeDriver | None = None) -> st
     return outcome
 
 
-def _provision(instance: Instance, driver: NodeDriver) -> str:
+def _provision_attempt(instance: Instance, driver: NodeDriver, *, first: bool) -> str:
+    """One drive from the database's record: a retry after a transient error first looks at
+    what the last attempt committed (its answer may have been lost with the connection)."""
+    if not first:
+        instance.refresh_from_db()
+        if instance.state != InstanceState.PROVISIONING:
+            done = {InstanceState.RUNNING: "running", InstanceState.FAILED: "failed"}
+            return done.get(InstanceState(instance.state), "cancelled")
+    storage.ensure_pfs(instance.owner)  # the account's /pfs directory exists before any mount
+    return _provision(instance, driver, first=first)
+
+
+def _provision(instance: Instance, driver: NodeDriver, *, first: bool = True) -> str:
     spec = build_spec(instance)
     logs = _Logs()
-    if instance.attempts == 0 or not instance.events.filter(code="provisioning").exists():
+    if (first and instance.attempts == 0) or not instance.events.filter(
+        code="provisioning"
+    ).exists():
         record_event(
             instance, EventKind.STATE, code="provisioning", params={"nodes": len(spec.nodes)}
         )
@@ -253,8 +393,8 @@ def _provision(instance: Instance, driver: NodeDriver) -> str:
         return "failed"
     if not _still_provisioning(instance):
         return "cancelled"
-    if spec.nodes and len(spec.nodes) > 1:
-        _allreduce(instance, driver, spec, logs)
+    if spec.nodes and len(spec.nodes) > 1 and (first or not instance.allreduce):
+        _allreduce(instance, driver, spec, logs)  # once: a retry keeps the figures it has
     return "running" if mark_running(instance, spec) else "cancelled"
 
 
@@ -282,29 +422,36 @@ class _NodeSteps:
         self.failure: tuple[str, dict[str, Any]] | None = None
 
     def run(self) -> tuple[str, dict[str, Any]] | None:
-        """The first permanent failure (code, params), or None when every node is done."""
+        """The first permanent failure (code, params), or None when every node is done. A
+        database error here (recording a step) ends the round: the steps under way finish, the
+        queued ones never start, and the caller retries from what was recorded."""
         workers = max(1, min(len(self.runs), int(settings.SLICES_PROVISION_THREADS)))
-        last_renew = time.monotonic()
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="provision") as pool:
-            for rank in sorted(self.runs):
-                self.submit(pool, rank)
-            while self.pending:
-                done, _ = wait(
-                    list(self.pending), timeout=LOG_FLUSH_SECONDS, return_when=FIRST_COMPLETED
-                )
-                record_logs(self.instance, self.logs.drain())
-                if time.monotonic() - last_renew > lease_seconds() / 3:
-                    renew_lease(self.instance)
-                    last_renew = time.monotonic()
-                for fut in done:
-                    rank, step = self.pending.pop(fut)
-                    try:
-                        fut.result()
-                    except DriverError as exc:
-                        self.failed(pool, rank, step, exc)
-                    else:
-                        self.succeeded(pool, rank, step)
+            try:
+                self._loop(pool)
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
         return self.failure
+
+    def _loop(self, pool: ThreadPoolExecutor) -> None:
+        for rank in sorted(self.runs):
+            self.submit(pool, rank)
+        while self.pending:
+            done, _ = wait(
+                list(self.pending), timeout=LOG_FLUSH_SECONDS, return_when=FIRST_COMPLETED
+            )
+            record_logs(self.instance, self.logs.drain())
+            if lease_lost(self.instance):  # the heartbeat renews it; another worker took over
+                raise LeaseLost(str(self.instance.public_id))
+            for fut in done:
+                rank, step = self.pending.pop(fut)
+                try:
+                    fut.result()
+                except DriverError as exc:
+                    self.failed(pool, rank, step, exc)
+                else:
+                    self.succeeded(pool, rank, step)
 
     def submit(self, pool: ThreadPoolExecutor, rank: int, delay: float = 0.0) -> None:
         run = self.runs[rank]
@@ -540,6 +687,10 @@ def teardown_instance(instance_id: int, driver: NodeDriver | None = None) -> str
     A node that cannot be cleaned (unreachable) is held back from scheduling for an operator
     rather than given to the next customer with our container on it; its GPUs are still freed
     from this instance and billing already stopped at the decision.
+
+    A transient error (console/retries.py) retries the step that met it, in place: the nodes'
+    cleaning (idempotent) or the recording that follows it; past the retries the task re-queues
+    and the reconciler re-drives the release (however often it takes: its GPUs must be freed).
     """
     instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
     if instance is None or instance.resources_freed_at is not None:
@@ -549,37 +700,51 @@ def teardown_instance(instance_id: int, driver: NodeDriver | None = None) -> str
     if not acquire_lease(instance):
         return "busy"
     driver = driver or get_driver(instance.driver or None)
+    what = f"tearing down {instance.public_id}"
     try:
-        spec = build_spec(instance)
-        logs = _Logs()
-        started = [
-            p for p in instance.nodes.select_related("node") if p.step not in ("", "reserve")
-        ]
-        targets = {t.hostname: t for t in spec.nodes}
-        errors: dict[str, DriverError] = {}
-        if started:
-            with ThreadPoolExecutor(max_workers=max(1, min(len(started), 32))) as pool:
-                futs = {
-                    pool.submit(
-                        driver.teardown,
-                        spec,
-                        targets[p.hostname],
-                        logs.sink(p.hostname, "teardown"),
-                    ): p
-                    for p in started
-                }
-                for fut, p in futs.items():
-                    try:
-                        fut.result()
-                    except DriverError as exc:
-                        errors[p.hostname] = exc
-        record_logs(instance, logs.drain())
+        logs, errors = retry_transient(lambda: _clean_nodes(instance, driver), what=what)
+        retry_transient(lambda: _record_teardown(instance, logs, errors), what=what)
+        return "done"
+    finally:
+        drop_lease(instance)
+
+
+def _clean_nodes(
+    instance: Instance, driver: NodeDriver
+) -> tuple[list[tuple[str, str, str]], dict[str, DriverError]]:
+    """The driver's teardown on every started node, in parallel: (log lines, errors by node)."""
+    spec = build_spec(instance)
+    logs = _Logs()
+    started = [p for p in instance.nodes.select_related("node") if p.step not in ("", "reserve")]
+    targets = {t.hostname: t for t in spec.nodes}
+    errors: dict[str, DriverError] = {}
+    if started:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(started), 32))) as pool:
+            futs = {
+                pool.submit(
+                    driver.teardown, spec, targets[p.hostname], logs.sink(p.hostname, "teardown")
+                ): p
+                for p in started
+            }
+            for fut, p in futs.items():
+                try:
+                    fut.result()
+                except DriverError as exc:
+                    errors[p.hostname] = exc
+    return logs.drain(), errors
+
+
+def _record_teardown(
+    instance: Instance, logs: list[tuple[str, str, str]], errors: dict[str, DriverError]
+) -> None:
+    """What the cleaning found, then the GPUs freed once (``finish_teardown``, compare-and-set:
+    a retry after a lost answer finds them freed and only ends the release)."""
+    instance.refresh_from_db(fields=["state", "resources_freed_at"])
+    if instance.resources_freed_at is None:
+        record_logs(instance, logs)
         for hostname, err in errors.items():
             Node.objects.filter(hostname=hostname).update(
                 health=NodeHealth.DEGRADED, note=f"teardown of {instance.slug} failed"[:255]
             )
             record_node_warning(instance, "teardown_failed", hostname, err)
-        finish_teardown(instance)
-        return "done"
-    finally:
-        drop_lease(instance)
+    finish_teardown(instance)

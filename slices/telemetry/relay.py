@@ -13,6 +13,12 @@ agent's stream over SSH, or the simulated workload), reads the latest sample of 
 
 The embedded default runs it as a thread of the web process (``start_relay_thread``); production
 runs ``manage.py relay_telemetry`` as its own process (the Procfile's ``telemetry``).
+
+A Redis outage (the ring, ``/metrics``' snapshot and the channel layer all live there) does not
+stop it: it keeps sampling on its cadence and writing the minute rollups to the database, logs one
+warning when Redis goes and one line when it is back, and sends again from the first tick that
+reaches it (redis-py reconnects by itself). Every Redis call is bounded (``REDIS_TIMEOUT_SECONDS``),
+so a Redis that hangs instead of refusing delays a tick, never stops the loop.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections
 
+from console.retries import TRANSIENT_ERRORS
 from slices.choices import InstanceState
 from slices.drivers import get_driver
 from slices.drivers.base import TelemetrySource
@@ -53,6 +60,11 @@ logger = logging.getLogger(__name__)
 # unreadable and the message large); their charts still get every GPU's row.
 DETAIL_MAX_GPUS = 64
 REFRESH_EVERY_TICKS = 5
+# The longest one Redis call (a ring write, a tick's channel-layer sends) may take before the tick
+# gives up on it: a hung Redis must not hold the loop.
+REDIS_TIMEOUT_SECONDS = 2.0
+# What an outage raises (Redis or the database unreachable), and our own timeout on a hung Redis.
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, TimeoutError)
 
 
 @lru_cache(maxsize=1)
@@ -63,7 +75,11 @@ def get_ring() -> Ring:
         import redis  # only production has a Redis to connect to
 
         return RedisRing(
-            redis.Redis.from_url(settings.REDIS_URL),
+            redis.Redis.from_url(
+                settings.REDIS_URL,
+                socket_timeout=REDIS_TIMEOUT_SECONDS,
+                socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+            ),
             maxlen=maxlen,
             ttl_seconds=settings.TELEMETRY_RING_SECONDS,
         )
@@ -151,6 +167,7 @@ class Relay:
         self.rollups = MinuteAccumulator()
         self.seq = 0
         self._minute: int | None = None
+        self.outages: dict[str, float] = {}  # "redis" / "database": monotonic time it went away
 
     # -- which instances -----------------------------------------------------------------------
     def refresh(self) -> None:
@@ -203,7 +220,10 @@ class Relay:
                 node.source.close()
             except Exception:
                 logger.debug("closing a telemetry source failed", exc_info=True)
-        self.ring.drop(public_id)
+        try:
+            self.ring.drop(public_id)
+        except OUTAGE_ERRORS as exc:  # Redis away: the ring's key expires by itself
+            logger.debug("dropping the ring of %s failed: %r", public_id, exc)
 
     def close(self) -> None:
         for public_id in list(self.feeds):
@@ -220,18 +240,44 @@ class Relay:
         for code, nodes in frame.clusters.items():
             payload = {"ts": round(now, 3), "seq": self.seq, "nodes": nodes}
             frame.sends.append((cluster_group(code), _message(payload)))
-        # Browsers first (latency); then the rollups, the ring and the /metrics snapshot.
+        # Browsers first (latency); then the rollups, the ring and the /metrics snapshot. Redis
+        # being away loses this second's live point and ring entry, never the rollups.
+        failure: BaseException | None = None
         if frame.sends and self.layer is not None:
-            async_to_sync(self._send_all)(frame.sends)
+            failure = async_to_sync(self._send_all)(frame.sends)
         latest = self._record(frame)
         if frame.entries:
-            self.ring.append_many(frame.entries)
-            self.ring.publish_latest(latest)
+            try:
+                self.ring.append_many(frame.entries)
+                self.ring.publish_latest(latest)
+            except OUTAGE_ERRORS as exc:
+                failure = exc
         minute = int(now // 60)
         if self._minute is not None and minute != self._minute:
             stats.rollups_written = self.flush_rollups(now)
         self._minute = minute
+        if failure is not None:
+            self._unavailable("redis", failure)
+        elif frame.entries or frame.sends:
+            self._available("redis")
         return stats
+
+    def _unavailable(self, what: str, exc: BaseException) -> None:
+        """One warning when an outage starts (not a traceback a second)."""
+        if what not in self.outages:
+            self.outages[what] = time.monotonic()
+            text = str(exc).strip().splitlines()
+            logger.warning(
+                "telemetry relay: %s unavailable (%s: %s); sampling on, retrying every tick",
+                what,
+                type(exc).__name__,
+                text[0] if text else "",
+            )
+
+    def _available(self, what: str) -> None:
+        since = self.outages.pop(what, None)
+        if since is not None:
+            logger.warning("telemetry relay: %s back after %.0f s", what, time.monotonic() - since)
 
     def _read_feed(self, feed: _InstanceFeed, frame: _Frame, stats: TickStats) -> None:
         """Read every node of one instance: its ring entry, its live message, the heat map."""
@@ -290,14 +336,24 @@ class Relay:
                 )
         return latest
 
-    async def _send_all(self, sends: list[tuple[str, dict[str, Any]]]) -> None:
-        results = await asyncio.gather(
-            *(self.layer.group_send(group, message) for group, message in sends),
-            return_exceptions=True,
-        )
+    async def _send_all(self, sends: list[tuple[str, dict[str, Any]]]) -> BaseException | None:
+        """Send every group its message, within ``REDIS_TIMEOUT_SECONDS``; the outage error that
+        stopped any of them (the layer may also drop a message: the ring has it)."""
+        try:
+            async with asyncio.timeout(REDIS_TIMEOUT_SECONDS):
+                results = await asyncio.gather(
+                    *(self.layer.group_send(group, message) for group, message in sends),
+                    return_exceptions=True,
+                )
+        except TimeoutError as exc:
+            return exc
+        outage: BaseException | None = None
         for result in results:
-            if isinstance(result, Exception):  # the layer may drop; the ring has it
+            if isinstance(result, OUTAGE_ERRORS):
+                outage = result
+            elif isinstance(result, Exception):
                 logger.debug("telemetry broadcast dropped: %r", result)
+        return outage
 
     def flush_rollups(self, now: float | None = None) -> int:
         """Write the finished minutes (all of them when ``now`` is None)."""
@@ -317,8 +373,12 @@ class Relay:
                 if ticks % REFRESH_EVERY_TICKS == 0:
                     close_old_connections()
                     self.refresh()
+                    self._available("database")
                 self.tick()
-            except Exception:  # keep sampling: a database hiccup must not end live charts
+            except OUTAGE_ERRORS as exc:  # mostly the database: tick handles Redis itself
+                database = isinstance(exc, (OperationalError, InterfaceError))
+                self._unavailable("database" if database else "redis", exc)
+            except Exception:  # keep sampling: one bad tick must not end live charts
                 logger.exception("telemetry tick failed")
             ticks += 1
             next_at += interval

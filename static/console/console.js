@@ -39,17 +39,22 @@
     if (msg.payload && msg.payload.message) toast(msg.payload.message);
   }
 
+  // Reconnects back off (0.5 s doubling to 30 s, jittered). The backoff resets on the server's
+  // hello, not on open: while its Redis is down the server accepts, then closes with 1013 "try
+  // again later" before any hello, and resetting on open would retry every half second.
   function connect(path, attempt) {
     var proto = location.protocol === "https:" ? "wss://" : "ws://";
     var ws = new WebSocket(proto + location.host + path);
     ws.onmessage = function (ev) {
-      try { handle(JSON.parse(ev.data)); } catch (e) { /* ignore malformed frames */ }
+      var msg;
+      try { msg = JSON.parse(ev.data); } catch (e) { return; /* ignore malformed frames */ }
+      if (msg.kind === "hello") attempt = 0;
+      try { handle(msg); } catch (e) { /* a broken page hook must not end the socket */ }
     };
-    ws.onopen = function () { attempt = 0; };
     ws.onclose = function (ev) {
       if (ev.code === 4401 || ev.code === 4403) return; // not allowed: do not hammer
       var wait = Math.min(30000, 500 * Math.pow(2, attempt || 0));
-      setTimeout(function () { connect(path, (attempt || 0) + 1); }, wait);
+      setTimeout(function () { connect(path, (attempt || 0) + 1); }, wait / 2 + Math.random() * wait / 2);
     };
   }
 

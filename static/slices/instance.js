@@ -1,9 +1,14 @@
 // Instance page: follow the instance over its websocket; the server renders, this only asks.
 // A message (state, progress, event) makes the page re-fetch its live region (throttled) and
-// append log lines. If the websocket is down, it polls the live region until the state settles.
+// append log lines. While the websocket is down (a network drop, or closed with 1013 "try again
+// later" while the server's Redis is down) the page polls instead: every 2 s while the instance
+// is on its way, every 10 s once it runs, not at all once released or failed. It reconnects with
+// backoff (1 s doubling to 30 s, jittered) and stops polling when the socket says hello again.
 (function () {
   "use strict";
   var FINAL = { running: 1, released: 1, failed: 1 };
+  var DONE = { released: 1, failed: 1 }; // nothing changes any more: no polling
+  var REFUSED = { 4401: 1, 4403: 1, 4404: 1 }; // not allowed or gone: do not reconnect
   function init() {
     var page = document.getElementById("instance-page");
     if (!page) return;
@@ -52,31 +57,45 @@
       var live = document.getElementById("instance-live");
       return live ? live.dataset.state : "";
     }
+    var live = false; // the socket said hello: it carries every change, no polling
     function poll() {
-      if (pollTimer) return;
-      pollTimer = setInterval(function () {
-        if (FINAL[state()]) { clearInterval(pollTimer); pollTimer = null; return; }
-        refresh();
-        refreshEvents();
-      }, 2000);
+      if (pollTimer || live || DONE[state()]) return;
+      pollTimer = setTimeout(function () {
+        pollTimer = null;
+        if (live) return;
+        if (!document.hidden) { refresh(); refreshEvents(); }
+        poll();
+      }, FINAL[state()] ? 10000 : 2000);
     }
+    function stopPolling() { if (pollTimer) { clearTimeout(pollTimer); pollTimer = null; } }
     if (!("WebSocket" in window)) { poll(); return; }
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    var ws;
+    var attempt = 0;
     function connect() {
-      ws = new WebSocket(scheme + location.host + page.dataset.ws);
-      ws.onopen = function () { if (pollTimer) { clearInterval(pollTimer); pollTimer = null; } refresh(); refreshEvents(); };
+      var ws = new WebSocket(scheme + location.host + page.dataset.ws);
       ws.onmessage = function (msg) {
         var data;
         try { data = JSON.parse(msg.data); } catch (e) { return; }
+        if (data.kind === "hello") {
+          // Joined (during an outage the server accepts, then closes with 1013 before any hello):
+          // catch up on what changed while down, then follow the socket alone.
+          live = true;
+          attempt = 0;
+          stopPolling();
+          refresh();
+          refreshEvents();
+          return;
+        }
         if (data.kind === "event") appendEvent(data.payload);
         if (data.kind === "logs") data.payload.forEach(appendEvent);
         if (data.kind === "state" || data.kind === "progress" || (data.kind === "event" && data.payload.kind !== "log")) refresh();
       };
       ws.onclose = function (e) {
-        if (e.code === 4401 || e.code === 4404 || e.code === 4403) return;
+        live = false;
+        if (REFUSED[e.code]) return;
         poll();
-        setTimeout(connect, 5000);
+        var wait = Math.min(30000, 1000 * Math.pow(2, attempt++));
+        setTimeout(connect, wait / 2 + Math.random() * wait / 2);
       };
     }
     connect();

@@ -31,15 +31,25 @@
     return "hsl(" + hue + ", 75%, " + (55 - 10 * x) + "%)";
   }
 
-  // Follow a websocket with back-off; ``onOpen`` runs on every (re)connect.
-  function follow(path, onSample, onOpen, onStatus) {
-    var delay = 1000;
+  var POLL_MS = 5000;
+
+  // Follow a websocket with back-off; ``onOpen`` runs on every (re)connect, once the server said
+  // hello (joined the stream: while its Redis is down it accepts, then closes with 1013 "try
+  // again later" before any hello). While the socket is down, ``poll`` (if given) runs every
+  // POLL_MS so the view keeps moving over plain HTTP; reconnects back off 1 s doubling to 15 s,
+  // jittered, so a recovered server is not hit by every tab at once.
+  function follow(path, onSample, onOpen, onStatus, poll) {
+    var delay = 1000, pollTimer = null;
+    function startPolling() {
+      if (poll && !pollTimer) pollTimer = setInterval(function () { if (!document.hidden) poll(); }, POLL_MS);
+    }
+    function stopPolling() { if (pollTimer) { clearInterval(pollTimer); pollTimer = null; } }
     function connect() {
       var ws = new WebSocket(wsUrl(path));
-      ws.onopen = function () { delay = 1000; onStatus("live"); onOpen(); };
       ws.onmessage = function (msg) {
         var data;
         try { data = JSON.parse(msg.data); } catch (e) { return; }
+        if (data.kind === "hello") { delay = 1000; stopPolling(); onStatus("live"); onOpen(); return; }
         if (data.kind === "sample") {
           onSample(data.payload, data.skipped || 0);
           // Drawn: ask for the next one (the server holds back all but the newest meanwhile).
@@ -47,13 +57,14 @@
         }
       };
       ws.onclose = function (e) {
-        if (e.code === 4401 || e.code === 4404) { onStatus("closed"); return; }
+        if (e.code === 4401 || e.code === 4403 || e.code === 4404) { stopPolling(); onStatus("closed"); return; }
         onStatus("reconnecting");
-        setTimeout(connect, delay);
+        startPolling();
+        setTimeout(connect, delay / 2 + Math.random() * delay / 2);
         delay = Math.min(delay * 2, 15000);
       };
     }
-    if ("WebSocket" in window) connect(); else onStatus("closed");
+    if ("WebSocket" in window) connect(); else { onStatus("closed"); startPolling(); }
   }
 
   // --- the instance page ----------------------------------------------------------------------
@@ -229,6 +240,7 @@
     }
 
     fetchHistory().catch(function () { loaded = true; }); // draw the past hour even without a websocket
+    var polling = false, pollFailures = 0, nextPollAt = 0;
     follow(card.dataset.ws, function (payload) {
       if (!loaded) { buffer.push(payload); return; }
       if (add(payload)) redraw();
@@ -236,7 +248,16 @@
     }, function () {
       loaded = false; // hold live samples until the gap since the last one is drawn
       fetchHistory().catch(function () { loaded = true; });
-    }, setStatus);
+    }, setStatus, function () {
+      // Socket down: the points since the last one over HTTP. The ring lives in Redis too: while
+      // it answers 503, ask less and less often (5 s doubling to 60 s).
+      if (!loaded || polling || Date.now() < nextPollAt) return;
+      polling = true;
+      fetchHistory().then(function () { pollFailures = 0; }, function () {
+        pollFailures += 1;
+        nextPollAt = Date.now() + Math.min(60000, POLL_MS * Math.pow(2, pollFailures - 1));
+      }).then(function () { polling = false; });
+    });
     window.addEventListener("resize", function () {
       var width = Math.max(280, grid.clientWidth / (grid.clientWidth > 700 ? 2 : 1) - 16);
       charts.forEach(function (c) { c.setSize({ width: width, height: 180 }); });
@@ -293,17 +314,20 @@
     });
     if (metricSel) metricSel.addEventListener("change", draw);
     var status = box.querySelector("[data-telemetry-status]");
-    fetch(box.dataset.frameUrl, { credentials: "same-origin" })
-      .then(function (r) { return r.json(); })
-      .then(function (f) { apply(f.nodes || {}); draw(); })
-      .catch(function () {});
+    function loadFrame() {
+      return fetch(box.dataset.frameUrl, { credentials: "same-origin" })
+        .then(function (r) { if (!r.ok) throw new Error(r.status); return r.json(); })
+        .then(function (f) { latest = {}; apply(f.nodes || {}); draw(); })
+        .catch(function () {});
+    }
+    loadFrame();
     var pending = false;
     follow(box.dataset.ws, function (payload) {
       // Hosts no longer sampled (an instance released) fade to grey.
       latest = {};
       apply(payload.nodes || {});
       if (!pending) { pending = true; requestAnimationFrame(function () { pending = false; draw(); }); }
-    }, function () {}, function (s) { if (status) { status.dataset.status = s; status.textContent = box.dataset["status" + s.charAt(0).toUpperCase() + s.slice(1)] || s; } });
+    }, function () {}, function (s) { if (status) { status.dataset.status = s; status.textContent = box.dataset["status" + s.charAt(0).toUpperCase() + s.slice(1)] || s; } }, loadFrame);
     draw();
   }
 

@@ -9,6 +9,7 @@ from console.celery import app as celery_app
 from tests.support.servers import base_env, production_env, run_manage
 
 PG = "postgres://postgres@127.0.0.1:5432/unused"
+PROD = {"DATABASE_URL": PG, "REDIS_URL": "redis://x", "SECRET_KEY": "s" * 60}
 
 
 def test_check_deploy_is_clean_with_production_settings() -> None:
@@ -30,6 +31,11 @@ def test_check_deploy_is_clean_with_production_settings() -> None:
         ({"DEBUG": "perhaps"}, "DEBUG"),
         ({"EMBEDDED_WORKER_THREADS": "many"}, "EMBEDDED_WORKER_THREADS"),
         ({"CELERY_BROKER_URL": "ftp://x"}, "CELERY_BROKER_URL"),
+        ({**PROD, "DB_POOL_MAX_SIZE": "0"}, "DB_POOL_MAX_SIZE"),
+        ({**PROD, "DB_POOL_MIN_SIZE": "20"}, "DB_POOL_MIN_SIZE"),
+        ({**PROD, "DB_POOL_TIMEOUT": "soon"}, "DB_POOL_TIMEOUT"),
+        ({**PROD, "DB_CONN_MAX_AGE": "60"}, "DB_CONN_MAX_AGE"),  # the pool needs 0
+        ({**PROD, "DB_POOL": "false", "DB_CONN_MAX_AGE": "-1"}, "DB_CONN_MAX_AGE"),
     ],
 )
 def test_bad_configuration_fails_at_start_naming_the_variable(overrides: dict, named: str) -> None:

@@ -43,13 +43,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A redis-server of our own on a free loopback port, saving nothing, answering pings; the
-    process (the caller stops it) and its URL."""
+def start_redis(workdir: Path, port: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server of our own on a free loopback port (or ``port``: the same one again, after
+    a test killed it), saving nothing, answering pings; the process (the caller stops it) and
+    its URL."""
     server = shutil.which("redis-server")
     if server is None:
         raise RuntimeError("redis-server is required (make system-deps)")
-    port = free_port()
+    port = port or free_port()
     proc = subprocess.Popen(
         [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(workdir)],
         stdout=subprocess.DEVNULL,
