@@ -100,7 +100,8 @@ messages: $(VENV)/.synced
 # bench/load.py runs the production stack (PostgreSQL at DATABASE_URL or 127.0.0.1:5432, redis-server)
 # under load for 5 minutes plus 1-2 minutes of set-up; `bench/load.py --quick` is a 30 s smoke run.
 bench: $(VENV)/.synced
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@failed=""; for b in bench/*.py; do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \
+	  if [ -n "$$failed" ]; then echo "missed a target or failed:$$failed"; exit 1; fi
 
 prod: $(VENV)/.synced
 	$(VENV)/bin/python manage.py collectstatic --noinput -v 0
