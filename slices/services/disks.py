@@ -14,6 +14,7 @@ second), so the free quota counts once per account, not once per disk.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -374,11 +375,20 @@ def detach_all(instance: Instance) -> int:
 
 
 def instance_disks(instance: Instance) -> list[DiskAttachment]:
-    return list(
-        instance.disk_attachments.filter(detached_at__isnull=True)
+    return instances_disks([instance])[instance.pk]
+
+
+def instances_disks(instances: Iterable[Instance]) -> dict[int, list[DiskAttachment]]:
+    """The attached disks of each instance, by instance pk, in one query (a page of the API)."""
+    out: dict[int, list[DiskAttachment]] = {i.pk: [] for i in instances}
+    rows = (
+        DiskAttachment.objects.filter(instance_id__in=list(out), detached_at__isnull=True)
         .select_related("disk")
         .order_by("attached_at", "id")
     )
+    for attachment in rows:
+        out[attachment.instance_id].append(attachment)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
