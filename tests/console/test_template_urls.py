@@ -1,5 +1,5 @@
 """Links and forms in templates name their URL (``{% url %}``), so a moved route cannot leave a
-dead link behind. The one exception is the 500 page, which renders with no URL resolution."""
+dead link behind. The exceptions are the 500 and 503 pages, which render with no URL resolution."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from django.conf import settings
 
 LITERAL = re.compile(r'\b(?:href|action|hx-get|hx-post)="/(?!/)')
-# The server-error page renders without context processors or URL reversing (they may be what
-# failed), so it links the site root literally.
-ALLOWED = {"500.html"}
+# The server-error and unavailable pages render without context processors or URL reversing (they
+# may be what failed: a 503 is the database or Redis gone), so they link the site root literally.
+ALLOWED = {"500.html", "503.html"}
 
 
 def test_templates_link_by_url_name_not_by_literal_path() -> None:
