@@ -79,3 +79,13 @@ def decide(
                 fits = False
                 stop.append(session.key)
     return LowBalanceDecision(tuple(stop), tuple(warn), tuple(rearm), runway, burn)
+
+
+def warning_holds(threshold_seconds: int | None, runway_now: int | None) -> bool:
+    """Whether a low-balance warning given at ``threshold_seconds`` of runway still describes the
+    account: something burns (``runway_now`` is None when nothing does) and the balance lasts no
+    longer than the threshold. A warning from an earlier run, after its instances were released or
+    the balance topped up, is history, not a warning."""
+    if runway_now is None:
+        return False
+    return threshold_seconds is None or runway_now <= threshold_seconds

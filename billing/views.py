@@ -14,8 +14,8 @@ from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from billing import clock, offers, services, statements
-from billing.choices import PaymentState
+from billing import clock, lowbalance, offers, services, statements
+from billing.choices import NoticeKind, PaymentState
 from billing.forms import QuoteForm, StatementMonthForm, TopUpForm
 from billing.models import Account, BillingNotice, UsageSession, Wallet
 from billing.providers import get_provider
@@ -56,12 +56,21 @@ def _usage_page(request: AuthenticatedRequest) -> Any:
 def overview(request: AuthenticatedRequest) -> HttpResponse:
     wallet = _wallet(request.user)
     now = clock.now()
+    summary = services.get_wallet_summary(request.user)
+    runway = summary.runway_seconds
     context = {
-        "summary": services.get_wallet_summary(request.user),
+        "summary": summary,
         "vouchers": Account.objects.filter(wallet__owner=request.user, kind="voucher")
         .spendable(now)
         .order_by("expires_at"),
-        "notices": BillingNotice.objects.filter(wallet__owner=request.user)[:3],
+        # A low-balance warning shows only while it still holds (something burns, the runway is
+        # within its threshold); stops stay, as what happened.
+        "notices": [
+            n
+            for n in BillingNotice.objects.filter(wallet__owner=request.user)[:3]
+            if n.kind != NoticeKind.LOW_BALANCE
+            or lowbalance.warning_holds(n.threshold_seconds, runway)
+        ],
         "transactions": _transactions_page(request, wallet),
         "usage": _usage_page(request),
         "topup_form": TopUpForm(),
