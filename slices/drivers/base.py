@@ -207,3 +207,74 @@ class StopDriver(Protocol):
     ) -> StepResult:
         """Copy the instance's system disk from ``src`` to ``dst`` (start on another host)."""
         ...
+
+
+# -- reaching an instance (issue 19): the SSH gateway, a terminal, a TCP tunnel ------------------
+@dataclass(frozen=True)
+class GatewayTarget:
+    """A region's SSH gateway as the driver needs it (``slices.models.Gateway``)."""
+
+    host: str  # public name customers use
+    port: int  # public SSH port
+    user: str  # the jump user
+    address: str  # the console's management address
+    ssh_port: int
+    host_key: str  # pinned: the host key line or its SHA256 fingerprint
+    keys_file: str  # the jump user's authorized_keys, which the console owns
+
+
+@dataclass(frozen=True)
+class GatewayGrant:
+    """One customer key let through a gateway, and the only places it may forward to."""
+
+    public_key: str  # "<type> <base64>": rebuilt by the console, never the customer's line
+    destinations: tuple[tuple[str, int], ...]  # (node address, instance sshd port)
+
+
+class Shell(Protocol):
+    """An interactive terminal (a PTY) in an instance on one node."""
+
+    simulated: bool
+
+    def send(self, data: bytes) -> None: ...
+
+    def recv(self, timeout: float) -> bytes | None:
+        """What the terminal printed since the last call (b"" = nothing yet; None = it ended)."""
+        ...
+
+    def resize(self, cols: int, rows: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Tunnel(Protocol):
+    """A byte stream to a TCP port of an instance, as seen from its node (a paramiko
+    ``direct-tcpip`` channel on the ssh driver): socket-like."""
+
+    def sendall(self, data: bytes) -> None: ...
+
+    def recv(self, size: int) -> bytes: ...
+
+    def settimeout(self, timeout: float | None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class AccessDriver(Protocol):
+    """How customers reach their instances: the gateway's keys, a terminal, web ports."""
+
+    def sync_gateway(
+        self, gateway: GatewayTarget, grants: tuple[GatewayGrant, ...], log: LogFn
+    ) -> StepResult:
+        """Write the gateway's whole authorized_keys from ``grants`` (atomic; idempotent)."""
+        ...
+
+    def open_shell(
+        self, spec: InstanceSpec, node: NodeTarget, cols: int, rows: int
+    ) -> Shell: ...
+
+    def open_tunnel(self, spec: InstanceSpec, node: NodeTarget, port: int) -> Tunnel:
+        """A stream to the instance's ``port`` on ``node`` (its published host port on a shared
+        node), over the console's pinned connection; nothing is opened on the node's public
+        interfaces."""
+        ...

@@ -4,8 +4,23 @@ from __future__ import annotations
 
 from slices.models.allocations import Allocation, AllocationNode
 from slices.models.disks import Disk, DiskAttachment, NodeWatch, PfsUsage
-from slices.models.fleet import GPU, Cluster, GpuModel, Node, Region, ScalableUnit, SpineGroup
-from slices.models.instances import GpuQuota, Instance, InstanceEvent, InstanceNode
+from slices.models.fleet import (
+    GPU,
+    Cluster,
+    Gateway,
+    GpuModel,
+    Node,
+    Region,
+    ScalableUnit,
+    SpineGroup,
+)
+from slices.models.instances import (
+    GpuQuota,
+    Instance,
+    InstanceEvent,
+    InstanceNode,
+    ShareLink,
+)
 from slices.models.telemetry import GpuRollup, IdleWatch
 
 __all__ = [
@@ -15,6 +30,7 @@ __all__ = [
     "Cluster",
     "Disk",
     "DiskAttachment",
+    "Gateway",
     "GpuModel",
     "GpuQuota",
     "GpuRollup",
@@ -27,5 +43,6 @@ __all__ = [
     "PfsUsage",
     "Region",
     "ScalableUnit",
+    "ShareLink",
     "SpineGroup",
 ]

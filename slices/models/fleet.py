@@ -45,6 +45,40 @@ class Region(models.Model):
         return self.name
 
 
+class Gateway(models.Model):
+    """A region's SSH gateway (jump host): the one SSH door from the internet to its instances.
+
+    Customers reach ``user@host:port`` (public); the console manages it over ``address:ssh_port``
+    with the pinned host key, and writes ``keys_file``: each customer key restricted to
+    forwarding to the node ports of that customer's instances (issue 19)."""
+
+    region = models.OneToOneField(Region, on_delete=models.CASCADE, related_name="gateway")
+    host = models.CharField(_("public host name"), max_length=255)
+    port = models.PositiveIntegerField(_("public SSH port"), default=22)
+    user = models.CharField(_("jump user"), max_length=32, default="gpc")
+    address = models.CharField(_("management address"), max_length=255)
+    ssh_port = models.PositiveIntegerField(_("management SSH port"), default=22)
+    host_key_fingerprint = models.CharField(
+        _("pinned host key"),
+        max_length=1000,
+        blank=True,
+        help_text=_("The gateway's SSH host public key line, or its SHA256:… fingerprint"),
+    )
+    keys_file = models.CharField(
+        _("authorized keys file"), max_length=255, default="/etc/gpc-gateway/authorized_keys"
+    )
+    synced_at = models.DateTimeField(_("keys last written"), null=True, blank=True)
+    in_fleet_file = models.BooleanField(default=True)
+
+    class Meta:
+        verbose_name = _("SSH gateway")
+        verbose_name_plural = _("SSH gateways")
+        ordering = ("region",)
+
+    def __str__(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+
 class GpuModel(models.Model):
     code = models.CharField(_("code"), max_length=32, unique=True)
     memory_gib = models.PositiveIntegerField(_("memory (GiB)"))

@@ -68,6 +68,11 @@ class Instance(models.Model):
     ssh_host = models.CharField(_("SSH host"), max_length=255, blank=True)
     ssh_port = models.PositiveIntegerField(_("SSH port"), null=True, blank=True)
     ssh_user = models.CharField(_("SSH user"), max_length=32, blank=True)
+    # Web ports the customer declared at order time ([{"port": 7860, "name": "Gradio"}], at most
+    # 10), opened through the console's port proxy beside the image's own (issue 19).
+    web_ports = models.JSONField(_("web ports"), default=list, blank=True)
+    # The instance's own secret: JupyterLab's token and an app's API key (never shown to others).
+    access_token = models.CharField(max_length=64, blank=True)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     request_fingerprint = models.CharField(max_length=64, blank=True)
     # A worker holds the lease while it drives the instance; the reconciler re-drives expired ones.
@@ -146,11 +151,21 @@ class InstanceNode(models.Model):
     step_started_at = models.DateTimeField(null=True, blank=True)
     failed = models.BooleanField(default=False)
     message = models.CharField(max_length=255, blank=True)
+    # The instance's own sshd on this node (allocated per instance; cleared when the instance
+    # leaves the node: release, stop, migration), and the host ports docker published for the
+    # instance's ports on a shared node ({"8888": 32768}).
+    ssh_port = models.PositiveIntegerField(_("instance SSH port"), null=True, blank=True)
+    published_ports = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ("instance", "rank")
         constraints = (
             models.UniqueConstraint(fields=("instance", "rank"), name="slices_instnode_rank"),
+            models.UniqueConstraint(
+                fields=("node", "ssh_port"),
+                condition=models.Q(ssh_port__isnull=False),
+                name="slices_instnode_ssh_port",
+            ),
         )
 
     def __str__(self) -> str:
@@ -196,3 +211,26 @@ class GpuQuota(models.Model):
 
     def __str__(self) -> str:
         return f"{self.owner}: {self.max_gpus}"
+
+
+class ShareLink(models.Model):
+    """A link the owner made to one web port of an instance: whoever holds it opens that port
+    through the proxy without a console session, until the owner revokes it (issue 19)."""
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="share_links")
+    port = models.PositiveIntegerField(_("port"))
+    token_hash = models.CharField(max_length=64, unique=True)  # sha256 of the secret in the URL
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("share link")
+        verbose_name_plural = _("share links")
+        ordering = ("-created_at", "-id")
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}:{self.port}"
