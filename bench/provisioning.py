@@ -20,6 +20,13 @@ released afterwards (not timed).
    (8 hosts ≤ 1.5 × one host). The other A800 nodes are put in maintenance so the allocator uses
    the 8 that point at the test hosts. All hosts share this machine's cores, unlike real nodes:
    the ratio here is an upper bound of what separate machines would show.
+3. The ETA's first estimate (what the instance page and the API's ``eta_seconds`` say right after
+   the order) against the real time from the order to running, over --eta-orders simulated orders
+   of mixed sizes (A800: 1 and 8 cards, 64- and 128-card slices) at ``SIM_TIME_SCALE`` 0.02,
+   after a warm-up of 3 orders of each size that gives the history something to learn from. Both
+   estimates in the same run: the learnt one (recent comparable orders' timelines) and the
+   driver's step model alone (the baseline), unrounded (the page rounds to whole seconds, which
+   at this time scale would be most of the error). Target: median absolute error ≤ 10 %.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ from bench.support.embedded import migrate_with_shipped_fleet, setup_embedded_dj
 SIM_TARGET_S = 2.0
 SSH_RATIO_TARGET = 1.5
 SLICE_NODES = 8  # the smallest slice: 64 cards
+ETA_TARGET = 0.10
+ETA_SIZES = (1, 8, 64, 128)
 
 
 def main() -> int:
@@ -52,11 +61,16 @@ def main() -> int:
         "--hosts", type=int, default=8, help="ssh test hosts under the 8-node slice (default 8)"
     )
     parser.add_argument(
-        "--quick", action="store_true", help="a reduced run: 1 sim order; 8 nodes on 2 hosts, 1 rep"
+        "--eta-orders", type=int, default=20, help="orders whose first ETA is scored (default 20)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a reduced run: 1 sim order; 8 nodes on 2 hosts, 1 rep; 4 ETA orders",
     )
     args = parser.parse_args()
     if args.quick:
-        args.reps, args.ssh_reps, args.hosts = 1, 1, 2
+        args.reps, args.ssh_reps, args.hosts, args.eta_orders = 1, 1, 2, 4
 
     work = Path(tempfile.mkdtemp(prefix="bench-provisioning-"))
     # A self-contained embedded setup: its own SQLite file, no Redis, tasks run inline.
@@ -69,12 +83,13 @@ def main() -> int:
         )
         user = _customer()
         sim_ok = bench_sim(user, args.reps)
+        eta_ok = bench_eta(user, args.eta_orders, warm_up=1 if args.quick else 3)
         ssh_ok = bench_ssh(user, work, args.hosts, args.ssh_reps)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.quick:
         return 0  # a smoke run on whatever machine runs the tests: figures, no verdict
-    return 0 if sim_ok and ssh_ok else 1
+    return 0 if sim_ok and ssh_ok and eta_ok else 1
 
 
 def _customer():  # noqa: ANN202
@@ -133,6 +148,55 @@ def bench_sim(user, reps: int) -> bool:  # noqa: ANN001
     ok = median <= SIM_TARGET_S
     print(f"   {nodes} nodes: {_figures(samples)}")
     print(f"   target ≤ {SIM_TARGET_S:.1f} s: {'met' if ok else 'MISSED'}")
+    return ok
+
+
+def bench_eta(user, orders: int, warm_up: int) -> bool:  # noqa: ANN001
+    import random
+
+    from django.conf import settings
+    from django.core.cache import cache
+
+    from slices import eta
+    from slices.models import GpuModel
+    from slices.services import eta as eta_service
+
+    settings.SLICES_DRIVER = "sim"
+    settings.SIM_TIME_SCALE = 0.02
+    a800 = GpuModel.objects.get(code="A800")
+    print(
+        f"\n3. The first ETA vs the real order → running: {orders} sim orders of mixed sizes "
+        f"({', '.join(map(str, ETA_SIZES))} A800 cards), SIM_TIME_SCALE=0.02, after "
+        f"{warm_up} warm-up order(s) of each size"
+    )
+    for size in ETA_SIZES:
+        for _ in range(warm_up):
+            _release(_order(user, "A800", size)[1])
+    rng = random.Random(7)
+    learnt_errors, model_errors = [], []
+    for _ in range(orders):
+        size = rng.choice(ETA_SIZES)
+        nodes, is_slice = max(1, size // 8), size > 8
+        cache.clear()  # every order before this one counts (the page's cache lasts 30 s)
+        learnt = eta_service.first_estimate("sim", a800.pk, nodes, slice_=is_slice)
+        model = eta_service._model_seconds("sim", [], nodes, is_slice)
+        _elapsed, instance = _order(user, "A800", size)
+        actual = (instance.running_at - instance.created_at).total_seconds()
+        learnt_errors.append(eta.absolute_error(learnt.exact, actual))
+        model_errors.append(eta.absolute_error(model, actual))
+        print(
+            f"   {size:>4} cards: real {actual:6.2f} s · learnt {learnt.exact:6.2f} s "
+            f"({learnt.source}, {learnt.samples} orders) · step model {model:6.2f} s"
+        )
+        _release(instance)
+    learnt_median = statistics.median(learnt_errors)
+    model_median = statistics.median(model_errors)
+    ok = learnt_median <= ETA_TARGET
+    print(
+        f"   median absolute error: learnt {learnt_median:.1%} (max {max(learnt_errors):.1%}) vs "
+        f"the step model alone {model_median:.1%} (max {max(model_errors):.1%})"
+    )
+    print(f"   target ≤ {ETA_TARGET:.0%}: {'met' if ok else 'MISSED'}")
     return ok
 
 

@@ -38,6 +38,7 @@ from slices.messages import event_text, failure_text, step_label
 from slices.models import Cluster, Disk, Instance, Node, Region
 from slices.services import NoCapacity, migration, power, recipes, storage
 from slices.services import disks as disk_service
+from slices.services.eta import instance_eta
 from slices.services.instances import instance_cost, instance_costs
 
 
@@ -163,17 +164,27 @@ def instance_detail(request: HttpRequest, public_id: str) -> HttpResponse:
 
 def _detail_context(instance: Instance) -> dict[str, Any]:
     nodes = list(instance.nodes.order_by("rank"))
+    provisioning = instance.state == InstanceState.PROVISIONING
     for n in nodes:
         n.progress = lifecycle.node_progress(n.step or None)  # type: ignore[attr-defined]
-        n.step_label = step_label(n.step) if n.step else ""  # type: ignore[attr-defined]
+        # While provisioning, a node shows the step under way ("Mounting storage…"), not the
+        # one it last finished; a node that is done shows "Ready".
+        under_way = lifecycle.next_step(n.step or None) if provisioning and not n.failed else None
+        n.step_label = (  # type: ignore[attr-defined]
+            _("%(step)s…") % {"step": step_label(under_way)}
+            if under_way is not None and under_way != lifecycle.Step.READY
+            else step_label(n.step)
+            if n.step
+            else ""
+        )
     events_qs = instance.events.order_by("-id")
     state_events = list(events_qs.exclude(kind=EventKind.LOG)[:200])[::-1]
     log_events = list(events_qs.filter(kind=EventKind.LOG)[:500])[::-1]
     for e in state_events:
         e.message = event_text(e.code, e.params) if e.code else e.text  # type: ignore[attr-defined]
-    eta = None
-    if instance.state == InstanceState.PROVISIONING:
-        eta = services.provisioning_eta(instance, [n.step or None for n in nodes])
+    estimate = instance_eta(instance, nodes)
+    # "Elapsed" is the time it has run (billed from running), or since the order until then.
+    since = instance.running_at or instance.created_at
     return {
         "instance": instance,
         "nodes": nodes,
@@ -182,13 +193,15 @@ def _detail_context(instance: Instance) -> dict[str, Any]:
         "logs": log_events,
         "last_event_id": events_qs.values_list("id", flat=True).first() or 0,
         "cost": instance_cost(instance),
-        "eta_seconds": eta,
+        "eta_seconds": estimate.seconds if estimate else None,
+        "current_step": step_label(estimate.current_step)
+        if estimate and estimate.current_step
+        else "",
         "failure": failure_text(instance.failure_code, instance.failure_params)
         if instance.failure_code
         else "",
-        "elapsed": int(
-            ((instance.ended_at or timezone.now()) - instance.created_at).total_seconds()
-        ),
+        "elapsed": int(((instance.ended_at or timezone.now()) - since).total_seconds()),
+        "elapsed_running": instance.running_at is not None,
         "transitional": instance.state in TRANSITIONAL_STATES,
         "simulated": instance.driver == "sim",
         **_storage_context(instance),

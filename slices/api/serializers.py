@@ -60,6 +60,16 @@ class InstanceSerializer(serializers.Serializer):
         allow_null=True, help_text="host, port, user and command once running"
     )
     progress = serializers.IntegerField()
+    eta_seconds = serializers.IntegerField(
+        allow_null=True,
+        help_text="Estimated seconds until running, from recent comparable orders (null unless "
+        "the instance is on its way to running; 0 = any moment).",
+    )
+    current_step = serializers.CharField(
+        allow_blank=True,
+        help_text="The provisioning step under way on the slowest node (connect, prepare, "
+        'mount, start, health), "" before provisioning.',
+    )
     nodes = InstanceNodeSerializer(many=True)
     partition_key = serializers.IntegerField(allow_null=True)
     allreduce = serializers.DictField(help_text="Measured all-reduce of a slice (vs. expected).")

@@ -36,6 +36,7 @@ from slices.models import Cluster, Disk, DiskAttachment, Instance
 from slices.perf import expected_performance
 from slices.services import disks as disk_service
 from slices.services import power, storage
+from slices.services.eta import instance_eta
 from slices.services.instances import instance_cost, instance_costs
 
 
@@ -104,6 +105,7 @@ def instance_data(
     the nodes come from the queryset's prefetch when there is one."""
     nodes = sorted(instance.nodes.all(), key=lambda n: n.rank)
     steps = [n.step or None for n in nodes]
+    estimate = instance_eta(instance, nodes)
     return {
         "public_id": instance.public_id,
         "name": instance.name,
@@ -129,6 +131,8 @@ def instance_data(
         if instance.ssh_host
         else None,
         "progress": lifecycle.instance_progress(steps),
+        "eta_seconds": estimate.seconds if estimate else None,
+        "current_step": estimate.current_step if estimate else "",
         "nodes": [
             {
                 "rank": n.rank,

@@ -15,11 +15,11 @@ from billing import services as billing
 from console.models import SshKey
 from marketplace import recipes
 from marketplace import services as marketplace
-from slices import lifecycle, topology
+from slices import topology
 from slices.choices import BillingMode
-from slices.drivers import get_driver
 from slices.models import Cluster, Instance
 from slices.services.allocation import NoCapacity, Preview, preview_allocation
+from slices.services.eta import instance_eta
 from slices.services.fleet import Availability, availability
 from slices.services.instances import OrderRequest, check_funds, order_instance, price_name
 
@@ -272,12 +272,7 @@ def order_from_forms(
 
 
 def provisioning_eta(instance: Instance, steps: list[str | None]) -> int:
-    """Seconds until running, from the driver's expected step times (nodes in parallel)."""
-    try:
-        expected = get_driver(instance.driver or None).step_seconds()
-    except ValueError:
-        return 0
-    eta = lifecycle.eta_seconds(steps, expected)
-    if instance.is_slice:
-        eta += expected.get("allreduce", 0.0)
-    return int(eta)
+    """Seconds until running (``slices.services.eta``: recent orders' timelines, else the
+    driver's step model); 0 when the instance is not on its way to running."""
+    estimate = instance_eta(instance)
+    return estimate.seconds if estimate is not None else 0

@@ -51,6 +51,19 @@
           .then(done, done);
       }, 500);
     }
+    // The ETA counts down between events (each re-render of the live region restarts it from
+    // the server's estimate); at zero it says "any moment" rather than going negative.
+    var etaBase = null;
+    function tickEta() {
+      var el = document.getElementById("instance-eta");
+      if (!el || !el.dataset.etaSeconds) { etaBase = null; return; }
+      if (!etaBase || etaBase.el !== el) etaBase = { el: el, seconds: +el.dataset.etaSeconds, at: Date.now() };
+      var left = Math.max(0, Math.round(etaBase.seconds - (Date.now() - etaBase.at) / 1000));
+      var h = Math.floor(left / 3600), m = Math.floor(left % 3600 / 60), s = left % 60;
+      var fmt = left <= 0 ? el.dataset.fmtNow : h ? el.dataset.fmtHm : m ? el.dataset.fmtMs : el.dataset.fmtS;
+      el.textContent = fmt.replace("{h}", h).replace("{m}", m).replace("{s}", s);
+    }
+    setInterval(tickEta, 1000);
     // While running, the cost so far and the elapsed time move on their own: refresh them.
     setInterval(function () { if (state() === "running" && !document.hidden) refresh(); }, 15000);
     function state() {
