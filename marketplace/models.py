@@ -68,6 +68,14 @@ def validate_container(value: str) -> None:
         )
 
 
+# Licences whose name is a description, not a proper name (licenses.yaml's English stays the
+# stored name, as the sources give it).
+GENERIC_LICENSE_NAMES = {
+    "other": _("Other (see the model's page on the source hub)"),
+    "unknown": _("Unknown (see the model's page on the source hub)"),
+}
+
+
 class License(models.Model):
     """A license as the sources name it (SPDX-style id or URL); gated ones need acceptance."""
 
@@ -89,10 +97,17 @@ class License(models.Model):
         ordering = ("key",)
 
     def __str__(self) -> str:
-        return self.name or self.key
+        return self.display_name
 
     def get_absolute_url(self) -> str:
         return reverse("marketplace:license-detail", args=[self.public_id])
+
+    @property
+    def display_name(self) -> str:
+        """The name in the current language: licences are proper names ("Apache License 2.0"),
+        except the catch-all ones, which are words and are translated."""
+        generic = GENERIC_LICENSE_NAMES.get(self.key)
+        return str(generic) if generic is not None else self.name or self.key
 
 
 class Asset(models.Model):

@@ -8,6 +8,7 @@ read-only mounts the provisioning drivers apply (see ``marketplace/mounts.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Iterable
@@ -30,7 +31,15 @@ from console.loading import LoadReport, upsert
 from console.retries import TRANSIENT_ERRORS
 from marketplace import catalogue, mounts
 from marketplace.choices import AssetKind
-from marketplace.models import Asset, Image, ImageVersion, License, LicenseAcceptance, pack
+from marketplace.models import (
+    GENERIC_LICENSE_NAMES,
+    Asset,
+    Image,
+    ImageVersion,
+    License,
+    LicenseAcceptance,
+    pack,
+)
 from marketplace.mounts import MountSpec
 from marketplace.querysets import FACT_FIELDS
 
@@ -387,9 +396,15 @@ def catalogue_facets(kind: str) -> Facets:
         )
 
     try:
-        return cast(Facets, cache.get_or_set(_facets_key(kind), compute, FACETS_CACHE_TIMEOUT))
+        facets = cast(Facets, cache.get_or_set(_facets_key(kind), compute, FACETS_CACHE_TIMEOUT))
     except TRANSIENT_ERRORS:  # the cache (Redis) is down: one query, not a 503 catalogue
-        return compute()
+        facets = compute()
+    # Cached for every language: the catch-all licences' words are translated on the way out.
+    licenses = [
+        (key, str(GENERIC_LICENSE_NAMES[key]) if key in GENERIC_LICENSE_NAMES else name)
+        for key, name in facets.licenses
+    ]
+    return dataclasses.replace(facets, licenses=sorted(licenses, key=lambda kv: kv[1].lower()))
 
 
 def forget_facets() -> None:
