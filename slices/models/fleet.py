@@ -123,6 +123,18 @@ class Cluster(models.Model):
         return self.code
 
     @property
+    def display_name(self) -> str:
+        """The fleet file's name (the operators' English) on English pages; on Chinese pages a
+        name made of the region, the product and the fabric, in Chinese."""
+        if (get_language() or "").startswith("zh"):
+            return _("%(region)s %(gpu)s · %(fabric)s") % {
+                "region": self.region.display_name,
+                "gpu": self.gpu_model.product_name,
+                "fabric": self.get_fabric_display(),
+            }
+        return self.name
+
+    @property
     def slices_allowed(self) -> bool:
         return self.fabric != Fabric.ETHERNET and self.gpus_per_node == 8
 

@@ -53,7 +53,7 @@ def test_fleet_page_shows_utilisation_per_region_and_model(
         response = operator_client.get(reverse("slices:ops-fleet"))
     assert response.status_code == 200
     body = response.content.decode()
-    assert "H800" in body and "RTX4090" in body
+    assert "H800" in body and "RTX 4090" in body
     assert "64 / 192" in body  # H800 card: used / total GPUs (the drained node is not "used")
     assert (
         '<td class="text-end">120</td><td class="text-end">8</td>' in body
