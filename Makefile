@@ -12,7 +12,7 @@ PORT ?= 8000
 IT_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gpuconsole_it
 IT_REDIS_URL ?= redis://127.0.0.1:6379/11
 
-.PHONY: demo test test-integration lint format messages bench system-deps serve prod clean recipe-env
+.PHONY: demo test test-integration lint format messages bench system-deps serve prod clean recipe-env jupyter-env
 
 $(UV):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
@@ -57,7 +57,20 @@ $(RECIPE_VENV)/.requirements: $(RECIPE_REQS)
 
 recipe-env: $(RECIPE_VENV)/.requirements
 
-test: $(VENV)/.synced system-deps recipe-env
+# The console layer's JupyterLab (what every image ships), for tests/e2e/test_jupyterlab.py: the
+# image's launch command runs it on an sshd test host and the console's proxy opens it. Built once
+# from the pinned requirements (about 1 min, ~250 MB) and kept until they change.
+JUPYTER_VENV := var/jupyter-venv
+JUPYTER_REQS := marketplace/data/jupyterlab-requirements.txt
+
+$(JUPYTER_VENV)/.requirements: $(JUPYTER_REQS)
+	$(PYTHON) -m venv $(JUPYTER_VENV)
+	$(JUPYTER_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(JUPYTER_REQS)
+	cp $(JUPYTER_REQS) $@
+
+jupyter-env: $(JUPYTER_VENV)/.requirements
+
+test: $(VENV)/.synced system-deps recipe-env jupyter-env
 	$(VENV)/bin/pytest -m "not integration" -q
 
 test-integration: $(VENV)/.synced system-deps

@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -46,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.support.embedded import migrate_with_shipped_fleet, setup_embedded_django  # noqa: E402
+from slices.telemetry.heat import unpack_nodes  # noqa: E402
 from tests.support.servers import free_port, start_redis, wait_healthy  # noqa: E402
 
 P99_TARGET_MS = 500.0
@@ -83,8 +85,45 @@ def _django(work: Path, redis_url: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def _trace_consumers(path: Path) -> None:
+    """Time stamps of every sample in the web server, one JSON line each to ``path``: when the
+    consumer got it from the channel layer (``in``), when its writer began sending it
+    (``start``: after the acknowledgement window and the event loop's queue) and when the
+    websocket took it (``out``: framed, compressed where the client asked, handed to the socket).
+    Wraps the consumer's two methods; what runs is the consumer's own code."""
+    from slices.consumers import TELEMETRY_WINDOW, TelemetryConsumer
+
+    log = path.open("a", buffering=1)
+    seq_re = re.compile(r'"seq":(\d+)')
+    received = TelemetryConsumer.telemetry_sample
+    send = TelemetryConsumer.send
+
+    async def telemetry_sample(self: Any, event: dict[str, Any]) -> None:
+        found = seq_re.search(str(event.get("text", ""))[:200])
+        if found:  # and whether the client still owed acknowledgements for the whole window
+            closed = getattr(self, "_unacked", 0) >= TELEMETRY_WINDOW
+            self.__dict__.setdefault("_bench_in", {})[int(found[1])] = (time.time(), closed)
+        await received(self, event)
+
+    async def traced_send(
+        self: Any, text_data: Any = None, bytes_data: Any = None, close: Any = False
+    ) -> None:
+        start = time.time()
+        await send(self, text_data=text_data, bytes_data=bytes_data, close=close)
+        found = seq_re.search(text_data[:300]) if text_data else None
+        if found:
+            seq = int(found[1])
+            got, closed = self.__dict__.get("_bench_in", {}).pop(seq, (start, False))
+            line = {"seq": seq, "in": got, "start": start, "out": time.time(), "closed": closed}
+            log.write(json.dumps(line) + "\n")
+
+    TelemetryConsumer.telemetry_sample = telemetry_sample  # type: ignore[method-assign]
+    TelemetryConsumer.send = traced_send
+
+
 def serve(args: argparse.Namespace) -> int:
     _django(Path(args.work), args.redis)
+    _trace_consumers(Path(args.work) / "web-trace.jsonl")
     import uvicorn
 
     from console.asgi import application
@@ -105,14 +144,25 @@ def serve(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-async def _client(url: str, headers: dict[str, str], until: float, start: float) -> dict[str, Any]:
+async def _client(
+    url: str, headers: dict[str, str], until: float, start: float, deflate: bool
+) -> dict[str, Any]:
     import websockets
 
     lat: list[float] = []
     seqs: list[int] = []
+    times: list[tuple[float, float]] = []  # (received, decoded) per counted sample
+    size = 0  # the last sample's frame, in bytes (characters for text)
     skipped = 0
     async with websockets.connect(
-        url, additional_headers=headers, max_size=None, ping_interval=None
+        url,
+        additional_headers=headers,
+        max_size=None,
+        ping_interval=None,
+        # Browsers offer permessage-deflate and the server accepts: every frame is compressed
+        # once per client. Without the offer it is not (what the server's
+        # --ws-per-message-deflate false would give every client).
+        compression="deflate" if deflate else None,
     ) as ws:
         while True:
             remaining = until - time.time()
@@ -126,6 +176,8 @@ async def _client(url: str, headers: dict[str, str], until: float, start: float)
             message = json.loads(raw)
             if message.get("kind") != "sample":
                 continue
+            unpack_nodes(message["payload"])  # as the page does before it draws
+            decoded = time.time()
             await ws.send('{"kind":"ack"}')  # as the page does once it has drawn the sample
             if now < start:
                 continue
@@ -134,7 +186,9 @@ async def _client(url: str, headers: dict[str, str], until: float, start: float)
                 skipped += int(message.get("skipped", 0))
             seqs.append(int(payload["seq"]))
             lat.append((now - float(payload["ts"])) * 1000)
-    return {"lat": lat, "seqs": seqs, "skipped": skipped}
+            times.append((now, decoded))
+            size = len(raw)
+    return {"lat": lat, "seqs": seqs, "skipped": skipped, "times": times, "size": size}
 
 
 async def _clients(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -142,7 +196,10 @@ async def _clients(args: argparse.Namespace) -> list[dict[str, Any]]:
     start = time.time() + args.warmup
     until = start + args.duration
     return await asyncio.gather(
-        *(_client(args.url, headers, until, start) for _ in range(args.clients))
+        *(
+            _client(args.url, headers, until, start, not args.no_deflate)
+            for _ in range(args.clients)
+        )
     )
 
 
@@ -196,8 +253,70 @@ def _running_slice(cards: int, gpu_model: str) -> tuple[Any, str]:
     return instance, part.node.cluster.code
 
 
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+# The milestones of one sample on its way, as the split prints them (ms after it was taken).
+MILESTONES = (
+    ("relay: sources read", "source"),
+    ("relay: checked, rows built", "parse"),
+    ("relay: encoded", "encode"),
+    ("relay: the channel layer has it", "sent"),
+    ("web: the consumer has it (fan-out)", "in"),
+    ("web: its writer starts (ack window, loop)", "start"),
+    ("web: the socket has it (framing, deflate)", "out"),
+    ("client: frame received", "received"),
+    ("client: decoded", "decoded"),
+)
+
+
+def _split(
+    results: list[dict[str, Any]], ticks: dict[int, dict[str, Any]], trace: list[dict[str, float]]
+) -> dict[str, list[float]]:
+    """Every counted sample's milestones, in ms after the relay took it."""
+    seqs = {seq for r in results for seq in r["seqs"]}
+    out: dict[str, list[float]] = {key: [] for _, key in MILESTONES}
+    out["window_closed"] = []
+    for seq in seqs:
+        tick = ticks.get(seq)
+        if tick is None:
+            continue
+        at = 0.0
+        for key in ("source", "parse", "encode"):
+            at += tick["stages"][key] * 1000
+            out[key].append(at)
+        out["sent"].append((tick["sent_at"] - tick["ts"]) * 1000)
+    for line in trace:
+        tick = ticks.get(int(line["seq"]))
+        if tick is None or int(line["seq"]) not in seqs:
+            continue
+        for key in ("in", "start", "out"):
+            out[key].append((line[key] - tick["ts"]) * 1000)
+        out["window_closed"].append(1.0 if line.get("closed") else 0.0)
+    for r in results:
+        for seq, (received, decoded) in zip(r["seqs"], r["times"], strict=True):
+            tick = ticks.get(seq)
+            if tick is None:
+                continue
+            out["received"].append((received - tick["ts"]) * 1000)
+            out["decoded"].append((decoded - tick["ts"]) * 1000)
+    return out
+
+
 def _run_clients(
-    n: int, duration: float, url: str, cookie: str, origin: str, pids: dict[str, int]
+    n: int,
+    duration: float,
+    url: str,
+    cookie: str,
+    origin: str,
+    pids: dict[str, int],
+    ticks: dict[int, dict[str, Any]],
+    trace: Path,
+    deflate: bool = True,
 ) -> dict[str, Any]:
     warmup = 2.0
     proc = subprocess.Popen(
@@ -217,6 +336,7 @@ def _run_clients(
             str(duration),
             "--warmup",
             str(warmup),
+            *([] if deflate else ["--no-deflate"]),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -231,6 +351,11 @@ def _run_clients(
         raise SystemExit(f"the clients failed ({proc.returncode})")
     reported = json.loads(out)
     results = reported["clients"]
+    lines = trace.read_text().splitlines() if trace.exists() else []  # _split picks this run's
+    split = _split(results, ticks, [json.loads(x) for x in lines if x.strip()])
+    seqs = {seq for r in results for seq in r["seqs"]}
+    record = [ticks[s]["stages"]["record"] * 1000 for s in seqs if s in ticks]
+    sizes = [r["size"] for r in results if r.get("size")]
     lat = sorted(x for r in results for x in r["lat"])
     owed = delivered = skipped = 0
     for r in results:
@@ -252,6 +377,9 @@ def _run_clients(
         "cpu": cpu,
         "client_cores": reported["cores"],
         "silent_clients": sum(1 for r in results if not r["seqs"]),
+        "split": split,
+        "record_ms": _pct(record, 0.5),
+        "size": max(sizes) if sizes else 0,
     }
 
 
@@ -299,6 +427,16 @@ def bench(args: argparse.Namespace) -> int:
 
         relay = Relay(RedisRing(redis.Redis.from_url(redis_url)), layer=get_channel_layer())
         relay.refresh()
+        ticks: dict[int, dict[str, Any]] = {}
+        tick = relay.tick
+
+        def traced_tick(now: float | None = None) -> Any:
+            now = time.time() if now is None else now  # what the tick would take
+            stats = tick(now)
+            ticks[relay.seq] = {"ts": now, "stages": dict(stats.stages), "sent_at": stats.sent_at}
+            return stats
+
+        relay.tick = traced_tick  # type: ignore[method-assign]
         gpus = sum(len(n.source.workload.gpus) for f in relay.feeds.values() for n in f.nodes)  # type: ignore[attr-defined]
         relay_thread = threading.Thread(target=relay.run, args=(stop, 1.0), daemon=True)
         relay_thread.start()
@@ -307,9 +445,29 @@ def bench(args: argparse.Namespace) -> int:
         url = f"ws://127.0.0.1:{port}/ws/telemetry/clusters/{cluster}/"
         origin = f"http://127.0.0.1:{port}"
         pids = {"relay": os.getpid(), "web": web.pid, "redis": redis_proc.pid}
-        runs = [
-            _run_clients(n, args.duration, url, cookie, origin, pids) for n in (1, args.clients)
-        ]
+        plan = [(1, "packed", True), (args.clients, "packed", True)]
+        if args.compare:
+            # In the same run: the JSON rows the packed frame replaced, and the packed frame to
+            # clients that do not ask for permessage-deflate (the server compresses nothing).
+            plan += [(args.clients, "rows", True), (args.clients, "packed", False)]
+        runs = []
+        for n, heat_format, deflate in plan:
+            relay.heat_format = heat_format  # from the next tick; the clients' warm-up covers it
+            run = _run_clients(
+                n,
+                args.duration,
+                url,
+                cookie,
+                origin,
+                pids,
+                ticks,
+                work / "web-trace.jsonl",
+                deflate,
+            )
+            label = heat_format if deflate else f"{heat_format}, no deflate"
+            runs.append(
+                {**run, "format": label, "baseline": (heat_format, deflate) != ("packed", True)}
+            )
     finally:
         stop.set()
         if relay_thread is not None:
@@ -325,7 +483,7 @@ def bench(args: argparse.Namespace) -> int:
     print(
         f"{'clients':>7} {'received':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
         f"{'owed':>6} {'skipped':>7} {'dropped':>7} {'relay':>6} {'web':>6} {'redis':>6} {'total':>6}"
-        f" {'clients':>7}"
+        f" {'clients':>7}  frame"
     )
     ok = True
     for r in runs:
@@ -334,8 +492,10 @@ def bench(args: argparse.Namespace) -> int:
             f"{r['clients']:>7} {r['received']:>8} {r['p50']:>8.1f} {r['p99']:>8.1f} "
             f"{r['max']:>8.1f} {r['owed']:>6} {r['skipped']:>7} {r['dropped']:>7} "
             f"{r['cpu']['relay']:>6.2f} {r['cpu']['web']:>6.2f} {r['cpu']['redis']:>6.2f} "
-            f"{total:>6.2f} {r['client_cores']:>7.2f}"
+            f"{total:>6.2f} {r['client_cores']:>7.2f}  {r['format']}"
         )
+        if r["baseline"]:
+            continue  # printed to compare: not what the verdict is about
         ok = ok and r["p99"] < P99_TARGET_MS and r["dropped"] == 0 and total < CPU_TARGET_CORES
         ok = ok and r["silent_clients"] == 0
     print(
@@ -345,6 +505,24 @@ def bench(args: argparse.Namespace) -> int:
         f"{CPU_TARGET_CORES:.0f} core. Load average now: {os.getloadavg()[0]:.1f} on "
         f"{os.cpu_count()} cores.)"
     )
+    for r in runs:
+        print(
+            f"\nwhere the time goes, {r['clients']} client(s), {r['format']} frames of "
+            f"{r['size'] / 1024:.1f} KiB: ms after the relay took the sample, p50 / p99, and what "
+            f"each stage adds to the p50"
+        )
+        before = 0.0
+        for label, key in MILESTONES:
+            values = r["split"][key]
+            p50, p99 = _pct(values, 0.5), _pct(values, 0.99)
+            print(f"  {label:<44} {p50:>8.1f} {p99:>8.1f}   +{p50 - before:.1f}")
+            before = p50
+        closed = r["split"]["window_closed"]
+        print(
+            f"  (the acknowledgement window was closed when {int(sum(closed))} of {len(closed)} "
+            f"samples reached their consumer; off the path, after the send: minute rollups, ring "
+            f"and /metrics snapshot {r['record_ms']:.1f} ms a tick)"
+        )
     print("verdict:", "meets the targets" if ok else "MISSES a target")
     return 0 if ok or args.quick else 1
 
@@ -363,10 +541,17 @@ def main() -> int:
     c.add_argument("--clients", type=int, required=True)
     c.add_argument("--duration", type=float, required=True)
     c.add_argument("--warmup", type=float, default=2.0)
+    c.add_argument("--no-deflate", action="store_true")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds per run (60)")
     parser.add_argument("--clients", type=int, default=50, help="clients in the big run (50)")
     parser.add_argument("--cards", type=int, default=2048, help="GPUs sampled (2048 = a cluster)")
     parser.add_argument("--gpu-model", default="A800")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run the big run with the JSON rows the packed heat-map frame replaced, and "
+        "with clients that do not ask for permessage-deflate",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: 64 GPUs, 3 s, 3 clients, no verdict"
     )

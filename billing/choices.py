@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 from django.db import models
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import pgettext_lazy
 
@@ -60,6 +64,31 @@ class MemoCode(models.TextChoices):
     )
 
 
+# Display names of the payment providers a top-up memo names (``%(provider)s``).
+PAYMENT_PROVIDER_LABELS = {"sandbox": _("sandbox (test payments)")}
+
+# How a memo's ``%(at)s`` is stored (UTC); pages show it in the reader's time zone.
+MEMO_TIME_FORMAT = "%Y-%m-%d %H:%M:%S UTC"
+
+
+def memo_display_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A memo's parameters as a reader sees them: providers by their translated name, times in the
+    active time zone (the page's), so a row never mixes local time with UTC."""
+    shown = dict(params)
+    provider = shown.get("provider")
+    if isinstance(provider, str) and provider in PAYMENT_PROVIDER_LABELS:
+        shown["provider"] = str(PAYMENT_PROVIDER_LABELS[provider])
+    at = shown.get("at")
+    if isinstance(at, str):
+        try:
+            when = datetime.strptime(at, MEMO_TIME_FORMAT).replace(tzinfo=UTC)
+        except ValueError:
+            pass
+        else:
+            shown["at"] = timezone.localtime(when).strftime("%Y-%m-%d %H:%M:%S")
+    return shown
+
+
 TRANSACTION_KIND_BADGES = {
     TransactionKind.TOPUP: "success",
     TransactionKind.TRIAL_GRANT: "info",
@@ -75,6 +104,10 @@ TRANSACTION_KIND_BADGES = {
 class Meter(models.TextChoices):
     GPU = "gpu", _("GPU card-hours")
     DISK = "disk", _("Disk GB-days")
+
+
+# Display names of the resource kinds other apps bill (``UsageSession.resource_kind``).
+RESOURCE_KIND_LABELS = {"instance": _("Instance"), "storage": _("Storage")}
 
 
 class UsageState(models.TextChoices):

@@ -33,6 +33,7 @@ from billing.choices import (
     PaymentState,
     TransactionKind,
     UsageState,
+    memo_display_params,
 )
 from billing.pricing import GpuPrice as GpuPriceQuote
 from billing.pricing import StoragePrice as StoragePriceQuote
@@ -310,7 +311,7 @@ class LedgerTransaction(AppendOnly):
             return self.memo
         template = str(MemoCode(self.memo_code).label)
         try:
-            return template % self.memo_params
+            return template % memo_display_params(self.memo_params)
         except (KeyError, TypeError, ValueError):  # parameters of another version of the template
             return template
 
@@ -421,7 +422,11 @@ class UsageCharge(models.Model):
     cannot post twice.
     """
 
-    session = models.ForeignKey(UsageSession, on_delete=models.PROTECT, related_name="charges")
+    # No index of its own: the unique (session, from_second) index below serves lookups by session,
+    # and the bulk settlement inserts one row per open session each minute.
+    session = models.ForeignKey(
+        UsageSession, on_delete=models.PROTECT, related_name="charges", db_index=False
+    )
     transaction = models.ForeignKey(
         LedgerTransaction, on_delete=models.PROTECT, related_name="usage_charges"
     )

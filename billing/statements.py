@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING
-from zoneinfo import ZoneInfo
 
-from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
+from billing.choices import RESOURCE_KIND_LABELS, AccountKind, Meter
 from billing.models import Entry, LedgerTransaction, UsageCharge, UsageSession, Wallet
 from billing.money import ZERO, round_cents
 
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
 
 
 def month_bounds(month: str | None, now: datetime) -> tuple[date, datetime, datetime]:
-    """``"2026-03"`` → (first day, start, end) in the console's time zone; default this month."""
-    tz = ZoneInfo(settings.TIME_ZONE)
+    """``"2026-03"`` → (first day, start, end) in the page's time zone (the one its times are
+    shown in: the console's, Asia/Shanghai by default); default this month."""
+    tz = timezone.get_current_timezone()
     local = now.astimezone(tz)
     if month:
         year, mon = (int(x) for x in month.split("-"))
@@ -46,6 +48,38 @@ def local_iso(at: datetime | None) -> str:
     return timezone.localtime(at).isoformat()
 
 
+@dataclass(frozen=True)
+class UsageShape:
+    """How a usage row reads: GPU time in cards at 元 per card-hour, storage in GB at 元 per
+    GB·day (a disk session's ``cards`` are the GB billed beyond the free quota)."""
+
+    kind: str  # the resource kind, translated
+    model: str  # the GPU model, or "disk storage"
+    quantity: str  # "8 cards", "500 GB billed"
+    rate_unit: str  # what the rate is per: "card-hour", "GB·day"
+
+
+def usage_shape(session: UsageSession) -> UsageShape:
+    label = RESOURCE_KIND_LABELS.get(session.resource_kind)
+    kind = str(label) if label is not None else session.resource_kind
+    if session.meter == Meter.DISK:
+        quantity = _("%(gb)d GB billed") % {"gb": session.cards}
+        return UsageShape(kind, _("Disk storage"), quantity, _("GB·day"))
+    cards = ngettext("%(n)d card", "%(n)d cards", session.cards) % {"n": session.cards}
+    return UsageShape(kind, session.gpu_model or "—", cards, _("card-hour"))
+
+
+def with_usage_shapes(sessions: list[UsageSession]) -> list[UsageSession]:
+    """Attach ``shape`` to a page of usage sessions (no queries)."""
+    for session in sessions:
+        session.shape = usage_shape(session)  # type: ignore[attr-defined]
+    return sessions
+
+
+# The customer's buckets in the order a statement shows what paid (as the CSV's columns).
+BUCKETS = (AccountKind.CASH, AccountKind.TRIAL, AccountKind.VOUCHER)
+
+
 @dataclass
 class StatementLine:
     txn: LedgerTransaction
@@ -53,12 +87,21 @@ class StatementLine:
     by_kind: dict[str, Decimal]
     balance_after: Decimal = ZERO
 
+    @property
+    def buckets(self) -> list[Decimal | None]:
+        """What each bucket (cash, trial credit, vouchers) gave or got; None where it had no part."""
+        return [self.by_kind.get(kind.value) for kind in BUCKETS]
+
 
 @dataclass
 class UsageLine:
     session: UsageSession
     seconds: int
     amount: Decimal
+
+    @property
+    def shape(self) -> UsageShape:
+        return usage_shape(self.session)
 
 
 @dataclass

@@ -48,7 +48,9 @@ def _transactions_page(request: AuthenticatedRequest, wallet: Wallet | None) -> 
 
 def _usage_page(request: AuthenticatedRequest) -> Any:
     sessions = UsageSession.objects.for_owner(request.user).order_by("-started_at", "-id")
-    return Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("usage_page"))
+    page = Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("usage_page"))
+    statements.with_usage_shapes(list(page.object_list))
+    return page
 
 
 @login_required

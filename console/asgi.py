@@ -14,12 +14,16 @@ from channels.routing import ProtocolTypeRouter  # noqa: E402
 
 from console.embedded import start_embedded_worker  # noqa: E402
 from console.routing import OriginValidator, websocket_router  # noqa: E402
+from slices.port_views import AppHostRouter  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": OriginValidator(AuthMiddlewareStack(websocket_router())),
-    }
+# An app host of subdomain mode (APPS_DOMAIN) is routed to the port proxy (issue 19).
+application = AppHostRouter(
+    ProtocolTypeRouter(
+        {
+            "http": django_asgi_app,
+            "websocket": OriginValidator(AuthMiddlewareStack(websocket_router())),
+        }
+    )
 )
 
 # Embedded default only: the background worker lives in this process.

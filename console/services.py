@@ -91,6 +91,17 @@ def add_ssh_key(user: User, *, name: str, public_key: str, make_default: bool = 
                 )
             }
         )
+    if SshKey.objects.filter(fingerprint=parsed.fingerprint).exclude(owner=user).exists():
+        # One key, one account (GitHub's "key is already in use"): the region gateways let a key
+        # through to its owner's instances, and a key of two accounts would open both's.
+        raise ValidationError(
+            {
+                "public_key": ValidationError(
+                    _("This key is already in use by another account. Add a key of your own."),
+                    code="in_use",
+                )
+            }
+        )
     if mine.filter(name=name).exists():
         raise ValidationError(
             {"name": ValidationError(_("You already have a key with this name."), code="duplicate")}

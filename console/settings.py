@@ -375,12 +375,41 @@ SLICES_PFS_ROOT: str = _get("SLICES_PFS_ROOT", env.str, "/pfs")
 SLICES_ASSET_ROOT: str = _get("SLICES_ASSET_ROOT", env.str, "/pfs/.catalogue")
 SLICES_INSTANCE_SSH_USER: str = _get("SLICES_INSTANCE_SSH_USER", env.str, "root")
 SLICES_INSTANCE_SSH_PORT: int = _get("SLICES_INSTANCE_SSH_PORT", env.int, 0)  # 0 = the node's port
+# Reaching an instance over SSH (issue 19): each instance's own sshd listens on a port of this
+# range on each of its nodes (allocated per instance and node), reached through the region's
+# gateway, whose keys file the console rewrites after every change and every
+# SLICES_GATEWAY_SYNC_INTERVAL seconds (beat).
+SLICES_INSTANCE_SSH_PORTS: str = _get("SLICES_INSTANCE_SSH_PORTS", env.str, "30000-30999")
+try:
+    _low, _high = (int(p) for p in SLICES_INSTANCE_SSH_PORTS.split("-"))
+except ValueError:
+    raise ConfigError("SLICES_INSTANCE_SSH_PORTS must be a range: <low>-<high>") from None
+if not 1024 <= _low <= _high <= 65535:
+    raise ConfigError("SLICES_INSTANCE_SSH_PORTS must lie within 1024-65535, low first")
+SLICES_GATEWAY_SYNC_INTERVAL: float = _get("SLICES_GATEWAY_SYNC_INTERVAL", env.float, 300.0)
+if not 10 <= SLICES_GATEWAY_SYNC_INTERVAL <= 86400:
+    raise ConfigError("SLICES_GATEWAY_SYNC_INTERVAL is out of range (10-86400 s)")
+# Web ports through the console (issue 19): empty = path mode (/instances/<id>/ports/<port>/);
+# a domain = subdomain mode (https://<id>-<port>.<APPS_DOMAIN>/: wildcard DNS and TLS, and
+# ".<APPS_DOMAIN>" in ALLOWED_HOSTS). The console's session cookie must stay host-only then.
+APPS_DOMAIN: str = _get("APPS_DOMAIN", env.str, "").strip().strip(".").lower()
+if APPS_DOMAIN and _get("SESSION_COOKIE_DOMAIN", env.str, ""):
+    raise ConfigError(
+        "APPS_DOMAIN needs a host-only session cookie: unset SESSION_COOKIE_DOMAIN, or the apps "
+        "on the app hosts would be sent the console's session"
+    )
 # How the console reaches the nodes (ssh driver): its own key, the user, timeouts.
 SLICES_SSH_USER: str = _get("SLICES_SSH_USER", env.str, "root")
 SLICES_SSH_KEY_FILE: str = _get("SLICES_SSH_KEY_FILE", env.str, "")
 SLICES_SSH_CONNECT_TIMEOUT: float = _get("SLICES_SSH_CONNECT_TIMEOUT", env.float, 10.0)
 SLICES_SSH_COMMAND_TIMEOUT: float = _get("SLICES_SSH_COMMAND_TIMEOUT", env.float, 600.0)
 SLICES_SSH_KEEPALIVE: int = _get("SLICES_SSH_KEEPALIVE", env.int, 15)
+# The web terminal: closed after this many seconds without input from the browser; at most this
+# many open at once per user (counted per console process).
+SLICES_TERMINAL_IDLE_SECONDS: int = _get("SLICES_TERMINAL_IDLE_SECONDS", env.int, 900)
+SLICES_TERMINAL_MAX_PER_USER: int = _get("SLICES_TERMINAL_MAX_PER_USER", env.int, 10)
+if SLICES_TERMINAL_IDLE_SECONDS < 1 or SLICES_TERMINAL_MAX_PER_USER < 1:
+    raise ConfigError("SLICES_TERMINAL_IDLE_SECONDS and SLICES_TERMINAL_MAX_PER_USER: at least 1")
 # Storage and resilience (README "Storage and resilience").
 # Where the console itself sees the parallel file system (measuring usage, finding checkpoints);
 # "" = SLICES_PFS_ROOT for the ssh driver, STATE_DIR/sim-pfs for the simulated fleet.
@@ -454,6 +483,10 @@ CELERY_BEAT_SCHEDULE.update(
         "slices-telemetry-prune": {
             "task": "slices.tasks.prune_telemetry_task",
             "schedule": 3600.0,
+        },
+        "slices-gateway-keys": {
+            "task": "slices.tasks.sync_gateways_task",
+            "schedule": SLICES_GATEWAY_SYNC_INTERVAL,
         },
     }
 )

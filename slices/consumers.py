@@ -4,22 +4,28 @@ telemetry."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
+from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from django.http import Http404
 
 from console.consumers import (
+    CLOSE_BAD_REQUEST,
+    CLOSE_MESSAGE_TOO_BIG,
     CLOSE_NOT_FOUND,
     CLOSE_UNAUTHENTICATED,
+    MAX_FRAME_CHARS,
     OUTAGE_ERRORS,
     ForwardingJsonConsumer,
     LayerConsumer,
 )
 from slices.events import instance_group
 from slices.models import Cluster
+from slices.services import terminal
 from slices.services.instances import get_instance_for_operator, get_instance_for_user
 from slices.telemetry.groups import cluster_group as telemetry_cluster_group
 from slices.telemetry.groups import instance_group as telemetry_instance_group
@@ -160,3 +166,189 @@ class TelemetryConsumer(ForwardingJsonConsumer):
             await self.send(
                 text_data=f'{{"kind":"sample","skipped":{skipped},"payload":{payload}}}'
             )
+
+
+# The web terminal's close codes besides the project's (console.consumers), mirroring HTTP too.
+CLOSE_NORMAL = 1000  # the shell exited
+CLOSE_TERMINAL_IDLE = 4408  # no input for SLICES_TERMINAL_IDLE_SECONDS
+CLOSE_TERMINAL_NOT_RUNNING = 4409  # the instance is not (or no longer) running
+CLOSE_TERMINAL_TOO_MANY = 4429  # SLICES_TERMINAL_MAX_PER_USER reached
+CLOSE_TERMINAL_UNAVAILABLE = 4503  # the node could not be reached
+TERMINAL_CLOSE_CODES = {
+    "not_running": CLOSE_TERMINAL_NOT_RUNNING,
+    "stopped": CLOSE_TERMINAL_NOT_RUNNING,
+    "too_many": CLOSE_TERMINAL_TOO_MANY,
+    "unavailable": CLOSE_TERMINAL_UNAVAILABLE,
+    "idle": CLOSE_TERMINAL_IDLE,
+    "exited": CLOSE_NORMAL,
+}
+# How often an open terminal checks that its instance still runs.
+TERMINAL_STATE_CHECK_SECONDS = 10.0
+
+
+def _query_int(scope: dict[str, Any], name: str, default: int) -> int | None:
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
+    if not values:
+        return default
+    text = values[0]
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 6 else None
+
+
+class TerminalConsumer(LayerConsumer):
+    """A web terminal on node ``?rank=N`` of an instance (``slices.services.terminal``).
+
+    Permission is checked on connect (the owner, or an operator whose session is recorded as
+    such); another customer's instance, a released one, an anonymous visitor: refused like every
+    socket here (4404, 4401). Then bytes flow both ways: binary frames are the terminal's bytes
+    (keystrokes in, output out); text frames are JSON: ``{"type": "data", "data": text}`` and
+    ``{"type": "resize", "cols": c, "rows": r}`` from the browser, ``{"type": "ready", ...}`` and,
+    before the server closes, ``{"type": "exit", "reason": ...}`` (idle, exited, stopped,
+    not_running, too_many, unavailable) so the page can say why. It uses no channel layer: a
+    terminal needs neither Redis nor a group.
+    """
+
+    channel_layer_alias = "terminal-uses-no-layer"  # no such alias: get_channel_layer is None
+
+    grant: terminal.TerminalGrant | None = None
+    session: terminal.TerminalSession | None = None
+    reason = "closed"
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        rank = _query_int(self.scope, "rank", 0)
+        if rank is None:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        public_id = self.scope["url_route"]["kwargs"]["public_id"]
+        try:
+            self.grant = await database_sync_to_async(terminal.authorize)(user, public_id, rank)
+        except terminal.TerminalRefused as exc:
+            if exc.code == "not_found":
+                await self.close(code=CLOSE_NOT_FOUND)
+                return
+            await self.accept()
+            await self._exit(exc.code)
+            return
+        await self.accept()
+        self._outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        cols, rows = _query_int(self.scope, "cols", 80), _query_int(self.scope, "rows", 24)
+        try:
+            shell = await asyncio.to_thread(terminal.open_shell, self.grant, cols, rows)
+        except terminal.TerminalRefused as exc:
+            if exc.code == "unavailable":
+                await database_sync_to_async(terminal.record_failed)(self.grant, exc.detail)
+            await self._exit(exc.code)
+            return
+        self.session = terminal.TerminalSession(self.grant, shell, self._from_reader)
+        await database_sync_to_async(terminal.record_opened)(self.grant)
+        await self.send(
+            text_data=json.dumps(
+                {
+                    "type": "ready",
+                    "simulated": self.session.simulated,
+                    "rank": self.grant.rank,
+                    "node": self.grant.node.hostname,
+                    "idle_seconds": terminal.idle_seconds(),
+                }
+            )
+        )
+        self.session.start()
+        self.background(self._pump())
+        self.background(self._watch())
+
+    def _from_reader(self, data: bytes | None) -> None:
+        """Called from the session's reader thread."""
+        with contextlib.suppress(RuntimeError):  # the loop is closing: the connection is gone
+            self._loop.call_soon_threadsafe(self._outbox.put_nowait, data)
+
+    async def _pump(self) -> None:
+        """The terminal's output to the browser, what is queued sent as one frame."""
+        session = self.session
+        assert session is not None
+        while True:
+            chunks = [await self._outbox.get()]
+            while not self._outbox.empty() and chunks[-1] is not None:
+                chunks.append(self._outbox.get_nowait())
+            ended = chunks[-1] is None
+            data = b"".join(c for c in chunks if c)
+            if data and not self.closing:
+                await self.send(bytes_data=data)
+                session.delivered(len(data))
+            if ended:
+                await self._exit("exited")
+                return
+
+    async def _watch(self) -> None:
+        """Close an idle terminal, and one whose instance no longer runs."""
+        session, grant = self.session, self.grant
+        assert session is not None and grant is not None
+        idle = terminal.idle_seconds()
+        next_check = TERMINAL_STATE_CHECK_SECONDS
+        while True:
+            left = idle - session.idle_for()
+            if left <= 0:
+                await self._exit("idle")
+                return
+            await asyncio.sleep(min(left, next_check))
+            next_check -= min(left, next_check)
+            if next_check <= 0:
+                next_check = TERMINAL_STATE_CHECK_SECONDS
+                if not await database_sync_to_async(terminal.still_running)(grant):
+                    await self._exit("stopped")
+                    return
+
+    async def _exit(self, reason: str) -> None:
+        """Tell the browser why, then close with the reason's code."""
+        if self.closing:
+            return
+        self.reason = reason
+        payload: dict[str, Any] = {"type": "exit", "reason": reason}
+        if reason == "idle":
+            payload["idle_seconds"] = terminal.idle_seconds()
+        await self.send(text_data=json.dumps(payload))
+        await self.close(code=TERMINAL_CLOSE_CODES.get(reason, CLOSE_NORMAL))
+
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
+        session = self.session
+        if self.closing or session is None:
+            return  # before "ready" or after the close: dropped
+        if bytes_data is not None:
+            if len(bytes_data) > MAX_FRAME_CHARS:
+                await self.close(code=CLOSE_MESSAGE_TOO_BIG)
+                return
+            session.input(bytes_data)
+            return
+        if text_data is None:
+            return
+        if len(text_data) > MAX_FRAME_CHARS:
+            await self.close(code=CLOSE_MESSAGE_TOO_BIG)
+            return
+        try:
+            message = json.loads(text_data)
+        except (ValueError, RecursionError):
+            message = None
+        if not isinstance(message, dict):
+            await self.close(code=CLOSE_BAD_REQUEST)
+            return
+        kind = message.get("type")
+        if kind == "data" and isinstance(message.get("data"), str):
+            session.input(message["data"].encode("utf-8", "replace"))
+        elif kind == "resize":
+            session.resize(message.get("cols"), message.get("rows"))
+
+    async def disconnect(self, code: int) -> None:
+        await super().disconnect(code)  # the pump and the watchdog first
+        session, self.session = self.session, None
+        if session is None or self.grant is None:
+            return
+        seconds = await asyncio.to_thread(session.stop)
+        try:
+            await database_sync_to_async(terminal.record_closed)(self.grant, self.reason, seconds)
+        except OUTAGE_ERRORS as exc:  # the database is gone: the session still ended
+            logger.warning("terminal session not recorded: %r", exc)

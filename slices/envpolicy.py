@@ -69,6 +69,9 @@ PLATFORM_NAMES = frozenset(
         "TIME_LIMIT_S",
         "MODEL_DIR",
         "DATASET_DIR",
+        # JupyterLab's token (the instance's secret) and base URL behind the console's proxy.
+        "JUPYTER_TOKEN",
+        "JUPYTER_BASE_URL",
     }
 )
 # The devices (driver), the fabric (console), checkpoints, the console's own switches, the

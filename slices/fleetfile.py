@@ -11,6 +11,14 @@ Format (see slices/fleets/shipped.yaml for the full, commented example)::
       - code: yinchuan
         name: Yinchuan
         name_zh: 银川
+        gateway:                # optional: the region's SSH gateway (jump host)
+          host: gw-yinchuan.example.com   # public name customers reach
+          port: 22                        # optional (22)
+          user: gpc                       # optional (gpc): the jump user
+          address: 10.20.0.2              # the console's management address
+          ssh_port: 22                    # optional (22)
+          host_key: "SHA256:..."          # pinned: fingerprint or "ssh-ed25519 AAAA..." line
+          keys_file: /etc/gpc-gateway/authorized_keys   # optional: the jump user's keys
         clusters:
           - code: yc-a800-1
             gpu_model: A800
@@ -43,6 +51,7 @@ from slices.topology import (
     FABRIC_ETHERNET,
     ClusterSpec,
     FleetSpec,
+    GatewaySpec,
     GpuModelSpec,
     NodeSpec,
     RegionSpec,
@@ -54,6 +63,16 @@ RUNTIMES = ("docker", "enroot", "process")  # slices.drivers.ssh.commands.RUNTIM
 CODE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 HOSTNAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
+# A gateway's names end up in the command customers copy: plain DNS names and addresses only.
+PUBLIC_HOST_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}))*$")
+ADDRESS_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.:-]{0,253})$")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+KEYS_FILE_RE = re.compile(r"^/[A-Za-z0-9._/+@-]{1,254}$")
+HOST_KEY_RE = re.compile(
+    r"^(SHA256:[A-Za-z0-9+/]{43}|(ssh-ed25519|ecdsa-sha2-nistp(256|384|521)|ssh-rsa) "
+    r"AAAA[A-Za-z0-9+/]+={0,2})$"
+)
+DEFAULT_KEYS_FILE = "/etc/gpc-gateway/authorized_keys"
 SHIPPED_FLEET = Path(__file__).resolve().parent / "fleets" / "shipped.yaml"
 
 
@@ -217,7 +236,7 @@ def _build(doc: Any) -> FleetSpec:
     for ri, r in enumerate(raw_regions):
         if not isinstance(r, _LDict):
             raise FleetFileError(raw_regions.lines[ri], "a region must be a mapping")
-        _no_unknown(r, {"code", "name", "name_zh", "clusters"}, "a region")
+        _no_unknown(r, {"code", "name", "name_zh", "gateway", "clusters"}, "a region")
         code = _get(r, "code", str)
         if not CODE_RE.match(code):
             raise FleetFileError(
@@ -225,12 +244,53 @@ def _build(doc: Any) -> FleetSpec:
             )
         if any(x.code == code for x in regions):
             raise FleetFileError(_line(r, "code"), f"region {code} declared twice")
-        regions.append(RegionSpec(code, _get(r, "name", str), _get(r, "name_zh", str, False, "")))
+        gateway = _gateway(r, code) if "gateway" in r else None
+        regions.append(
+            RegionSpec(code, _get(r, "name", str), _get(r, "name_zh", str, False, ""), gateway)
+        )
         for c in _get(r, "clusters", list):
             if not isinstance(c, _LDict):
                 raise FleetFileError(r.lines["clusters"], "a cluster must be a mapping")
             clusters.append(_cluster(c, code, models, seen_clusters, seen_hosts, seen_addresses))
     return FleetSpec(tuple(regions), tuple(models.values()), tuple(clusters), demand)
+
+
+_GATEWAY_KEYS = {"host", "port", "user", "address", "ssh_port", "host_key", "keys_file"}
+
+
+def _gateway(r: _LDict, region: str) -> GatewaySpec:
+    """A region's ``gateway:`` block: every name checked, since the public ones end up verbatim
+    in the command and the ``~/.ssh/config`` block customers copy."""
+    g = r["gateway"]
+    if not isinstance(g, _LDict):
+        raise FleetFileError(_line(r, "gateway"), f"region {region}: gateway must be a mapping")
+    _no_unknown(g, _GATEWAY_KEYS, "a gateway")
+    host = _get(g, "host", str)
+    if not PUBLIC_HOST_RE.match(host) or len(host) > 253:
+        raise FleetFileError(
+            _line(g, "host"), f"gateway host {host!r}: a DNS name (lowercase letters, digits, - .)"
+        )
+    address = _get(g, "address", str)
+    if not ADDRESS_RE.match(address):
+        raise FleetFileError(_line(g, "address"), f"gateway address {address!r} is not an address")
+    user = _get(g, "user", str, False, "gpc")
+    if not USER_RE.match(user):
+        raise FleetFileError(_line(g, "user"), f"gateway user {user!r} is not a user name")
+    ports = {}
+    for key in ("port", "ssh_port"):
+        ports[key] = _get(g, key, int, False, 22)
+        if not 0 < ports[key] < 65536:
+            raise FleetFileError(_line(g, key), f"gateway {key} {ports[key]} is out of range")
+    host_key = " ".join(str(_get(g, "host_key", str, False, "")).split()[:2])
+    if host_key and not HOST_KEY_RE.match(host_key):
+        raise FleetFileError(
+            _line(g, "host_key"),
+            "the gateway's host key is pinned as SHA256:<base64> or as its public key line",
+        )
+    keys_file = _get(g, "keys_file", str, False, DEFAULT_KEYS_FILE)
+    if not KEYS_FILE_RE.match(keys_file) or ".." in keys_file.split("/"):
+        raise FleetFileError(_line(g, "keys_file"), f"keys_file {keys_file!r}: an absolute path")
+    return GatewaySpec(host, ports["port"], user, address, ports["ssh_port"], host_key, keys_file)
 
 
 _CLUSTER_KEYS = {

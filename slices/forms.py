@@ -9,6 +9,7 @@ from django.utils.translation import ngettext
 
 from slices import topology
 from slices.choices import BillingMode, gpu_product_name
+from slices.services import ports
 
 # What customers can order: hosts of one node, slices in whole 64-card units up to a cluster.
 CARD_CHOICES = [(n, str(n)) for n in topology.HOST_SIZES] + [
@@ -64,6 +65,12 @@ class OrderForm(forms.Form):
         label=_("Cloud disks to attach"), required=False, widget=forms.CheckboxSelectMultiple
     )
     disks_read_only = forms.BooleanField(label=_("Attach them read-only"), required=False)
+    web_ports = forms.CharField(
+        label=_("Web ports (up to 10)"),
+        required=False,
+        max_length=1000,
+        help_text=_('Opened through the console beside JupyterLab: e.g. "7860 Gradio, 8000 API".'),
+    )
 
     def __init__(
         self,
@@ -82,6 +89,10 @@ class OrderForm(forms.Form):
         self.fields["term_days"].choices = [("", "—")] + [
             (d, ngettext("%(days)d day", "%(days)d days", d) % {"days": d}) for d in terms
         ]
+
+    def clean_web_ports(self) -> list[dict[str, Any]]:
+        # "<port> [name]" entries; the order service checks them (a refusal names the field).
+        return ports.parse_web_ports_text(self.cleaned_data.get("web_ports") or "")
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

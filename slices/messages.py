@@ -85,6 +85,24 @@ EVENT_TEXT: dict[str, Promise] = {
         "No replacement node is free right now. The instance waits for one (you may release it instead)."
     ),
     "released_no_replacement": _("Released: no replacement node was free, as you chose."),
+    # The web terminal (issue 19): who, which node, how long; never what was typed.
+    "terminal_opened": _("%(user)s opened a web terminal on node #%(rank)s."),
+    "terminal_operator_opened": _(
+        "Operator %(user)s opened a web terminal on node #%(rank)s of this instance (recorded)."
+    ),
+    "terminal_failed": _("A web terminal on node #%(rank)s could not be opened: %(error)s."),
+    "terminal_closed": _(
+        "The web terminal of %(user)s on node #%(rank)s closed after %(seconds)s s."
+    ),
+    "terminal_idle": _(
+        "The web terminal of %(user)s on node #%(rank)s closed after %(seconds)s s: no input for %(idle)s s."
+    ),
+    "terminal_exited": _(
+        "The web terminal of %(user)s on node #%(rank)s ended after %(seconds)s s: its shell exited."
+    ),
+    "terminal_stopped": _(
+        "The web terminal of %(user)s on node #%(rank)s closed after %(seconds)s s: the instance is no longer running."
+    ),
 }
 
 FAILURE_TEXT: dict[str, Promise] = {

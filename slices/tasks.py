@@ -27,7 +27,7 @@ from celery import shared_task
 from django.conf import settings
 
 from console.retries import TransientRetryTask, retry_transient
-from slices.services import provisioning, recipes, reconcile, telemetry
+from slices.services import access, provisioning, recipes, reconcile, telemetry
 from slices.services.migration import drive_migration
 from slices.services.power import drive_start, drive_stop
 
@@ -128,3 +128,18 @@ def prune_telemetry_task() -> str:
     """Celery beat (hourly): delete GPU rollups older than TELEMETRY_RETENTION_DAYS."""
     pruned = retry_transient(telemetry.prune_rollups, what="pruning telemetry")
     return f"{pruned} rollups pruned"
+
+
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
+def sync_gateway_task(region_id: int) -> str:
+    """Write the region gateway's keys file from the database (queued on commit after an SSH
+    endpoint appeared or went: running, release, stop, migration)."""
+    return retry_transient(lambda: access.sync_region(region_id), what="syncing a gateway's keys")
+
+
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
+def sync_gateways_task() -> str:
+    """Celery beat (SLICES_GATEWAY_SYNC_INTERVAL): every gateway's keys file written again, so a
+    write that failed (the gateway away) or a file changed by hand converges."""
+    results = retry_transient(access.sync_all_gateways, what="syncing gateway keys")
+    return "; ".join(results) or "no gateways"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from slices import views
+from slices import port_views, views
 
 app_name = "slices"
 urlpatterns = [
@@ -17,6 +17,33 @@ urlpatterns = [
         views.instance_migration_choice,
         name="instance-migration-choice",
     ),
+    # Web ports through the console (issue 19): the proxy, the Open button, share links.
+    path(
+        "instances/<uuid:public_id>/ports/<int:port>/",
+        port_views.port_proxy,
+        name="instance-port",
+    ),
+    path(
+        "instances/<uuid:public_id>/ports/<int:port>/<path:rest>",
+        port_views.port_proxy,
+        name="instance-port-path",
+    ),
+    path(
+        "instances/<uuid:public_id>/web-ports/<int:port>/open/",
+        port_views.port_open,
+        name="instance-port-open",
+    ),
+    path(
+        "instances/<uuid:public_id>/web-ports/<int:port>/share-links/",
+        port_views.share_link_create,
+        name="instance-share-link-create",
+    ),
+    path(
+        "instances/<uuid:public_id>/share-links/<int:link_id>/revoke/",
+        port_views.share_link_revoke,
+        name="instance-share-link-revoke",
+    ),
+    path("shared/ports/<str:secret>/", port_views.port_share, name="port-share"),
     path("disks/", views.disk_list, name="disk-list"),
     path("disks/<uuid:public_id>/", views.disk_detail, name="disk-detail"),
     path("disks/<uuid:public_id>/resize/", views.disk_resize, name="disk-resize"),

@@ -158,7 +158,8 @@ def instance_new(request: HttpRequest) -> HttpResponse:
 def instance_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     instance = services.get_instance_for_user(request.user, public_id)
     # htmx asks for one region: the live overview (default) or the event list (?part=events).
-    part = "events" if request.GET.get("part") == "events" else "live"
+    asked = request.GET.get("part")
+    part = asked if asked in ("events", "running") else "live"
     return render_page(request, "slices/instance_detail.html", _detail_context(instance), part)
 
 

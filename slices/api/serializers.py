@@ -57,7 +57,16 @@ class InstanceSerializer(serializers.Serializer):
     cost_so_far = serializers.DecimalField(max_digits=14, decimal_places=2)
     auto_release_at = serializers.DateTimeField(allow_null=True)
     ssh = serializers.DictField(
-        allow_null=True, help_text="host, port, user and command once running"
+        allow_null=True,
+        help_text="Once running: host and port of the instance's own sshd (a node address, "
+        "reached through the region's SSH gateway), user, command (works verbatim: "
+        "ssh -J <jump> root@<host> -p <port>), gateway (host, port, user; null without one), "
+        "jump (ProxyJump's user@host[:port]) and alias (the ssh_config Host).",
+    )
+    ssh_config = serializers.CharField(
+        allow_blank=True,
+        help_text="A ~/.ssh/config block for the instance (Host gpc-<id>, HostName, Port, User, "
+        'ProxyJump), as VS Code Remote-SSH takes it; "" unless running.',
     )
     progress = serializers.IntegerField()
     eta_seconds = serializers.IntegerField(
@@ -88,6 +97,13 @@ class InstanceSerializer(serializers.Serializer):
     )
     disks = serializers.ListField(
         child=serializers.DictField(), help_text="Attached cloud disks: id, name, path, mode."
+    )
+    ports = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="Web ports through the console (JupyterLab 8888 first, TensorBoard, the "
+        "declared ones): port, name, kind, url (path mode: /instances/<id>/ports/<port>/; with "
+        "APPS_DOMAIN: https://<id>-<port>.<APPS_DOMAIN>/), and the live share links (id, "
+        "created_at, last_used_at; their secret is shown only when made). Empty unless running.",
     )
 
 
@@ -132,6 +148,14 @@ class InstanceCreateSerializer(serializers.Serializer):
         default=list,
         help_text="Cloud disks to attach (same region; they pin the order to it).",
     )
+    web_ports = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        default=list,
+        help_text='Up to 10 web ports to open through the console: [{"port": 7860, "name": '
+        '"Gradio"}], ports 1024-65535 outside the instances\' SSH range. A bad one: 400 naming '
+        "the field.",
+    )
 
 
 class InstanceEventSerializer(serializers.Serializer):
@@ -144,6 +168,16 @@ class InstanceEventSerializer(serializers.Serializer):
     code = serializers.CharField()
     params = serializers.DictField()
     message = serializers.CharField()
+
+
+class InstanceEventPageSerializer(serializers.Serializer):
+    """A page of events or log lines: the shape of every list (``count``, ``next``, ``previous``,
+    ``results``); ``next`` is a cursor (``?after=<last id>``)."""
+
+    count = serializers.IntegerField(help_text="Rows from ?after= on, this page included.")
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True, help_text="Always null: follow next.")
+    results = InstanceEventSerializer(many=True)
 
 
 class DiskSerializer(serializers.Serializer):

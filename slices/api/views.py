@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlencode
 
 from django.db.models import Prefetch, QuerySet
 from django.utils.translation import gettext as _
@@ -25,6 +26,7 @@ from slices.api.serializers import (
     DiskResizeSerializer,
     DiskSerializer,
     InstanceCreateSerializer,
+    InstanceEventPageSerializer,
     InstanceEventSerializer,
     InstanceSerializer,
     InstanceStartSerializer,
@@ -35,7 +37,8 @@ from slices.messages import event_text, failure_text
 from slices.models import Cluster, Disk, DiskAttachment, Instance
 from slices.perf import expected_performance
 from slices.services import disks as disk_service
-from slices.services import power, storage
+from slices.services import ports, power, storage
+from slices.services.access import ssh_access
 from slices.services.eta import instance_eta
 from slices.services.instances import instance_cost, instance_costs
 
@@ -84,6 +87,10 @@ class AvailabilityView(APIView):
         return Response(AvailabilitySerializer(rows, many=True).data)
 
 
+# Events and log lines per page of /events/ and /logs/ (at most EVENTS_PAGE_MAX with ?limit=).
+EVENTS_PAGE = 500
+EVENTS_PAGE_MAX = 1000
+
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
     str,
@@ -122,14 +129,8 @@ def instance_data(
         "quoted_per_hour": instance.quoted_per_hour,
         "cost_so_far": instance_cost(instance) if cost is None else cost,
         "auto_release_at": instance.auto_release_at,
-        "ssh": {
-            "host": instance.ssh_host,
-            "port": instance.ssh_port,
-            "user": instance.ssh_user,
-            "command": instance.ssh_command,
-        }
-        if instance.ssh_host
-        else None,
+        "ssh": ssh.as_dict() if (ssh := ssh_access(instance)) else None,
+        "ssh_config": ssh.ssh_config if ssh else "",
         "progress": lifecycle.instance_progress(steps),
         "eta_seconds": estimate.seconds if estimate else None,
         "current_step": estimate.current_step if estimate else "",
@@ -163,6 +164,7 @@ def instance_data(
             {"id": a.disk.public_id, "name": a.disk.name, "path": a.disk.mount_path, "mode": a.mode}
             for a in (disk_service.instance_disks(instance) if disks is None else disks)
         ],
+        "ports": ports.ports_data(instance, owner_view=True),
     }
 
 
@@ -182,8 +184,8 @@ class InstanceViewSet(PublicIdViewSet):
     def get_queryset(self) -> QuerySet[Instance]:
         return (
             Instance.objects.for_owner(self.request.user)
-            .select_related("gpu_model", "region", "allocation")
-            .prefetch_related("nodes")
+            .select_related("gpu_model", "region", "region__gateway", "allocation")
+            .prefetch_related("nodes", "share_links")
         )
 
     def _get(self) -> Instance:
@@ -230,6 +232,7 @@ class InstanceViewSet(PublicIdViewSet):
             auto_release_at=d["auto_release_at"],
             env=d["env"],
             disks=tuple((str(x["id"]), x["mode"]) for x in d["disks"]),
+            web_ports=tuple(d["web_ports"]),
         )
         instance, created = services.order_instance(request.user, req, idempotency_key=key)
         return self._answer(instance, status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK)
@@ -247,13 +250,24 @@ class InstanceViewSet(PublicIdViewSet):
         return self._answer(instance)
 
     def _events(self, request: Request, logs: bool) -> Response:
+        """Events or log lines after ``?after=<id>``, oldest first, in the list shape of every
+        other list (``count``, ``next``, ``previous``, ``results``): ``next`` asks for the ones
+        after this page (a cursor: new lines keep arriving), ``count`` is how many remain from
+        ``after`` on, this page included."""
         instance = self._get()
         qs = instance.events.order_by("id")
         qs = qs.filter(kind=EventKind.LOG) if logs else qs.exclude(kind=EventKind.LOG)
         try:
             after = int(request.query_params.get("after", "0"))
+            limit = int(request.query_params.get("limit", str(EVENTS_PAGE)))
         except ValueError:
-            raise ApiError(ErrorCode.INVALID, _("after must be an event id.")) from None
+            raise ApiError(
+                ErrorCode.INVALID, _("after must be an event id and limit a number.")
+            ) from None
+        limit = max(1, min(limit, EVENTS_PAGE_MAX))
+        qs = qs.filter(id__gt=after)
+        page = list(qs[: limit + 1])
+        more, page = len(page) > limit, page[:limit]
         rows = [
             {
                 "id": e.pk,
@@ -266,13 +280,27 @@ class InstanceViewSet(PublicIdViewSet):
                 "params": e.params,
                 "message": event_text(e.code, e.params) if e.code else e.text,
             }
-            for e in qs.filter(id__gt=after)[:1000]
+            for e in page
         ]
-        return Response(InstanceEventSerializer(rows, many=True).data)
+        following = (
+            request.build_absolute_uri(
+                f"{request.path}?{urlencode({'after': page[-1].pk, 'limit': limit})}"
+            )
+            if more
+            else None
+        )
+        return Response(
+            {
+                "count": len(page) if not more else qs.count(),
+                "next": following,
+                "previous": None,
+                "results": InstanceEventSerializer(rows, many=True).data,
+            }
+        )
 
     @extend_schema(
-        summary="State changes and provisioning steps (?after=<id> for new ones)",
-        responses={200: InstanceEventSerializer(many=True)},
+        summary="State changes and provisioning steps, oldest first (?after=<id>&limit=; next = the following page)",
+        responses={200: InstanceEventPageSerializer},
         tags=["instances"],
     )
     @action(detail=True, methods=["get"])
@@ -280,8 +308,8 @@ class InstanceViewSet(PublicIdViewSet):
         return self._events(request, logs=False)
 
     @extend_schema(
-        summary="Node log lines (?after=<id> for new ones)",
-        responses={200: InstanceEventSerializer(many=True)},
+        summary="Node log lines, oldest first (?after=<id>&limit=; next = the following page)",
+        responses={200: InstanceEventPageSerializer},
         tags=["instances"],
     )
     @action(detail=True, methods=["get"])

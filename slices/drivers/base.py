@@ -54,6 +54,9 @@ class NodeTarget:
     # A host one tenant uses at a time (the test hosts): the only place a bare process may run
     # beside others, since nothing isolates it (``Node.layout["single_tenant"]``).
     single_tenant: bool = False
+    # The instance's own sshd on this node (``InstanceNode.ssh_port``), reached through the
+    # region's gateway; 0 = none (the runtime gives none, or no port was free).
+    instance_ssh_port: int = 0
 
     @property
     def exclusive(self) -> bool:
@@ -225,26 +228,36 @@ class GatewayTarget:
 
 @dataclass(frozen=True)
 class GatewayGrant:
-    """One customer key let through a gateway, and the only places it may forward to."""
+    """One customer key let through a gateway, and the only places it may forward to (the
+    instance sshd ports of that key's owner's running instances in the region: one owner per
+    key, ``slices.services.access.gateway_grants``)."""
 
     public_key: str  # "<type> <base64>": rebuilt by the console, never the customer's line
     destinations: tuple[tuple[str, int], ...]  # (node address, instance sshd port)
+    label: str = ""  # the owner's public id: the line's comment, for operators reading the file
 
 
 class Shell(Protocol):
-    """An interactive terminal (a PTY) in an instance on one node."""
+    """An interactive terminal (a PTY) in an instance on one node. ``send``, ``resize`` and
+    ``close`` may be called from one thread while another waits in ``recv``."""
 
     simulated: bool
 
-    def send(self, data: bytes) -> None: ...
+    def send(self, data: bytes) -> None:
+        """Keystrokes (bytes as the terminal sends them; UTF-8 for text). Raises
+        ``DriverError`` when the terminal is gone."""
+        ...
 
     def recv(self, timeout: float) -> bytes | None:
-        """What the terminal printed since the last call (b"" = nothing yet; None = it ended)."""
+        """What the terminal printed since the last call, waiting up to ``timeout`` seconds for
+        something (b"" = nothing yet; None = it ended)."""
         ...
 
     def resize(self, cols: int, rows: int) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """End the terminal (what runs in it gets a hangup); idempotent."""
+        ...
 
 
 class Tunnel(Protocol):
@@ -253,9 +266,15 @@ class Tunnel(Protocol):
 
     def sendall(self, data: bytes) -> None: ...
 
+    def send(self, data: bytes) -> int: ...
+
     def recv(self, size: int) -> bytes: ...
 
     def settimeout(self, timeout: float | None) -> None: ...
+
+    def fileno(self) -> int:
+        """Readable when data (or the end) is waiting: the proxy waits on it in its event loop."""
+        ...
 
     def close(self) -> None: ...
 
@@ -270,11 +289,16 @@ class AccessDriver(Protocol):
         ...
 
     def open_shell(
-        self, spec: InstanceSpec, node: NodeTarget, cols: int, rows: int
-    ) -> Shell: ...
+        self, spec: InstanceSpec, node: NodeTarget, cols: int, rows: int, *, gpu_model: str = ""
+    ) -> Shell:
+        """A login shell in the instance on ``node`` with a ``cols`` × ``rows`` PTY, opened over
+        the console's pinned connection (``gpu_model``: the fleet code, for the sim driver's
+        answers). Raises ``DriverError`` when the node cannot be reached."""
+        ...
 
     def open_tunnel(self, spec: InstanceSpec, node: NodeTarget, port: int) -> Tunnel:
-        """A stream to the instance's ``port`` on ``node`` (its published host port on a shared
-        node), over the console's pinned connection; nothing is opened on the node's public
-        interfaces."""
+        """A stream to ``127.0.0.1:<port>`` as ``node`` sees it, over the console's pinned
+        connection; nothing is opened on the node's public interfaces. The caller passes the
+        node-side port: the host port docker published on a shared node
+        (``InstanceNode.published_ports``), else the instance's port itself."""
         ...

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -21,12 +22,17 @@ from typing import Any
 from marketplace.recipes import PARAMETER_LIMITS
 from slices.drivers.base import (
     DriverError,
+    GatewayGrant,
+    GatewayTarget,
     InstanceSpec,
     LogFn,
     NodeTarget,
     StepResult,
     WorkloadOutput,
 )
+from slices.drivers.gateway import keys_file as gateway_keys_file
+from slices.drivers.sim_shell import SimShell
+from slices.drivers.sim_web import open_sim_tunnel
 from slices.telemetry.workload import WORKLOADS, SimWorkload
 
 # Realistic seconds per step on one node (image pulls dominate), before scaling.
@@ -136,7 +142,25 @@ class SimDriver:
             log(f"[sim] job resumes from checkpoint {spec.env['RESUME_FROM']}")
         network = "host network, host IPC" if node.exclusive else "its own network and IPC"
         log(f"[sim] started {spec.slug} with {len(node.gpus)} GPU(s), {network}")
+        if node.instance_ssh_port:
+            log(f"[sim] the instance's sshd listens on {node.address}:{node.instance_ssh_port}")
+            return StepResult({"sshd": True, "ssh_port": node.instance_ssh_port})
         return StepResult()
+
+    def sync_gateway(
+        self, gateway: GatewayTarget, grants: tuple[GatewayGrant, ...], log: LogFn
+    ) -> StepResult:
+        """The simulated gateway: the keys file is built (and checked) as the ssh driver builds
+        it, and only counted: nothing is written anywhere."""
+        text, count = gateway_keys_file(grants)
+        log(f"[sim] wrote {count} key(s) to {gateway.keys_file} on {gateway.host}")
+        return StepResult({"keys": count, "bytes": len(text), "simulated": True})
+
+    def open_tunnel(self, spec: InstanceSpec, node: NodeTarget, port: int) -> socket.socket:
+        """A simulated web app on ``port`` (labelled so), served in this process: nothing is
+        opened on the console's host (``slices.drivers.sim_web``)."""
+        names = {8888: "JupyterLab", 6006: "TensorBoard"}
+        return open_sim_tunnel(port, names.get(port, f"Web app on port {port}"))
 
     def health(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         self._step(spec, "health", node)
@@ -181,6 +205,22 @@ class SimDriver:
         )
         lines = recipe.window(offset, elapsed_s, limit)
         return WorkloadOutput(lines, offset + len(lines) < recipe.total)
+
+    # -- the web terminal ----------------------------------------------------------------------
+    def open_shell(
+        self, spec: InstanceSpec, node: NodeTarget, cols: int, rows: int, *, gpu_model: str = ""
+    ) -> SimShell:
+        """A simulated shell (labelled so): never a shell on the console's own host. Its
+        programs run in real time, or at once when ``SIM_TIME_SCALE`` is 0 (tests)."""
+        self._maybe_fail(spec, "shell", node)
+        return SimShell(
+            spec,
+            node,
+            gpu_model=gpu_model,
+            cols=cols,
+            rows=rows,
+            time_scale=1.0 if self.time_scale > 0 else 0.0,
+        )
 
     # -- telemetry ---------------------------------------------------------------------------
     def telemetry(self, spec: InstanceSpec, node: NodeTarget, gpu_model: str) -> SimTelemetry:

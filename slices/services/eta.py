@@ -60,6 +60,8 @@ def history(driver: str, gpu_model_id: int) -> list[eta.Timeline]:
         marks.setdefault(instance_id, {})[step] = last
     out = []
     for pk, created, running, nodes in rows:
+        if running is None:  # filtered out above; for the type checker
+            continue
         at = {eta.ORDERED: 0.0, eta.RUNNING: (running - created).total_seconds()}
         for step, when in marks.get(pk, {}).items():
             if when <= running:

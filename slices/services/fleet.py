@@ -28,6 +28,7 @@ from slices.models import (
     Allocation,
     AllocationNode,
     Cluster,
+    Gateway,
     GpuModel,
     Node,
     Region,
@@ -87,6 +88,7 @@ def load_fleet(spec: topology.FleetSpec) -> LoadReport:
         )
         for i, r in enumerate(spec.regions)
     }
+    _load_gateways(spec, regions, report)
     models_ = {
         m.code: upsert_counted(
             report,
@@ -111,6 +113,37 @@ def load_fleet(spec: topology.FleetSpec) -> LoadReport:
         _load_gpus(cs, cluster, report)
     _flag_missing_nodes([h for h in existing_nodes if h not in seen_hosts], report)
     return report
+
+
+def _load_gateways(
+    spec: topology.FleetSpec, regions: dict[str, Region], report: LoadReport
+) -> None:
+    """One gateway per region that declares one; a region whose block left the file keeps its
+    row, flagged (``in_fleet_file``), as nodes are: its customers' keys are still on it."""
+    for r in spec.regions:
+        g = r.gateway
+        if g is None:
+            continue
+        upsert_counted(
+            report,
+            "gateways",
+            Gateway,
+            {"region": regions[r.code]},
+            {
+                "host": g.host,
+                "port": g.port,
+                "user": g.user,
+                "address": g.address,
+                "ssh_port": g.ssh_port,
+                "host_key_fingerprint": g.host_key,
+                "keys_file": g.keys_file,
+                "in_fleet_file": True,
+            },
+        )
+    declared = [regions[r.code].pk for r in spec.regions if r.gateway is not None]
+    Gateway.objects.exclude(region_id__in=declared).filter(in_fleet_file=True).update(
+        in_fleet_file=False
+    )
 
 
 def _load_cluster(

@@ -42,6 +42,7 @@ from slices.models import (
     InstanceNode,
     Region,
 )
+from slices.services import access, ports
 from slices.services import disks as disk_service
 from slices.services.allocation import allocate, release_allocation
 
@@ -157,6 +158,9 @@ def transition(
         instance.refresh_from_db()
         record_event(instance, EventKind.STATE, code=code, params=params or {}, level=level, at=now)
         events.broadcast_state_on_commit(instance)
+        if dst == InstanceState.RUNNING or InstanceState.RUNNING in lifecycle.sources_of(dst):
+            # An SSH endpoint appeared or went: the region gateway's keys follow (issue 19).
+            access.sync_on_commit(instance)
     return True
 
 
@@ -187,6 +191,8 @@ class OrderRequest:
     disks: tuple[tuple[str, str], ...] = ()
     # A recipe's entrypoint (catalogue data, never user input): replaces the image's launch command.
     entrypoint: str = ""
+    # Web ports to open through the console's proxy ([{"port": 7860, "name": "Gradio"}], ≤ 10).
+    web_ports: tuple[dict[str, Any], ...] = ()
 
     def fingerprint(self) -> str:
         body = {
@@ -204,6 +210,7 @@ class OrderRequest:
             **({"platform_env": self.platform_env} if self.platform_env else {}),
             **({"disks": sorted(map(list, self.disks))} if self.disks else {}),
             **({"entrypoint": self.entrypoint} if self.entrypoint else {}),
+            **({"web_ports": list(self.web_ports)} if self.web_ports else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -413,6 +420,7 @@ class _CheckedOrder:
     ssh: tuple[str, str]
     auto_release_at: datetime | None
     disks: Any
+    web_ports: list[dict[str, Any]] = field(default_factory=list)
 
 
 def order_instance(
@@ -506,6 +514,7 @@ def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
         ssh=_ssh_key(user, req.ssh_key),
         auto_release_at=None if term else req.auto_release_at,  # a term sets it at running
         disks=order_disks,
+        web_ports=ports.clean_web_ports(list(req.web_ports)),
     )
 
 
@@ -556,6 +565,8 @@ def _create_and_allocate(
         driver=settings.SLICES_DRIVER,
         idempotency_key=idempotency_key,
         request_fingerprint=fingerprint,
+        web_ports=c.web_ports,
+        access_token=ports.new_access_token(),
     )
     record_event(
         instance,
@@ -709,6 +720,8 @@ def finish_teardown(instance: Instance) -> bool:
     )
     if won and instance.allocation_id:
         release_allocation(Allocation.objects.get(pk=instance.allocation_id))
+    if won:
+        access.clear_ssh_ports(instance)  # its nodes were cleaned: their sshd ports are free
     instance.refresh_from_db()
     if instance.state == InstanceState.RELEASING:
         return transition(

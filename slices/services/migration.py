@@ -382,9 +382,13 @@ def _swap_in(instance: Instance, replaced: list[tuple[InstanceNode, Node, int]])
             GPU.objects.filter(node=new, index__in=taken, allocation__isnull=True).update(
                 allocation=allocation
             )
+        # A new node: the instance's sshd gets a port there (its old one stays with the failed
+        # node); the region gateway's keys follow when it runs again (issue 19).
+        moved = {"ssh_port": None} if new.pk != old.pk else {}
         InstanceNode.objects.filter(pk=part.pk).update(
-            node=new, hostname=new.hostname, gpu_mask=mask, step="reserve", failed=False, message=""
-        )
+            node=new, hostname=new.hostname, gpu_mask=mask, step="reserve", failed=False,
+            message="", **moved,
+        )  # fmt: skip
         moves.append(
             {
                 "from": old.hostname,

@@ -266,6 +266,7 @@ def order_from_forms(
             (str(d), "ro" if order.get("disks_read_only") else "rw")
             for d in order.get("disks") or ()
         ),
+        web_ports=tuple(order.get("web_ports") or ()),
     )
     instance, _created = order_instance(user, req)
     return instance

@@ -41,6 +41,7 @@ from slices.choices import (
 from slices.drivers import DriverError, NodeDriver, get_driver
 from slices.errors import InstanceConflict, quota_exceeded
 from slices.models import GPU, Allocation, AllocationNode, Instance, InstanceNode, Node
+from slices.services import access
 from slices.services import disks as disk_service
 from slices.services.allocation import NoCapacity, allocate, release_allocation
 from slices.services.instances import (
@@ -154,6 +155,7 @@ def drive_stop(instance_id: int, driver: NodeDriver | None = None) -> str:
                 gpuless=False,
             ):
                 return "cancelled"
+            access.clear_ssh_ports(instance)  # its sshd stopped with it; the next start gets one
             disk_service.sync_storage_billing(instance.owner)
         return "stopped"
     finally:

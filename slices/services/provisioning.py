@@ -35,7 +35,7 @@ from slices.drivers import DriverError, InstanceSpec, Mount, NodeDriver, NodeTar
 from slices.drivers.base import DiskMount
 from slices.messages import FAILURE_TEXT
 from slices.models import Instance, InstanceNode, Node
-from slices.services import storage
+from slices.services import access, ports, storage
 from slices.services.instances import (
     INSTANCE_RESOURCE,
     enqueue_on_commit,
@@ -190,7 +190,7 @@ def drop_lease(instance: Instance) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def node_target(node: Node, rank: int, gpu_mask: int) -> NodeTarget:
+def node_target(node: Node, rank: int, gpu_mask: int, ssh_port: int | None = None) -> NodeTarget:
     layout = node.layout or {}
     return NodeTarget(
         hostname=node.hostname,
@@ -205,24 +205,27 @@ def node_target(node: Node, rank: int, gpu_mask: int) -> NodeTarget:
         # to decide from these two: the node's size, and whether one tenant uses it at a time.
         node_gpus=node.gpus_per_node,
         single_tenant=layout.get("single_tenant") is True,
+        instance_ssh_port=int(ssh_port or 0),
     )
 
 
 def _image_ports(instance: Instance) -> tuple[int, ...]:
     """The service ports of the instance's image (catalogue data), published per instance."""
     if not instance.image:
-        return ()
+        return ports.node_ports(instance)
     try:
         version = marketplace.get_image_version(instance.image)
     except Http404:
-        return ()
-    ports = (p.get("port") for p in version.ports if isinstance(p, dict))
-    return tuple(sorted({p for p in ports if isinstance(p, int) and 0 < p < 65536}))
+        return ports.node_ports(instance)
+    found = (p.get("port") for p in version.ports if isinstance(p, dict))
+    image = {p for p in found if isinstance(p, int) and 0 < p < 65536}
+    # ... and the web ports the customer declared (issue 19), opened through the console's proxy.
+    return tuple(sorted(image | set(ports.node_ports(instance))))
 
 
 def build_spec(instance: Instance) -> InstanceSpec:
     parts = list(instance.nodes.select_related("node").order_by("rank"))
-    targets = tuple(node_target(p.node, p.rank, p.gpu_mask) for p in parts)
+    targets = tuple(node_target(p.node, p.rank, p.gpu_mask, p.ssh_port) for p in parts)
     disks = tuple(
         DiskMount(str(a.disk.public_id), a.disk.mount_path, a.mode == "ro", a.disk.size_gb)
         for a in instance.disk_attachments.filter(detached_at__isnull=True).select_related("disk")
@@ -235,7 +238,12 @@ def build_spec(instance: Instance) -> InstanceSpec:
         image=instance.container,
         entrypoint=instance.entrypoint,
         # The customer's and the platform's (``instance.env``); job_env's values win over both.
-        env={**storage.checkpoint_env(instance), **dict(instance.env)},
+        # ... and JupyterLab's token and base URL, the console's (issue 19).
+        env={
+            **storage.checkpoint_env(instance),
+            **dict(instance.env),
+            **ports.base_url_env(instance),
+        },
         mounts=tuple(Mount(str(m["source"]), str(m["target"])) for m in instance.mounts),
         ssh_public_key=instance.ssh_public_key,
         nodes=targets,
@@ -347,6 +355,7 @@ def _provision_attempt(instance: Instance, driver: NodeDriver, *, first: bool) -
 
 
 def _provision(instance: Instance, driver: NodeDriver, *, first: bool = True) -> str:
+    access.assign_ssh_ports(instance)  # the instance's sshd on each node (kept on a retry)
     spec = build_spec(instance)
     logs = _Logs()
     if (first and instance.attempts == 0) or not instance.events.filter(
@@ -447,10 +456,11 @@ class _NodeSteps:
             for fut in done:
                 rank, step = self.pending.pop(fut)
                 try:
-                    fut.result()
+                    result = fut.result()
                 except DriverError as exc:
                     self.failed(pool, rank, step, exc)
                 else:
+                    _record_published_ports(self.runs[rank], step, result)
                     self.succeeded(pool, rank, step)
 
     def submit(self, pool: ThreadPoolExecutor, rank: int, delay: float = 0.0) -> None:
@@ -514,6 +524,15 @@ def _run_nodes(
 ) -> tuple[str, dict[str, Any]] | None:
     """Every node's remaining steps, nodes in parallel; the first permanent failure stops it."""
     return _NodeSteps(instance, driver, spec, runs, logs).run()
+
+
+def _record_published_ports(run: _NodeRun, step: lifecycle.Step, result: Any) -> None:
+    """The host ports docker published for the instance on a shared node (``start``'s
+    ``ports``): where the console's tunnel goes for each web port (issue 19)."""
+    data = getattr(result, "data", None) or {}
+    if step == lifecycle.Step.START and isinstance(data.get("ports"), dict):
+        published = {str(k): int(v) for k, v in data["ports"].items()}
+        InstanceNode.objects.filter(pk=run.part.pk).update(published_ports=published)
 
 
 def _record_step(instance: Instance, run: _NodeRun, step: lifecycle.Step) -> None:
@@ -608,9 +627,20 @@ def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
     """Provisioning → running, and billing starts, in one transaction (one billing start)."""
     first = spec.nodes[0]
     now = timezone.now()
-    port = int(settings.SLICES_INSTANCE_SSH_PORT or first.port)
+    # The instance's own sshd on its first node, reached through the region's gateway; without
+    # one (a runtime that gives none) the node's address as before.
+    port = int(first.instance_ssh_port or settings.SLICES_INSTANCE_SSH_PORT or first.port)
     user = settings.SLICES_INSTANCE_SSH_USER
-    ssh = f"ssh -p {port} {user}@{first.address}" if port != 22 else f"ssh {user}@{first.address}"
+    gateway = access.region_gateway(instance) if first.instance_ssh_port else None
+    ssh = access.SshAccess(
+        alias=instance.slug,
+        host=first.address,
+        port=port,
+        user=user,
+        jump_user=gateway.user if gateway else "",
+        jump_host=gateway.host if gateway else "",
+        jump_port=gateway.port if gateway else 22,
+    ).command
     unpaid = False
     with transaction.atomic():
         if not transition(

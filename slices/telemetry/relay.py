@@ -6,10 +6,16 @@ agent's stream over SSH, or the simulated workload), reads the latest sample of 
 
 - appends one compact entry per instance to its ring (the last hour at 1 s),
 - sends it to the channel-layer group ``telemetry.instance.<uuid>`` (the instance page), and one
-  message per cluster to ``telemetry.cluster.<code>`` (the operators' heat map and node pages),
+  message per cluster to ``telemetry.cluster.<code>`` (the operators' heat map and node pages;
+  packed, ``slices.telemetry.heat``: every watcher's server-side and browser-side cost grows with
+  its size),
 - publishes the latest full sample per instance (what ``/metrics`` exports),
 - folds it into 1-minute rollups, written to the database when each minute ends (one row per GPU
   per minute, never per second).
+
+Each tick times its stages (``TickStats.stages``: sources, parsing, encoding, the channel layer,
+the rollups and ring); ``bench/telemetry.py`` prints them with the web server's and the clients'
+share of each sample's way to a browser.
 
 The embedded default runs it as a thread of the web process (``start_relay_thread``); production
 runs ``manage.py relay_telemetry`` as its own process (the Procfile's ``telemetry``).
@@ -44,6 +50,7 @@ from slices.drivers.base import TelemetrySource
 from slices.models import Instance
 from slices.services.provisioning import build_spec
 from slices.telemetry.groups import cluster_group, instance_group
+from slices.telemetry.heat import pack_nodes
 from slices.telemetry.ring import MemoryRing, RedisRing, Ring
 from slices.telemetry.rollup import MinuteAccumulator
 from slices.telemetry.samples import (
@@ -116,12 +123,21 @@ class _InstanceFeed:
     simulated: bool
 
 
+# What a tick spends its time on, in order: the sources' latest lines, checking them and building
+# the rows, encoding the live messages, the channel layer taking them, and the minute rollups,
+# ring entries and /metrics snapshot. Only the first four stand between a sample and a browser.
+TICK_STAGES = ("source", "parse", "encode", "send", "record")
+
+
 @dataclass
 class TickStats:
     instances: int = 0
     gpus: int = 0
     bad_samples: int = 0
     rollups_written: int = 0
+    # Seconds per stage of the tick (``TICK_STAGES``), for ``bench/telemetry.py`` and debugging.
+    stages: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TICK_STAGES, 0.0))
+    sent_at: float = 0.0  # wall-clock time the live messages were all with the channel layer
 
 
 def _message(payload: dict[str, Any]) -> dict[str, Any]:
@@ -132,13 +148,13 @@ def _message(payload: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class _Frame:
-    """What one tick gathers before it sends and records: ring entries by instance, channel-layer
-    sends, the heat map by cluster and host, and the parsed samples."""
+    """What one tick gathers before it sends and records: ring entries by instance, the live
+    payloads by group, the heat map by cluster and host, and the parsed samples."""
 
     now: float
     seq: int
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
-    sends: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    live: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     clusters: dict[str, dict[str, list[list[Any]]]] = field(default_factory=dict)
     parsed: list[tuple[_InstanceFeed, _NodeFeed, NodeSample]] = field(default_factory=list)
 
@@ -146,7 +162,9 @@ class _Frame:
 def _read_node(node: _NodeFeed, now: float, stats: TickStats) -> NodeSample | None:
     """The node's latest sample; None (counted as bad) when it is malformed or the source fails."""
     try:
+        t0 = time.perf_counter()
         raw = node.source.read(now)
+        stats.stages["source"] += time.perf_counter() - t0
         if raw is None:
             return None
         return parse_sample(raw, simulated=node.source.simulated)
@@ -159,10 +177,20 @@ def _read_node(node: _NodeFeed, now: float, stats: TickStats) -> NodeSample | No
     return None
 
 
+# How a cluster's heat map travels: "packed" (slices.telemetry.heat, what the pages read) or
+# "rows", the JSON rows it replaced, kept for ``bench/telemetry.py --compare``.
+HEAT_FORMATS = ("packed", "rows")
+
+
 class Relay:
-    def __init__(self, ring: Ring | None = None, *, layer: Any = None) -> None:
+    def __init__(
+        self, ring: Ring | None = None, *, layer: Any = None, heat_format: str = "packed"
+    ) -> None:
+        if heat_format not in HEAT_FORMATS:
+            raise ValueError(f"heat_format must be one of {HEAT_FORMATS}, not {heat_format!r}")
         self.ring = ring if ring is not None else get_ring()
         self.layer = layer if layer is not None else get_channel_layer()
+        self.heat_format = heat_format
         self.feeds: dict[str, _InstanceFeed] = {}
         self.rollups = MinuteAccumulator()
         self.seq = 0
@@ -234,17 +262,39 @@ class Relay:
         now = time.time() if now is None else now
         self.seq += 1
         stats = TickStats(instances=len(self.feeds))
+        stages = stats.stages
         frame = _Frame(now=now, seq=self.seq)
+        t0 = time.perf_counter()
         for feed in self.feeds.values():
             self._read_feed(feed, frame, stats)
-        for code, nodes in frame.clusters.items():
-            payload = {"ts": round(now, 3), "seq": self.seq, "nodes": nodes}
-            frame.sends.append((cluster_group(code), _message(payload)))
+        t1 = time.perf_counter()
+        stages["parse"] = t1 - t0 - stages["source"]
+        # The clusters' messages first: every operator watching a cluster waits on them.
+        packed = self.heat_format == "packed"
+        sends = [
+            (
+                cluster_group(code),
+                _message(
+                    {
+                        "ts": round(now, 3),
+                        "seq": self.seq,
+                        **(pack_nodes(nodes) if packed else {"nodes": nodes}),
+                    }
+                ),
+            )
+            for code, nodes in frame.clusters.items()
+        ]
+        sends += [(group, _message(payload)) for group, payload in frame.live]
+        t2 = time.perf_counter()
+        stages["encode"] = t2 - t1
         # Browsers first (latency); then the rollups, the ring and the /metrics snapshot. Redis
         # being away loses this second's live point and ring entry, never the rollups.
         failure: BaseException | None = None
-        if frame.sends and self.layer is not None:
-            failure = async_to_sync(self._send_all)(frame.sends)
+        if sends and self.layer is not None:
+            failure = async_to_sync(self._send_all)(sends)
+        stats.sent_at = time.time()
+        t3 = time.perf_counter()
+        stages["send"] = t3 - t2
         latest = self._record(frame)
         if frame.entries:
             try:
@@ -258,8 +308,9 @@ class Relay:
         self._minute = minute
         if failure is not None:
             self._unavailable("redis", failure)
-        elif frame.entries or frame.sends:
+        elif frame.entries or sends:
             self._available("redis")
+        stages["record"] = time.perf_counter() - t3
         return stats
 
     def _unavailable(self, what: str, exc: BaseException) -> None:
@@ -310,7 +361,7 @@ class Relay:
         live = dict(entry)
         if small:
             live["detail"] = detail
-        frame.sends.append((instance_group(feed.public_id), _message(live)))
+        frame.live.append((instance_group(feed.public_id), live))
 
     def _record(self, frame: _Frame) -> dict[str, dict[str, Any]]:
         """Fold the samples into the minute rollups; the latest full sample per instance."""

@@ -114,6 +114,24 @@ def _text(raw: dict[str, Any], key: str, limit: int = 200) -> str:
     return value[:limit]
 
 
+# A GPU entry's numbers: (agent key = ``GpuSample`` field, lowest, highest, whole number).
+_GPU_NUMBERS: tuple[tuple[str, float, float, bool], ...] = (
+    ("util_gpu", 0, 100, False),
+    ("util_mem", 0, 100, False),
+    ("mem_used_mib", 0, 1 << 24, False),
+    ("mem_total_mib", 0, 1 << 24, False),
+    ("temp_c", -50, 200, False),
+    ("power_w", 0, 10_000, False),
+    ("power_limit_w", 0, 10_000, False),
+    ("sm_clock_mhz", 0, 10_000, False),
+    ("mem_clock_mhz", 0, 50_000, False),
+    ("pcie_tx_kbps", 0, 1 << 40, False),
+    ("pcie_rx_kbps", 0, 1 << 40, False),
+    ("ecc_corrected", 0, 1 << 63, True),
+    ("ecc_uncorrected", 0, 1 << 63, True),
+)
+
+
 def parse_gpu(raw: Any) -> GpuSample:
     if not isinstance(raw, dict):
         raise SampleError("a GPU entry is not an object")
@@ -133,25 +151,25 @@ def parse_gpu(raw: Any) -> GpuSample:
         isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 16 for x in xid
     ):
         raise SampleError("xid is not a list of codes")
+    # The relay checks 2,048 GPUs a second for a cluster, before its operators see them: the
+    # common case (a number of the right type in range, or absent) inline, the rest (a float for
+    # a whole number, or a refusal with its reason) through ``_number``.
+    get = raw.get
+    numbers: dict[str, Any] = {}
+    for key, lo, hi, integer in _GPU_NUMBERS:
+        value: Any = get(key)
+        kind = type(value)
+        if (kind is int or (kind is float and not integer)) and lo <= value <= hi:
+            numbers[key] = value
+        elif value is not None:
+            numbers[key] = _number(raw, key, lo, hi, integer=integer)
     return GpuSample(
         index=index,
         uuid=_text(raw, "uuid", 80),
         name=_text(raw, "name", 80),
-        util_gpu=_number(raw, "util_gpu", 0, 100),
-        util_mem=_number(raw, "util_mem", 0, 100),
-        mem_used_mib=_number(raw, "mem_used_mib", 0, 1 << 24),
-        mem_total_mib=_number(raw, "mem_total_mib", 0, 1 << 24),
-        temp_c=_number(raw, "temp_c", -50, 200),
-        power_w=_number(raw, "power_w", 0, 10_000),
-        power_limit_w=_number(raw, "power_limit_w", 0, 10_000),
-        sm_clock_mhz=_number(raw, "sm_clock_mhz", 0, 10_000),
-        mem_clock_mhz=_number(raw, "mem_clock_mhz", 0, 50_000),
-        pcie_tx_kbps=_number(raw, "pcie_tx_kbps", 0, 1 << 40),
-        pcie_rx_kbps=_number(raw, "pcie_rx_kbps", 0, 1 << 40),
-        ecc_corrected=_number(raw, "ecc_corrected", 0, 1 << 63, integer=True),
-        ecc_uncorrected=_number(raw, "ecc_uncorrected", 0, 1 << 63, integer=True),
         throttle=tuple(t[:40] for t in throttle[:16]),
         xid=tuple(xid[:64]),
+        **numbers,
     )
 
 

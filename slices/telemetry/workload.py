@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 WORKLOADS = ("training", "idle", "failing")
@@ -45,6 +46,9 @@ PROFILES: dict[str, GpuProfile] = {
 DEFAULT_PROFILE = PROFILES["H800"]
 
 
+# The relay asks for every GPU of the fleet every second: what does not change with the second is
+# worked out once.
+@lru_cache(maxsize=64)
 def profile_for(gpu_model: str) -> GpuProfile:
     return PROFILES.get(gpu_model.replace(" ", "").upper(), DEFAULT_PROFILE)
 
@@ -55,6 +59,13 @@ def _noise(*parts: object) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+@lru_cache(maxsize=1024)
+def _phase(instance_id: str) -> int:
+    """Where in its checkpoint cycle the instance's job started."""
+    return int(_noise(instance_id) * CHECKPOINT_EVERY)
+
+
+@lru_cache(maxsize=1 << 16)
 def sim_uuid(instance_id: str, host: str, index: int) -> str:
     h = hashlib.blake2b(f"{host}/{index}".encode(), digest_size=16).hexdigest()
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
@@ -83,8 +94,7 @@ class SimWorkload:
         """Fraction of full load at this second (the same for every GPU of a synchronous job)."""
         if self.workload == "idle":
             return 0.0
-        phase = int(_noise(self.instance_id) * CHECKPOINT_EVERY)
-        in_cycle = (second + phase) % CHECKPOINT_EVERY
+        in_cycle = (second + _phase(self.instance_id)) % CHECKPOINT_EVERY
         if in_cycle < CHECKPOINT_SECONDS:
             return 0.04  # writing a checkpoint: GPUs wait on the file system
         return 0.93

@@ -11,5 +11,5 @@ register = template.Library()
 
 @register.filter
 def gpu_name(code: object) -> str:
-    """"RTX4090" → "RTX 4090" (the product name; unknown codes as they are)."""
+    """ "RTX4090" → "RTX 4090" (the product name; unknown codes as they are)."""
     return gpu_product_name(str(code))

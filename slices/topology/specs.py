@@ -67,10 +67,24 @@ class ClusterSpec:
 
 
 @dataclass(frozen=True)
+class GatewaySpec:
+    """A region's SSH gateway (jump host) from the fleet file (``slices.models.Gateway``)."""
+
+    host: str  # public name customers reach
+    port: int
+    user: str  # the jump user
+    address: str  # the console's management address
+    ssh_port: int
+    host_key: str  # pinned: SHA256:<base64> or the host key line
+    keys_file: str  # the jump user's authorized_keys, written by the console
+
+
+@dataclass(frozen=True)
 class RegionSpec:
     code: str
     name: str
     name_zh: str = ""
+    gateway: GatewaySpec | None = None
 
 
 @dataclass(frozen=True)

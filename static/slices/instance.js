@@ -24,7 +24,7 @@
       dirty = false;
       setTimeout(function () {
         lastFetch = Date.now();
-        var done = function () { pending = false; if (dirty) refresh(); };
+        var done = function () { pending = false; runningChanged(); if (dirty) refresh(); };
         window.htmx.ajax("GET", liveUrl, { target: "#instance-live", swap: "outerHTML", select: "#instance-live" })
           .then(done, done);
       }, wait);
@@ -66,6 +66,23 @@
     setInterval(tickEta, 1000);
     // While running, the cost so far and the elapsed time move on their own: refresh them.
     setInterval(function () { if (state() === "running" && !document.hidden) refresh(); }, 15000);
+    // The GPU charts, the terminal and the web ports exist only while the instance runs: when
+    // it starts or stops running, their region is fetched again (no reload), and their scripts
+    // (loaded with the page) are told to look for their elements ("instance:parts").
+    var partsPending = false;
+    function runningChanged() {
+      var parts = document.getElementById("instance-running-parts");
+      if (!parts || partsPending) return;
+      var running = state() === "running";
+      if (running === (parts.dataset.running === "1")) return;
+      partsPending = true;
+      var done = function () {
+        partsPending = false;
+        document.dispatchEvent(new CustomEvent("instance:parts"));
+      };
+      window.htmx.ajax("GET", liveUrl + "?part=running", { target: "#instance-running-parts", swap: "outerHTML", select: "#instance-running-parts" })
+        .then(done, done);
+    }
     function state() {
       var live = document.getElementById("instance-live");
       return live ? live.dataset.state : "";

@@ -33,6 +33,30 @@
 
   var POLL_MS = 5000;
 
+  // A cluster's live frame (slices/telemetry/heat.py): the host names and, base64, the GPUs per
+  // host (a byte each), then for every GPU in host order its index, util % and temp °C (a byte
+  // column each), its power in W and memory in 16 MiB (u16 little-endian columns); 255 / 65535
+  // mean "not read". Returns {host: [[gpu, util, temp, power, mem MiB], …]}, the shape of the
+  // first frame (JSON).
+  function heatNodes(payload) {
+    if (!payload.packed) return payload.nodes || {};
+    var bin = atob(payload.packed), hosts = payload.hosts || [], h = hosts.length, n = 0, i;
+    for (i = 0; i < h; i++) n += bin.charCodeAt(i);
+    if (bin.length !== h + 7 * n) return {};
+    function u8(at) { var v = bin.charCodeAt(at); return v === 255 ? null : v; }
+    function u16(at) { var v = bin.charCodeAt(at) | (bin.charCodeAt(at + 1) << 8); return v === 65535 ? null : v; }
+    var nodes = {}, g = 0;
+    hosts.forEach(function (host, k) {
+      var gpus = [];
+      for (var c = bin.charCodeAt(k); c > 0; c--, g++) {
+        var mem = u16(h + 5 * n + 2 * g);
+        gpus.push([bin.charCodeAt(h + g), u8(h + n + g), u8(h + 2 * n + g), u16(h + 3 * n + 2 * g), mem === null ? null : mem * 16]);
+      }
+      nodes[host] = gpus;
+    });
+    return nodes;
+  }
+
   // Follow a websocket with back-off; ``onOpen`` runs on every (re)connect, once the server said
   // hello (joined the stream: while its Redis is down it accepts, then closes with 1013 "try
   // again later" before any hello). While the socket is down, ``poll`` (if given) runs every
@@ -325,7 +349,7 @@
     follow(box.dataset.ws, function (payload) {
       // Hosts no longer sampled (an instance released) fade to grey.
       latest = {};
-      apply(payload.nodes || {});
+      apply(heatNodes(payload));
       if (!pending) { pending = true; requestAnimationFrame(function () { pending = false; draw(); }); }
     }, function () {}, function (s) { if (status) { status.dataset.status = s; status.textContent = box.dataset["status" + s.charAt(0).toUpperCase() + s.slice(1)] || s; } }, loadFrame);
     draw();
@@ -335,7 +359,7 @@
     var host = box.dataset.host;
     var tbody = box.querySelector("tbody");
     follow(box.dataset.ws, function (payload) {
-      var gpus = (payload.nodes || {})[host];
+      var gpus = heatNodes(payload)[host];
       if (!gpus) return;
       tbody.replaceChildren();
       gpus.sort(function (a, b) { return a[0] - b[0]; }).forEach(function (g) {
@@ -357,9 +381,18 @@
     }, function () {}, function () {});
   }
 
-  document.addEventListener("DOMContentLoaded", function () {
+  // The instance page's card may also appear later, when the instance starts running while the
+  // page is open (instance.js fetches it and says "instance:parts"): set it up once.
+  function initInstanceCard() {
     var card = document.getElementById("gpu-telemetry");
-    if (card && window.uPlot) initInstance(card);
+    if (!card || card.dataset.ready || !window.uPlot) return;
+    card.dataset.ready = "1";
+    initInstance(card);
+  }
+  document.addEventListener("instance:parts", initInstanceCard);
+  document.addEventListener("htmx:afterSettle", initInstanceCard);
+  document.addEventListener("DOMContentLoaded", function () {
+    initInstanceCard();
     var heat = document.getElementById("gpu-heatmap");
     if (heat) initHeatmap(heat);
     var node = document.getElementById("node-gpus-live");

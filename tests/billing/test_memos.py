@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 from django.test import Client
 from django.urls import reverse
-from django.utils import translation
+from django.utils import timezone, translation
 
 from billing import clock, services
 from billing.choices import MemoCode, TransactionKind
@@ -34,10 +34,13 @@ def test_memos_are_stored_as_codes_with_parameters(alice: User, prices, billing_
     assert (trial.memo_code, trial.memo_params, trial.memo) == (MemoCode.TRIAL_CREDIT, {}, "")
     at = billing_clock.now().strftime("%Y-%m-%d %H:%M:%S UTC")
     assert (usage.memo_code, usage.memo_params, usage.memo) == (MemoCode.USAGE, {"at": at}, "")
+    # Stored in UTC, shown in the reader's time zone (the page's: Asia/Shanghai by default).
+    local = timezone.localtime(billing_clock.now()).strftime("%Y-%m-%d %H:%M:%S")
+    assert local != at.removesuffix(" UTC")
     with translation.override("en"):
-        assert usage.description == f"Usage up to {at}"
+        assert usage.description == f"Usage up to {local}"
     with translation.override("zh-hans"):
-        assert usage.description == f"截至 {at} 的用量"
+        assert usage.description == f"截至 {local} 的用量"
 
 
 def test_pages_and_csv_render_memos_in_the_readers_language(
@@ -98,4 +101,6 @@ def test_a_bonus_top_up_memo_names_provider_percent_and_amount(
     assert txn.memo_code == MemoCode.TOPUP_BONUS
     assert txn.memo_params == {"provider": "sandbox", "percent": "10", "amount": "200.00"}
     with translation.override("en"):
-        assert txn.description == ("Top-up via sandbox; 10 % voucher for a top-up of 200.00 元")
+        assert txn.description == (
+            "Top-up via sandbox (test payments); 10 % voucher for a top-up of 200.00 元"
+        )

@@ -196,7 +196,7 @@ def _billed_to_the_second(
 ) -> Decimal:
     """The usage session: opened at running, closed at the release request, billed to the
     second. Returns the charge."""
-    events = api.get(f"{url}events/").json()
+    events = api.get(f"{url}events/").json()["results"]
     codes = [e["code"] for e in events]
     assert codes.count("running") == 1 and codes.count("billing_started") == 1
     release_at = _when(next(e["at"] for e in events if e["code"] == "release_requested"))

@@ -14,6 +14,11 @@ CSRF_EXEMPT = {
     # Payment providers call back server-to-server; the body carries an HMAC signature instead.
     "billing:sandbox-webhook",
     "billing:webhook",
+    # The port proxy relays an instance's own web app, whose requests cannot carry the console's
+    # token: it refuses another site's state-changing requests by Origin/Referer instead
+    # (tests/slices/test_ports.py::test_a_cross_site_request_never_reaches_the_app).
+    "slices:instance-port",
+    "slices:instance-port-path",
 }
 
 

@@ -154,6 +154,18 @@ def _running_without_a_reload(page: Page, api_url: str, stack: servers.Stack, sh
     )
     assert page.evaluate("window.__sameDocument") == "not reloaded"
     expect(page.locator("#instance-ssh code")).to_contain_text("ssh ")
+    # What exists only while it runs appears in the same document: the GPU charts (live, a
+    # point arrives) and the terminal.
+    card = page.locator("#gpu-telemetry")
+    expect(card.locator("[data-telemetry-status]")).to_have_attribute(
+        "data-status", "live", timeout=SETTLE_MS
+    )
+    expect(page.locator("#instance-terminal [data-terminal-open]")).to_be_visible()
+    deadline = time.monotonic() + SETTLE_MS / 1000
+    while int(page.get_attribute("#gpu-telemetry", "data-points") or 0) < 1:
+        assert time.monotonic() < deadline, "no chart point arrived"
+        page.wait_for_timeout(200)
+    assert page.evaluate("window.__sameDocument") == "not reloaded"
     expect(page.locator("#instance-progress")).to_contain_text("100 %")
     expect(page.locator("#instance-logs")).not_to_be_empty()  # log lines pushed as they came
     page.screenshot(path=str(shots / "instance-running.png"))
@@ -195,7 +207,9 @@ def _usage_row(page: Page, public_id: str) -> dict[str, Any]:
 def _billed_to_the_second(page: Page, api_url: str, public_id: str, bill: dict[str, Any]) -> None:
     """To the second: running → release request, by the server's own event times."""
     instance = json.loads(page.request.get(api_url).text())
-    events = json.loads(page.request.get(f"/api/v1/instances/{public_id}/events/").text())
+    events = json.loads(page.request.get(f"/api/v1/instances/{public_id}/events/").text())[
+        "results"
+    ]
     release_at = _when(next(e["at"] for e in events if e["code"] == "release_requested"))
     ran = (release_at - _when(instance["running_at"])).total_seconds()
     assert bill["settled_seconds"] >= 2

@@ -27,7 +27,32 @@ def _disk(owner: Any) -> dict[str, Any]:
     return {"public_id": disk.public_id}
 
 
+def _web_port(owner: Any) -> dict[str, Any]:
+    from tests.slices.test_ports import APP_PORT, running_with_port
+
+    return {"public_id": running_with_port(owner).public_id, "port": APP_PORT}
+
+
+def _web_port_path(owner: Any) -> dict[str, Any]:
+    return {**_web_port(owner), "rest": "page"}
+
+
+def _share_link(owner: Any) -> dict[str, Any]:
+    from slices.services import ports
+    from tests.slices.test_ports import APP_PORT, running_with_port
+
+    instance = running_with_port(owner)
+    link, _secret = ports.create_share_link(owner, instance, APP_PORT)
+    return {"public_id": instance.public_id, "link_id": link.pk}
+
+
 OBJECT_ROUTES: dict = {
+    # Web ports (issue 19): the proxy answers 404 to anyone but the owner (or a share link).
+    "slices:instance-port": _web_port,
+    "slices:instance-port-path": _web_port_path,
+    "slices:instance-port-open": _web_port,
+    "slices:instance-share-link-create": _web_port,
+    "slices:instance-share-link-revoke": _share_link,
     "slices:instance-stop": _instance,
     "slices:instance-start": _instance,
     "slices:instance-migration-choice": _instance,
@@ -61,8 +86,28 @@ def _telemetry_ws(owner: Any) -> str:
     return f"/ws/telemetry/instances/{make_instance(owner).public_id}/"
 
 
+def _terminal_ws(owner: Any) -> str:
+    """A running simulated instance with a node at rank 0 (the terminal opens a simulated shell)."""
+    from slices.models import InstanceNode
+
+    instance = make_instance(owner)
+    node = Node.objects.filter(gpu_model=instance.gpu_model).order_by("pk").first()
+    InstanceNode.objects.create(
+        instance=instance, node=node, rank=0, hostname=node.hostname, gpu_mask=1
+    )
+    return f"/ws/instances/{instance.public_id}/terminal/"  # rank 0 by default
+
+
+def _web_port_ws(owner: Any) -> str:
+    from tests.slices.test_ports import APP_PORT, running_with_port
+
+    return f"/instances/{running_with_port(owner).public_id}/ports/{APP_PORT}/ws/echo"
+
+
 WEBSOCKET_ROUTES: dict = {
+    "instances/<uuid:public_id>/ports/<int:port>/<path:rest>": _web_port_ws,
     "ws/instances/<uuid:public_id>/": _instance_ws,
+    "ws/instances/<uuid:public_id>/terminal/": _terminal_ws,
     "ws/telemetry/instances/<uuid:public_id>/": _telemetry_ws,
 }
 

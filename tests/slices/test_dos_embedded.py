@@ -123,7 +123,7 @@ def _launch_demo(client: httpx.Client, stack: servers.Stack) -> str:
 
 
 def _run_lines(client: httpx.Client, public_id: str) -> int:
-    rows = client.get(f"/api/v1/instances/{public_id}/logs/").json()
+    rows = client.get(f"/api/v1/instances/{public_id}/logs/?limit=1000").json()["results"]
     return sum(1 for row in rows if row["step"] == "run")
 
 

@@ -34,7 +34,9 @@ def test_history_median_beats_the_step_model_and_counts_down() -> None:
     at_connect = eta.estimate(history, nodes=16, milestone="connect", since_s=4, fallback_s=60)
     assert at_connect.seconds == 114 - 20 - 4
     # Past the estimate it says "any moment" (0), never a negative time.
-    assert eta.estimate(history, nodes=16, milestone="ordered", since_s=999, fallback_s=1).seconds == 0
+    assert (
+        eta.estimate(history, nodes=16, milestone="ordered", since_s=999, fallback_s=1).seconds == 0
+    )
 
 
 def test_too_little_history_falls_back_and_other_sizes_do_not_count() -> None:
@@ -43,7 +45,9 @@ def test_too_little_history_falls_back_and_other_sizes_do_not_count() -> None:
     assert (model.source, model.seconds) == ("model", 77)
     # 12 nodes compare with 16 (the same power-of-two bucket) once enough of them exist.
     history += [_timeline(16, 100.0, 20.0)]
-    assert eta.estimate(history, nodes=12, milestone="ordered", since_s=0, fallback_s=7).seconds == 100
+    assert (
+        eta.estimate(history, nodes=12, milestone="ordered", since_s=0, fallback_s=7).seconds == 100
+    )
     assert [eta.node_bucket(n) for n in (1, 2, 3, 8, 9, 16)] == [1, 2, 4, 8, 16, 16]
 
 

@@ -39,8 +39,18 @@ def test_order_runs_and_release_charges_to_the_second(
     assert got["state"] == "running" and got["ssh"]["command"].startswith("ssh")
     assert got["simulated"] is True and got["progress"] == 100
     events = api.get(f"{URL}{body['id']}/events/").json()
-    assert [e["code"] for e in events][:4] == ["ordered", "allocating", "allocated", "provisioning"]
-    assert api.get(f"{URL}{body['id']}/logs/").json()
+    assert set(events) == {"count", "next", "previous", "results"}  # every list's shape
+    codes = [e["code"] for e in events["results"]]
+    assert codes[:4] == ["ordered", "allocating", "allocated", "provisioning"]
+    assert events["count"] == len(codes) and events["next"] is None
+    assert api.get(f"{URL}{body['id']}/logs/").json()["results"]
+    # A page at a time, the cursor in next: the pages join up without a gap or a repeat.
+    first = api.get(f"{URL}{body['id']}/events/?limit=3").json()
+    assert [e["code"] for e in first["results"]] == codes[:3] and first["count"] == len(codes)
+    second = api.get(first["next"]).json()
+    assert [e["code"] for e in second["results"]] == codes[3:6]
+    bad = api.get(f"{URL}{body['id']}/events/?after=x")
+    assert bad.status_code == 400 and bad.json()["error"] == "invalid"
     with django_capture_on_commit_callbacks(execute=True):
         r = api.post(f"{URL}{body['id']}/release/")
     assert r.status_code == 202 and r.json()["state"] == "releasing"

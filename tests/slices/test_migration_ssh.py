@@ -110,7 +110,10 @@ def test_stopped_sshd_migrates_the_job_to_another_host_resuming_from_the_checkpo
     assert first.state == NodeState.FAILED
     new = inst.nodes.get().node
     assert new.pk != first.pk and new.ssh_port == other_host.port
-    assert inst.ssh_port == other_host.port  # the SSH details follow the instance
+    # The SSH details follow the instance: its own sshd on the new node (issue 19).
+    moved = inst.nodes.get()
+    assert moved.ssh_port is not None
+    assert (inst.ssh_host, inst.ssh_port) == (new.address, moved.ssh_port)
     assert inst.checkpoint["step"] == last
     new_dir = fleet.workdirs[new.hostname] / "instances" / inst.slug
     _wait_for(lambda: (new_dir / "resumed.txt").exists())

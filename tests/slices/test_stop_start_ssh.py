@@ -110,7 +110,10 @@ def test_start_on_another_host_moves_the_system_disk(
     assert (new_root / "data" / "notes.txt").read_text() == "my work"  # the disk moved
     assert os.readlink(new_root / "pfs") == str(fleet.pfs_root / str(funded.public_id))
     assert process_alive(int((new_root / "pid").read_text()))
+    # The endpoint followed it: the instance's own sshd on its new node (issue 19).
     second.refresh_from_db()
-    assert inst.ssh_port == second.ssh_port
+    part = inst.nodes.get()
+    assert part.node_id == second.pk and part.ssh_port is not None
+    assert (inst.ssh_host, inst.ssh_port) == (second.address, part.ssh_port)
     with django_capture_on_commit_callbacks(execute=True):
         services.release_instance(inst, by="alice")

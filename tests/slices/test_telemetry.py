@@ -17,7 +17,8 @@ from slices import services
 from slices.choices import InstanceState
 from slices.models import GpuRollup, IdleWatch, Instance
 from slices.services import telemetry
-from slices.telemetry.relay import Relay, cluster_group, instance_group
+from slices.telemetry.heat import unpack_nodes
+from slices.telemetry.relay import TICK_STAGES, Relay, cluster_group, instance_group
 from slices.telemetry.ring import MemoryRing, RedisRing
 from slices.telemetry.rollup import MinuteAccumulator, MinuteOfGpu, judge_idle
 from slices.telemetry.samples import parse_sample
@@ -77,6 +78,8 @@ def test_relay_samples_a_running_instance_into_its_ring_and_groups(order) -> Non
     t0 = _minute_start()
     stats = relay.tick(t0)
     assert (stats.instances, stats.gpus, stats.bad_samples) == (1, 8, 0)
+    assert set(stats.stages) == set(TICK_STAGES) and all(v >= 0 for v in stats.stages.values())
+    assert stats.sent_at > 0  # the channel layer took the live messages
 
     entries = ring.since(str(instance.public_id))
     assert len(entries) == 1 and entries[0]["sim"] is True
@@ -92,7 +95,14 @@ def test_relay_samples_a_running_instance_into_its_ring_and_groups(order) -> Non
     assert live["detail"][0]["uuid"].startswith("GPU-")
     heat = json.loads(async_to_sync(layer.receive)(clus_ch)["text"])
     hostname = instance.nodes.get().hostname
-    assert list(heat["nodes"]) == [hostname] and len(heat["nodes"][hostname]) == 8
+    assert "nodes" not in heat and heat["hosts"] == [hostname]  # packed (slices.telemetry.heat)
+    nodes = unpack_nodes(heat)
+    assert [g[0] for g in nodes[hostname]] == sorted(r[1] for r in rows)
+    by_gpu = {r[1]: r for r in rows}
+    for gpu, util, temp, power, mem in nodes[hostname]:  # the ring's values, as the pages show
+        row = by_gpu[gpu]
+        assert (util, temp) == (row[2], row[4])
+        assert abs(power - row[5]) <= 0.5 and abs(mem - row[3]) <= 8
 
 
 def test_relay_stops_feeding_a_released_instance_and_drops_its_ring(

@@ -294,3 +294,118 @@ def configure_ssh_fleet(
     settings.SLICES_PFS_ROOT = str(pfs_root)
     settings.SLICES_ASSET_ROOT = str(asset_root)
     return SshFleet(pfs_root, asset_root, workdirs)
+
+
+# ---------------------------------------------------------------------------------------------
+# A region's SSH gateway (issue 19): a real sshd whose jump user's keys file the console writes
+# ---------------------------------------------------------------------------------------------
+
+# The jump user: an unprivileged account every Debian has, with no usable shell (the gateway
+# only forwards). sshd reads its keys file as that user, so the file lies in a directory it can
+# traverse (not the suite's tmp directories, which are root's only).
+GATEWAY_USER = "nobody"
+GATEWAY_SSHD_CONFIG = """\
+Port {port}
+ListenAddress {address}
+HostKey {dir}/ssh_host_ed25519_key
+AuthorizedKeysFile {dir}/authorized_keys
+PidFile {dir}/sshd.pid
+UsePAM no
+StrictModes no
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AllowUsers root {user}
+UseDNS no
+Subsystem sftp internal-sftp
+LogLevel INFO
+SetEnv SHLVL=1
+Match User {user}
+    AuthorizedKeysFile {keys_file}
+    AllowTcpForwarding local
+    PermitTTY no
+    X11Forwarding no
+    AllowAgentForwarding no
+    PermitTunnel no
+    GatewayPorts no
+    ForceCommand /bin/false
+"""
+
+
+@dataclass
+class SshGateway:
+    """A gateway test host: ``host`` (its management login is the console's key as root, like a
+    node's) and the jump user's keys file, which only the console writes."""
+
+    host: SshHost
+    keys_file: Path
+    user: str = GATEWAY_USER
+
+    def keys_text(self) -> str:
+        return self.keys_file.read_text() if self.keys_file.exists() else ""
+
+    def stop(self) -> None:
+        self.host.stop()
+        shutil.rmtree(self.keys_file.parent, ignore_errors=True)
+
+
+def start_gateway(pool: SshHostPool, name: str = "gateway") -> SshGateway:
+    """A gateway sshd on a loopback port, its management key the pool's client key."""
+    import tempfile
+
+    directory = pool.base / name
+    directory.mkdir(parents=True, exist_ok=True)
+    host_key_line = generate_key(directory / "ssh_host_ed25519_key", name)
+    (directory / "authorized_keys").write_text(pool.client_public + "\n")
+    keys_dir = Path(tempfile.mkdtemp(prefix="gpc-gateway-"))
+    keys_dir.chmod(0o755)
+    keys_file = keys_dir / "authorized_keys"
+    keys_file.write_text("")
+    keys_file.chmod(0o644)
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    for _attempt in range(5):
+        port = _free_port()
+        config = directory / "sshd_config"
+        config.write_text(
+            GATEWAY_SSHD_CONFIG.format(
+                port=port, address=ADDRESS, dir=directory, user=GATEWAY_USER, keys_file=keys_file
+            )
+        )
+        with open(directory / "sshd.log", "ab") as errors:
+            process = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(config), "-p", str(port)],
+                stdin=subprocess.DEVNULL,
+                stdout=errors,
+                stderr=errors,
+            )
+        try:
+            wait_for_banner(port, time.monotonic() + START_TIMEOUT, process)
+        except RuntimeError:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+            continue
+        host = SshHost(-1, port, directory, directory, host_key_line, process)
+        return SshGateway(host, keys_file)
+    raise RuntimeError("could not start the gateway sshd test host")
+
+
+def configure_ssh_gateway(gateway: SshGateway, region: Any) -> Any:
+    """Point ``region``'s Gateway row at the gateway test host (public and management address
+    alike: the loopback), as the fleet file's ``gateway:`` block would."""
+    from slices.models import Gateway
+
+    row, _created = Gateway.objects.update_or_create(
+        region=region,
+        defaults={
+            "host": gateway.host.address,
+            "port": gateway.host.port,
+            "user": gateway.user,
+            "address": gateway.host.address,
+            "ssh_port": gateway.host.port,
+            "host_key_fingerprint": gateway.host.host_key_line,
+            "keys_file": str(gateway.keys_file),
+        },
+    )
+    return row

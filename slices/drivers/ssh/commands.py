@@ -146,11 +146,36 @@ CMD_ALLREDUCE = (
     "{mpirun} --allow-run-as-root --hostfile {hostfile} -np {ranks} {exports} "
     "{allreduce} -b 8 -e 4G -f 2 -g 1"
 )
+# Everything the instance runs: the session its launcher made (``setsid``; the pid file names its
+# leader) and every descendant, also those that made sessions of their own (Jupyter's kernels),
+# whose sessions are then followed too (a child orphaned when its parent dies is still found).
+# ``$s`` holds the sessions (" 1 2 "), ``$l`` gets the live pids. A session id is never a pid of
+# anything else while a member lives, so nothing outside the instance is ever signalled. dash's
+# ``kill`` takes no ``--``: a pid list only. Procps ``ps``; no pattern is matched on names.
+_INSTANCE_TREE = (
+    'tree() {{ l=$(ps -eo pid=,ppid=,sid=,stat= | awk -v s="$s" \''
+    "{{ p[NR] = $1; pp[NR] = $2; sd[NR] = $3; z[NR] = ($4 ~ /^Z/) }} "
+    'END {{ for (i = 1; i <= NR; i++) if (index(s, " " sd[i] " ")) k[p[i]] = 1; '
+    "do {{ n = 0; for (i = 1; i <= NR; i++) if (!(p[i] in k) && (pp[i] in k)) "
+    "{{ k[p[i]] = 1; n++ }} }} while (n); "
+    "for (i = 1; i <= NR; i++) if ((p[i] in k) && !z[i]) print p[i], sd[i] }}'); "
+    "for x in $(printf '%s\\n' \"$l\" | awk '{{ print $2 }}'); do "
+    'case "$s" in *" $x "*) ;; *) s="$s$x ";; esac; done; '
+    "l=$(printf '%s\\n' \"$l\" | awk '{{ print $1 }}'); }}; "
+)
+# 关机 and release of a bare process: TERM to all of it, up to ten seconds to end (Jupyter stops
+# its kernels), then KILL to what is left. A live pid that is not the instance's launcher (its
+# command line names the instance's directory) is a stale file's, reused: left alone. Idempotent.
 CMD_STOP_PROCESS = (
-    _ALIVE + 'p=$(cat {pid} 2>/dev/null); case "$p" in ""|*[!0-9]*) ;; *) '
-    'kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; i=0; '
-    'while alive "$p" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; '
-    'kill -KILL -- "-$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; echo "stopped pid $p";; esac; '
+    _ALIVE + _INSTANCE_TREE + 'p=$(cat {pid} 2>/dev/null); case "$p" in *[!0-9]*) p="";; esac; '
+    'if [ -n "$p" ] && alive "$p" && ! grep -qsaF -- "$(dirname -- {pid})/" "/proc/$p/cmdline"; '
+    'then echo "pid $p is not the instance launcher: left alone"; p=""; fi; '
+    'if [ -n "$p" ]; then s=" $p "; tree; [ -n "$l" ] && kill -TERM $l 2>/dev/null; '
+    "e=$(($(date +%s) + 10)); "
+    'while [ -n "$l" ] && [ "$(date +%s)" -lt $e ]; do sleep 0.1; tree; done; '
+    '[ -n "$l" ] && kill -KILL $l 2>/dev/null; e=$(($(date +%s) + 5)); '
+    'while [ -n "$l" ] && [ "$(date +%s)" -lt $e ]; do sleep 0.1; tree; done; '
+    'echo "stopped pid $p"; fi; '
     "rm -f -- {pid}"
 )
 # The workload's output from line {start} on, at most {lines} lines / {bytes} bytes; then whether
@@ -239,3 +264,57 @@ def argument_file(argv: Sequence[str]) -> tuple[bytes, int, int]:
             raise DriverError("bad_identifier", "a NUL in a command line", permanent=True)
     body = b"".join(item.encode() + b"\x00" for item in argv)
     return body, len(argv), len(body) + 4096
+
+
+# -- the instance's own sshd (issue 19) ---------------------------------------------------------
+SSHD = "/usr/sbin/sshd"
+SSH_KEYGEN = "/usr/bin/ssh-keygen"
+# Its pid file names a live process that is this instance's sshd (its config on the command
+# line), so a pid reused by anything else is never taken for it, nor killed.
+_SSHD_PID = (
+    'p=$(cat {pidfile} 2>/dev/null); case "$p" in ""|*[!0-9]*) p="";; *) '
+    'grep -qsaF -- {config} "/proc/$p/cmdline" || p="";; esac; '
+)
+# A bare process (the test hosts): a daemonised sshd of its own, its config, host key and
+# authorized_keys in the instance's directory. sshd binds its port before it detaches, so a port
+# that is taken fails here; a live one is reused (a re-driven start).
+CMD_START_INSTANCE_SSHD = (
+    _ALIVE + _SSHD_PID + '[ -n "$p" ] && alive "$p" && {{ echo "sshd reused (pid $p)"; exit 0; }}; '
+    "[ -f {hostkey} ] || {keygen} -q -t ed25519 -N '' -C {slug} -f {hostkey} || exit 1; "
+    "{sshd} -f {config} -E {sshd_log} || exit 1; echo sshd started"
+)
+# Stop it and the connections it accepted (its children); idempotent.
+CMD_STOP_INSTANCE_SSHD = (
+    _SSHD_PID + '[ -n "$p" ] && {{ pkill -TERM -P "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; '
+    'echo "stopped sshd $p"; }}; rm -f -- {pidfile}; true'
+)
+# In a docker container: the image's sshd (a script run by the container's own sh, with its
+# arguments as data), host keys made once, reused while it runs; exit 7 when the image has none.
+DOCKER_SSHD_SCRIPT = (
+    '[ -x /usr/sbin/sshd ] || { echo "the image has no /usr/sbin/sshd" >&2; exit 7; }; '
+    "mkdir -p /run/sshd /root/.ssh; ssh-keygen -A >/dev/null 2>&1; "
+    "p=$(cat /run/gpc-sshd.pid 2>/dev/null); "
+    '[ -n "$p" ] && kill -0 "$p" 2>/dev/null && { echo "sshd reused (pid $p)"; exit 0; }; '
+    '/usr/sbin/sshd -o PidFile=/run/gpc-sshd.pid "$@" && echo sshd started'
+)
+CMD_START_DOCKER_SSHD = "{docker} exec {name} /bin/sh -c {script} sh {sshd_args}"
+INSTANCE_SSHD_CONFIG = """\
+# The instance's own sshd (written by the GPU console; customers reach it through the region's
+# SSH gateway).
+Port {port}
+ListenAddress {address}
+HostKey {root}/ssh_host_ed25519_key
+AuthorizedKeysFile {root}/authorized_keys
+PidFile {root}/sshd.pid
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+AllowUsers root
+UseDNS no
+AllowTcpForwarding yes
+X11Forwarding no
+Subsystem sftp internal-sftp
+"""

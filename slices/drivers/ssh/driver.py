@@ -9,14 +9,20 @@ import posixpath
 import re
 from dataclasses import dataclass
 
+import paramiko
+
 from slices.drivers.base import (
     DriverError,
+    GatewayGrant,
+    GatewayTarget,
     InstanceSpec,
     LogFn,
     NodeTarget,
     StepResult,
+    Tunnel,
     WorkloadOutput,
 )
+from slices.drivers.ssh import tunnel
 from slices.drivers.ssh.client import SshConnections, fingerprint
 from slices.drivers.ssh.commands import (
     ASSET_PREFIX,
@@ -32,18 +38,23 @@ from slices.drivers.ssh.commands import (
     CMD_READ_OUTPUT,
     CMD_REMOVE,
     CMD_START_DOCKER,
+    CMD_START_DOCKER_SSHD,
     CMD_START_ENROOT,
+    CMD_START_INSTANCE_SSHD,
     CMD_START_PROCESS,
     CMD_STOP_DOCKER,
     CMD_STOP_ENROOT,
+    CMD_STOP_INSTANCE_SSHD,
     CMD_STOP_PROCESS,
     CMD_TAR_IN,
     CMD_TAR_OUT,
     CMD_TOOLS,
     CONFIG_LABEL,
     DISK_IMAGE,
+    DOCKER_SSHD_SCRIPT,
     ENV,
     IMAGE_REF,
+    INSTANCE_SSHD_CONFIG,
     MOUNT_ROOTS,
     NO_GPU_DRIVER,
     OWNER,
@@ -53,6 +64,8 @@ from slices.drivers.ssh.commands import (
     SH,
     SLEEP,
     SLUG,
+    SSH_KEYGEN,
+    SSHD,
     TAIL_BYTES,
     XARGS,
     Arg,
@@ -62,6 +75,8 @@ from slices.drivers.ssh.commands import (
     env_file,
     render,
 )
+from slices.drivers.ssh.gateway import sync_gateway_keys
+from slices.drivers.ssh.shell import SshShell, open_ssh_shell
 
 # Rough expectations per step on one node (for the ETA); a docker start includes the image pull.
 STEP_SECONDS: dict[str, float] = {
@@ -197,10 +212,17 @@ class SshDriver(SshConnections):
             # No container hides the node's other GPUs: point CUDA (and enroot's hook) at ours.
             env["NVIDIA_VISIBLE_DEVICES"] = host or "void"
             env["CUDA_VISIBLE_DEVICES"] = host
+        # Where the image's web apps listen (the launch template's --ip): all of the container's
+        # own interfaces behind docker's bridge (published on the node's loopback), else the
+        # node's loopback only, reached through the console's tunnel (issue 19).
+        bridged = node.runtime == "docker" and not node.exclusive
+        env["GPC_BIND_ADDRESS"] = "0.0.0.0" if bridged else "127.0.0.1"  # noqa: S104
         if node.runtime == "process":
             # A bare process has no image to give it a PATH: the operator's, and its own home.
             env["PATH"] = self.settings.node_path
             env.setdefault("HOME", paths.root)
+            # No image, no /workspace: the launch template's apps work in the instance's directory.
+            env["GPC_WORKSPACE"] = paths.root
         return env
 
     def _where(self, node: NodeTarget) -> str:
@@ -326,6 +348,7 @@ class SshDriver(SshConnections):
             result = self.run_script(
                 client, node, render(template, **args), log=log if runtime == "docker" else None
             )
+            sshd = self._start_sshd(client, spec, node, paths, runtime, log)
         reused = "reused" in result.stdout
         what = {"process": "process", "docker": "container", "enroot": "enroot container"}[runtime]
         log(
@@ -334,7 +357,7 @@ class SshDriver(SshConnections):
             else f"started {what} {spec.slug} ({spec.image or 'bare host'}) with "
             f"{len(node.gpus)} GPU(s), {self._network(node, runtime)}"
         )
-        data: dict[str, object] = {"reused": reused}
+        data: dict[str, object] = {"reused": reused, **sshd}
         ports = re.findall(r"^(\d+)/tcp -> \S+:(\d+)$", result.stdout, re.MULTILINE)
         if ports:
             data["ports"] = {int(inner): int(outer) for inner, outer in ports}
@@ -393,7 +416,13 @@ class SshDriver(SshConnections):
             # Sharing the node: a network namespace and IPC of its own; the image's ports are
             # published on free host ports (docker picks them), so two instances never collide.
             network, ib = ["--network", "bridge", "--ipc", "private"], "0"
-            publish = [a for p in spec.ports for a in ("-p", str(int(p)))]
+            # On the node's loopback only: the console reaches them through its SSH tunnel,
+            # nothing is published on the node's public interfaces (issue 19).
+            publish = [a for p in spec.ports for a in ("-p", f"127.0.0.1::{int(p)}")]
+            if node.instance_ssh_port:
+                # The instance's sshd (22 in its namespace) on its port of the node's address,
+                # which the region's gateway forwards to.
+                publish += ["-p", f"{_listen(node)}:{int(node.instance_ssh_port)}:22"]
         args: dict[str, Arg] = {
             "docker": self._binary(self.settings.docker_bin, "SLICES_DOCKER_BIN"),
             "name": spec.slug,
@@ -592,6 +621,7 @@ class SshDriver(SshConnections):
                     client, node, CMD_STOP_ENROOT, pid=paths.pid, enroot=enroot, name=spec.slug
                 )
             else:
+                self.run(client, node, CMD_STOP_INSTANCE_SSHD, log=log, **_sshd_files(paths))
                 self.run(client, node, CMD_STOP_PROCESS, pid=paths.pid, log=log)
             self.run(client, node, CMD_REMOVE, links=links, root=paths.root, log=log)
         log(f"stopped {spec.slug} and removed {paths.root}")
@@ -608,7 +638,9 @@ class SshDriver(SshConnections):
                 node, CMD_PAUSE_DOCKER, {"docker": docker, "name": spec.slug}, last=True, log=log
             )
         else:
-            self.run_on(node, CMD_STOP_PROCESS, {"pid": paths.pid}, last=True, log=log)
+            with self.session(node, last=True) as client:
+                self.run(client, node, CMD_STOP_INSTANCE_SSHD, log=log, **_sshd_files(paths))
+                self.run(client, node, CMD_STOP_PROCESS, pid=paths.pid, log=log)
         log(f"stopped {spec.slug}; kept {paths.root}")
         return StepResult()
 
@@ -646,6 +678,114 @@ class SshDriver(SshConnections):
             f"{dst.hostname}"
         )
         return StepResult({"bytes": total})
+
+    # -- the web terminal (issue 19) -----------------------------------------------------------
+    def open_shell(
+        self, spec: InstanceSpec, node: NodeTarget, cols: int, rows: int, *, gpu_model: str = ""
+    ) -> SshShell:
+        """A login shell in the instance with a PTY (``slices.drivers.ssh.shell``)."""
+        return open_ssh_shell(self, spec, node, cols, rows)
+
+    # -- web ports (issue 19) ----------------------------------------------------------------
+    def open_tunnel(self, spec: InstanceSpec, node: NodeTarget, port: int) -> Tunnel:
+        """A ``direct-tcpip`` channel to ``127.0.0.1:<port>`` on ``node`` (the caller passes
+        the published host port on a shared node) over the process's shared, pinned
+        connection to it (``slices.drivers.ssh.tunnel``)."""
+        return tunnel.open_channel(self, node, port)
+
+    # -- SSH through the region's gateway (issue 19) -------------------------------------------
+    def _start_sshd(
+        self,
+        client: paramiko.SSHClient,
+        spec: InstanceSpec,
+        node: NodeTarget,
+        paths: _Paths,
+        runtime: str,
+        log: LogFn,
+    ) -> dict[str, object]:
+        """The instance's own sshd on its port of the node (``node.instance_ssh_port``): a
+        daemon of its own for a bare process, the image's sshd in a docker container (on that
+        port of the host's network on a whole node; on 22 in its own namespace, published on
+        that port, on a shared one). enroot gives none yet. No port, no sshd."""
+        port = int(node.instance_ssh_port or 0)
+        if not port:
+            return {}
+        if not 0 < port < 65536:
+            raise DriverError("bad_identifier", f"instance SSH port {port!r}", permanent=True)
+        where = f"{node.address}:{port}"
+        if runtime == "process":
+            files = _sshd_files(paths)
+            config = INSTANCE_SSHD_CONFIG.format(port=port, address=_listen(node), root=paths.root)
+            self.write_files(client, paths.root, [(files["config"], config, 0o600)])
+            result = self.run(
+                client,
+                node,
+                CMD_START_INSTANCE_SSHD,
+                keygen=SSH_KEYGEN,
+                sshd=SSHD,
+                slug=spec.slug,
+                **files,
+            )
+        elif runtime == "docker":
+            docker = self._binary(self.settings.docker_bin, "SLICES_DOCKER_BIN")
+            sshd_args = [
+                "-o",
+                "PasswordAuthentication=no",
+                "-o",
+                "PermitRootLogin=prohibit-password",
+            ]
+            if node.exclusive:
+                sshd_args += ["-p", str(port), "-o", f"ListenAddress={_listen(node)}"]
+            else:
+                sshd_args += ["-p", "22"]
+            result = self.run(
+                client,
+                node,
+                CMD_START_DOCKER_SSHD,
+                check=False,
+                docker=docker,
+                name=spec.slug,
+                script=DOCKER_SSHD_SCRIPT,
+                sshd_args=sshd_args,
+            )
+            if result.exit_status == 7:
+                log(f"{spec.slug}: the image has no sshd; no SSH endpoint on {node.hostname}")
+                return {"sshd": False}
+            if result.exit_status != 0:
+                raise DriverError(
+                    "command_failed",
+                    f"{node.hostname}: the instance's sshd did not start: "
+                    f"{result.stderr.strip()[-300:]}",
+                )
+        else:
+            log(f"{spec.slug}: no per-instance sshd on {runtime} yet; no SSH endpoint")
+            return {"sshd": False}
+        reused = "sshd reused" in result.stdout
+        log(f"the instance's sshd {'is already listening' if reused else 'listens'} on {where}")
+        return {"sshd": True, "ssh_port": port}
+
+    def sync_gateway(
+        self, gateway: GatewayTarget, grants: tuple[GatewayGrant, ...], log: LogFn
+    ) -> StepResult:
+        """Replace the region gateway's keys file with ``grants`` (``ssh.gateway``)."""
+        return sync_gateway_keys(self, gateway, grants, log)
+
+
+def _listen(node: NodeTarget) -> str:
+    """The node address the instance's sshd listens on (the one the gateway forwards to)."""
+    if not re.fullmatch(r"[A-Za-z0-9.:-]{1,253}", node.address):
+        raise DriverError("bad_identifier", f"node address {node.address!r}", permanent=True)
+    return node.address
+
+
+def _sshd_files(paths: _Paths) -> dict[str, str]:
+    """The instance sshd's files in the instance's directory (``CMD_*_INSTANCE_SSHD``)."""
+    return {
+        "config": f"{paths.root}/sshd_config",
+        "pidfile": f"{paths.root}/sshd.pid",
+        "hostkey": f"{paths.root}/ssh_host_ed25519_key",
+        "sshd_log": f"{paths.root}/sshd.log",
+    }
 
 
 def _authorized_keys(spec: InstanceSpec) -> str:

@@ -1,0 +1,300 @@
+"""Reaching an instance over SSH through its region's gateway (issue 19).
+
+- Each instance gets its own sshd on each of its nodes, on a port of ``SLICES_INSTANCE_SSH_PORTS``
+  allocated per instance and node (``InstanceNode.ssh_port``; the partial unique constraint
+  ``slices_instnode_ssh_port`` settles two instances picking one port at once). The port is
+  given back when the instance leaves the node: released (``finish_teardown``), stopped
+  (``drive_stop``) or moved by a migration (``_swap_in``); its next node gets a new one.
+- The region's gateway lets a customer key through to exactly the endpoints of its owner's
+  running instances: ``gateway_grants`` computes that from the database, ``sync_gateway`` has the
+  driver write the gateway's whole keys file from it, under a lock (the row's, and this
+  process's), recomputing inside the lock, so concurrent writers converge on the latest state.
+  It runs after every change that adds or removes an endpoint (a task queued on commit by
+  ``transition``) and every ``SLICES_GATEWAY_SYNC_INTERVAL`` seconds (beat).
+- ``ssh_access`` is what the page and the API show: the command that works verbatim and the
+  ``~/.ssh/config`` block.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from slices.choices import InstanceState
+from slices.drivers import get_driver
+from slices.drivers.base import DriverError, GatewayGrant, GatewayTarget
+from slices.drivers.gateway import canonical_key
+from slices.models import Gateway, Instance, InstanceNode
+
+logger = logging.getLogger(__name__)
+
+# Runtimes that give an instance an sshd of its own (enroot: not yet; see the README).
+SSHD_RUNTIMES = ("docker", "process")
+PORT_TRIES = 8
+
+
+def port_range() -> tuple[int, int]:
+    low, high = (int(p) for p in str(settings.SLICES_INSTANCE_SSH_PORTS).split("-"))
+    return low, high
+
+
+def _runtime(part: InstanceNode) -> str:
+    return str((part.node.layout or {}).get("runtime") or settings.SLICES_NODE_RUNTIME)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ports
+# ---------------------------------------------------------------------------------------------
+
+
+def assign_ssh_ports(instance: Instance) -> dict[int, int]:
+    """A port for the instance's sshd on each of its nodes that has none yet (rank -> port).
+
+    Picked at random among the node's free ones (a port given back is not handed to the next
+    instance at once), written with a compare-and-set; the unique constraint refuses a port
+    another instance took meanwhile, and the next try sees it taken. A node whose range is full
+    gets none (the instance runs without an SSH endpoint there, and says so in its log)."""
+    low, high = port_range()
+    assigned: dict[int, int] = {}
+    parts = instance.nodes.select_related("node").filter(ssh_port__isnull=True)
+    for part in parts:
+        if _runtime(part) not in SSHD_RUNTIMES:
+            continue
+        for _attempt in range(PORT_TRIES):
+            used = set(
+                InstanceNode.objects.filter(node_id=part.node_id, ssh_port__isnull=False)
+                .exclude(pk=part.pk)
+                .values_list("ssh_port", flat=True)
+            )
+            free = [p for p in range(low, high + 1) if p not in used]
+            if not free:
+                logger.warning("no free instance SSH port on %s", part.node.hostname)
+                break
+            port = secrets.choice(free)
+            try:
+                with transaction.atomic():
+                    won = InstanceNode.objects.filter(pk=part.pk, ssh_port__isnull=True).update(
+                        ssh_port=port
+                    )
+            except IntegrityError:
+                continue  # taken meanwhile by another instance on this node: look again
+            if won:
+                assigned[part.rank] = port
+            break
+    return assigned
+
+
+def clear_ssh_ports(instance: Instance) -> int:
+    """The instance left its nodes: their sshd ports are free again."""
+    return InstanceNode.objects.filter(instance=instance, ssh_port__isnull=False).update(
+        ssh_port=None
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The gateway's keys
+# ---------------------------------------------------------------------------------------------
+
+
+def gateway_grants(gateway: Gateway) -> tuple[GatewayGrant, ...]:
+    """Every key let through ``gateway`` and where to: the sshd endpoints of the running
+    instances on the region's nodes, grouped per key. A key on the instances of two accounts
+    (registered before the console refused that) is let through for neither: one line would
+    open both's instances to either."""
+    rows = InstanceNode.objects.filter(
+        node__cluster__region_id=gateway.region_id,
+        instance__state=InstanceState.RUNNING,
+        ssh_port__isnull=False,
+    ).values_list(
+        "instance__ssh_public_key", "instance__owner__public_id", "node__address", "ssh_port"
+    )
+    owners: dict[str, set[str]] = defaultdict(set)
+    destinations: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for public_key, owner, address, port in rows:
+        key = canonical_key(public_key)
+        if not key or port is None:
+            continue
+        owners[key].add(str(owner))
+        destinations[key].add((str(address), int(port)))
+    grants = []
+    for key, who in sorted(owners.items()):
+        if len(who) > 1:
+            logger.warning(
+                "gateway %s: a key is used by %d accounts; let through for none", gateway, len(who)
+            )
+            continue
+        grants.append(GatewayGrant(key, tuple(sorted(destinations[key])), next(iter(who))))
+    return tuple(grants)
+
+
+def gateway_target(gateway: Gateway) -> GatewayTarget:
+    return GatewayTarget(
+        host=gateway.host,
+        port=gateway.port,
+        user=gateway.user,
+        address=gateway.address,
+        ssh_port=gateway.ssh_port,
+        host_key=gateway.host_key_fingerprint,
+        keys_file=gateway.keys_file,
+    )
+
+
+_locks: dict[int, threading.Lock] = defaultdict(threading.Lock)
+_locks_guard = threading.Lock()
+
+
+def _lock(gateway_id: int) -> threading.Lock:
+    with _locks_guard:
+        return _locks[gateway_id]
+
+
+def sync_gateway(gateway_id: int, driver: object | None = None) -> str:
+    """Write the gateway's keys file from the database now (``gateway_grants``).
+
+    Under this process's lock and the gateway row's (``select_for_update``: another worker's
+    sync waits), the grants are computed after the lock is taken, so whichever writer comes last
+    writes the latest state. A driver error is logged and returned, not raised: the next change
+    or the periodic pass writes the file again."""
+    with _lock(gateway_id), transaction.atomic():
+        gateway = Gateway.objects.select_for_update().filter(pk=gateway_id).first()
+        if gateway is None:
+            return "no gateway"
+        grants = gateway_grants(gateway)
+        drv = driver or get_driver()
+        sync = getattr(drv, "sync_gateway", None)
+        if sync is None:
+            return "driver cannot sync gateways"
+        lines: list[str] = []
+        try:
+            result = sync(gateway_target(gateway), grants, lines.append)
+        except DriverError as exc:
+            logger.warning("gateway %s: keys not written: %s", gateway, exc)
+            return f"failed: {exc.code}"
+        Gateway.objects.filter(pk=gateway.pk).update(synced_at=timezone.now())
+    for line in lines:
+        logger.info("gateway %s: %s", gateway, line)
+    return f"{result.data.get('keys', len(grants))} keys"
+
+
+def sync_region(region_id: int | None) -> str:
+    if region_id is None:
+        return "no region"
+    gateway_id = Gateway.objects.filter(region_id=region_id).values_list("pk", flat=True).first()
+    return sync_gateway(gateway_id) if gateway_id else "no gateway"
+
+
+def sync_all_gateways() -> list[str]:
+    """The periodic pass (beat): every gateway's keys file written again from the database."""
+    return [sync_gateway(pk) for pk in Gateway.objects.values_list("pk", flat=True)]
+
+
+def sync_on_commit(instance: Instance) -> None:
+    """Queue a keys-file sync of the instance's region once the caller's transaction commits."""
+    region_id = instance.region_id
+    if region_id is None:
+        return
+
+    def send() -> None:
+        from slices import tasks  # tasks import the services
+
+        tasks.sync_gateway_task.delay(region_id)
+
+    transaction.on_commit(send)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the page and the API show
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SshAccess:
+    """How to reach a running instance: its sshd (node address and port) through the gateway."""
+
+    alias: str  # the ~/.ssh/config Host: gpc-<short id>
+    host: str  # the node's address, as the gateway forwards to it
+    port: int
+    user: str
+    jump_user: str = ""
+    jump_host: str = ""
+    jump_port: int = 22
+
+    @property
+    def jump(self) -> str:
+        """``user@host[:port]`` of the gateway (ProxyJump's form), "" without one."""
+        if not self.jump_host:
+            return ""
+        port = f":{self.jump_port}" if self.jump_port != 22 else ""
+        return f"{self.jump_user}@{self.jump_host}{port}"
+
+    @property
+    def command(self) -> str:
+        """``ssh -J <jump> root@<node> -p <port>``; without a gateway ``ssh -p <port> root@<node>``
+        (``Instance.ssh_command``'s form). The port parts only when it is not 22."""
+        if not self.jump:
+            port = f"-p {self.port} " if self.port != 22 else ""
+            return f"ssh {port}{self.user}@{self.host}"
+        port = f" -p {self.port}" if self.port != 22 else ""
+        return f"ssh -J {self.jump} {self.user}@{self.host}{port}"
+
+    @property
+    def ssh_config(self) -> str:
+        lines = [f"Host {self.alias}", f"    HostName {self.host}"]
+        if self.port != 22:
+            lines.append(f"    Port {self.port}")
+        lines.append(f"    User {self.user}")
+        if self.jump:
+            lines.append(f"    ProxyJump {self.jump}")
+        return "\n".join(lines) + "\n"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "command": self.command,
+            "gateway": {"host": self.jump_host, "port": self.jump_port, "user": self.jump_user}
+            if self.jump
+            else None,
+            "jump": self.jump,
+            "alias": self.alias,
+        }
+
+
+def region_gateway(instance: Instance) -> Gateway | None:
+    """The instance's region's gateway (free when the query did ``select_related("region__gateway")``)."""
+    region = instance.region
+    if region is None:
+        return None
+    try:
+        return region.gateway
+    except Gateway.DoesNotExist:
+        return None
+
+
+def ssh_access(instance: Instance) -> SshAccess | None:
+    """The endpoint of a running instance (``Instance.ssh_host``/``ssh_port``, its first node's
+    sshd), through its region's gateway when the region has one; None otherwise."""
+    if instance.state != InstanceState.RUNNING or not instance.ssh_host:
+        return None
+    # Through the gateway only to the instance's own sshd (the nodes come from the queryset's
+    # prefetch when there is one); a runtime that gives none keeps the node's own address.
+    first = min(instance.nodes.all(), key=lambda n: n.rank, default=None)
+    own = first is not None and first.ssh_port is not None and first.ssh_port == instance.ssh_port
+    gateway = region_gateway(instance) if own else None
+    return SshAccess(
+        alias=instance.slug,
+        host=instance.ssh_host,
+        port=int(instance.ssh_port or 22),
+        user=instance.ssh_user or "root",
+        jump_user=gateway.user if gateway else "",
+        jump_host=gateway.host if gateway else "",
+        jump_port=gateway.port if gateway else 22,
+    )

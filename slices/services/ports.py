@@ -1,0 +1,511 @@
+"""An instance's web ports through the console (issue 19): which ports an instance has, their
+URLs, who may open them, share links, and where the proxy's tunnel goes.
+
+- Ports: the image's http ports (catalogue data: JupyterLab 8888, TensorBoard 6006) and up to
+  ``MAX_WEB_PORTS`` the customer declared at order time (``Instance.web_ports``).
+- URLs: path mode (``APPS_DOMAIN`` empty, the embedded default) serves a port at
+  ``/instances/<id>/ports/<port>/``; subdomain mode at ``https://<id>-<port>.<APPS_DOMAIN>/``,
+  where the console's session cookie is never sent: the console hands the browser over with a
+  short-lived signed token (``handoff_token``) that the app host turns into a cookie of its own.
+- Access (``resolve_access``): the owner of a running instance, or a share link's holder for its
+  one port until revoked. Anyone else, and every port of an instance that is not running, gets
+  404: the same answer as for an instance that does not exist.
+- The share link's secret is only in its URL; the database keeps its sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core import signing
+from django.db import transaction
+from django.http import Http404
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.translation import gettext_noop
+
+from console.names import NameRefused, clean_name
+from marketplace import services as marketplace
+from slices.choices import InstanceState
+from slices.drivers.base import InstanceSpec, NodeTarget
+from slices.errors import OrderRefused
+from slices.models import Instance, InstanceNode, ShareLink
+
+MAX_WEB_PORTS = 10
+PORT_MIN, PORT_MAX = 1024, 65535
+JUPYTER_PORT = 8888
+TENSORBOARD_PORT = 6006
+# Ports whose app is told its base URL by the launch template (JUPYTER_BASE_URL): the proxy keeps
+# the path prefix for them. Every other app sees its requests at "/" (X-Forwarded-Prefix says
+# where it is mounted).
+BASE_URL_PORTS = frozenset({JUPYTER_PORT})
+# How long the signed hand-off to an app host is good for, and its cookie.
+HANDOFF_SECONDS = 60
+APP_COOKIE_SECONDS = 12 * 3600
+APP_COOKIE = "gpc_app"
+SHARE_COOKIE = "gpc_share_{port}"
+_SALT_HANDOFF = "slices.ports.handoff"
+_SALT_APP = "slices.ports.app"
+
+
+# ---------------------------------------------------------------------------------------------
+# Declared ports (order time)
+# ---------------------------------------------------------------------------------------------
+
+
+def ssh_port_range() -> range:
+    """The node ports the instances' own sshd use (SLICES_INSTANCE_SSH_PORTS, "30000-30999"):
+    never a web port."""
+    text = str(getattr(settings, "SLICES_INSTANCE_SSH_PORTS", "30000-30999") or "30000-30999")
+    m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", text)
+    if not m:
+        return range(30000, 31000)
+    return range(int(m.group(1)), int(m.group(2)) + 1)
+
+
+def _refuse(template: str, **params: Any) -> OrderRefused:
+    return OrderRefused(template, field="web_ports", **params)
+
+
+def clean_web_ports(value: Any) -> list[dict[str, Any]]:
+    """The declared web ports as stored (``[{"port": 7860, "name": "Gradio"}]``), or
+    ``OrderRefused`` naming the ``web_ports`` field: at most 10, each an integer 1024–65535
+    outside the instances' SSH port range, not twice, and a name by console/names.py's rules."""
+    if value in (None, ""):
+        return []
+    if not isinstance(value, list | tuple):
+        raise _refuse(gettext_noop("Web ports must be a list of {port, name} entries."))
+    if len(value) > MAX_WEB_PORTS:
+        raise _refuse(gettext_noop("At most %(max)d web ports."), max=MAX_WEB_PORTS)
+    ssh = ssh_port_range()
+    out: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for entry in value:
+        raw = entry.get("port") if isinstance(entry, dict) else entry
+        if isinstance(raw, bool) or not isinstance(raw, int | str):
+            raise _refuse(gettext_noop("Each web port needs a port number."))
+        try:
+            port = int(str(raw).strip())
+        except ValueError:
+            raise _refuse(
+                gettext_noop("%(port)s is not a port number."), port=repr(str(raw)[:16])
+            ) from None
+        if not PORT_MIN <= port <= PORT_MAX:
+            raise _refuse(
+                gettext_noop("Web ports are between %(min)d and %(max)d (not %(port)d)."),
+                min=PORT_MIN,
+                max=PORT_MAX,
+                port=port,
+            )
+        if port in ssh:
+            raise _refuse(
+                gettext_noop(
+                    "Port %(port)d is in the range kept for the instances' SSH "
+                    "(%(first)d–%(last)d)."
+                ),
+                port=port,
+                first=ssh.start,
+                last=ssh.stop - 1,
+            )
+        if port in seen:
+            raise _refuse(gettext_noop("Port %(port)d is listed twice."), port=port)
+        seen.add(port)
+        name_raw = entry.get("name", "") if isinstance(entry, dict) else ""
+        if not isinstance(name_raw, str):
+            raise _refuse(gettext_noop("A web port's name must be text."))
+        try:
+            name = clean_name(name_raw, max_length=40, field="web_ports")
+        except NameRefused as exc:
+            raise OrderRefused(exc.template, field="web_ports", **exc.params) from None
+        out.append({"port": port, "name": name or f"Port {port}"})
+    return out
+
+
+def parse_web_ports_text(text: str) -> list[dict[str, Any]]:
+    """The order form's field: entries separated by commas or lines, each ``<port> [name]``
+    ("7860 Gradio, 8000 API"); checked by ``clean_web_ports`` afterwards."""
+    entries: list[dict[str, Any]] = []
+    for chunk in re.split(r"[,\n;，]", text or ""):
+        chunk = chunk.strip()
+        if not chunk:
+            continue
+        port, _sep, name = chunk.partition(" ")
+        entries.append({"port": port, "name": name.strip()})
+    return entries
+
+
+def new_access_token() -> str:
+    """The instance's secret (JupyterLab's token), made at order time."""
+    return secrets.token_hex(24)
+
+
+# ---------------------------------------------------------------------------------------------
+# An instance's ports and their URLs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WebPort:
+    port: int
+    name: str
+    kind: str  # "jupyter", "tensorboard", "declared" or "image"
+
+
+def _image_http_ports(instance: Instance) -> list[tuple[int, str]]:
+    if not instance.image:
+        return []
+    try:
+        version = marketplace.get_image_version(instance.image)
+    except Http404:
+        return []
+    out = []
+    for p in version.ports:
+        if isinstance(p, dict) and p.get("protocol", "http") == "http":
+            port = p.get("port")
+            if isinstance(port, int) and 0 < port < 65536:
+                out.append((port, str(p.get("name") or f"Port {port}")))
+    return out
+
+
+def web_ports(instance: Instance) -> list[WebPort]:
+    """The instance's web ports: JupyterLab first, then the image's others, then the declared."""
+    found: dict[int, WebPort] = {}
+    for port, name in _image_http_ports(instance):
+        kind = {JUPYTER_PORT: "jupyter", TENSORBOARD_PORT: "tensorboard"}.get(port, "image")
+        found.setdefault(port, WebPort(port, name, kind))
+    for entry in instance.web_ports or []:
+        port = int(entry["port"])
+        found.setdefault(port, WebPort(port, str(entry.get("name") or port), "declared"))
+    order = {"jupyter": 0, "tensorboard": 1, "image": 2, "declared": 3}
+    return sorted(found.values(), key=lambda p: (order[p.kind], p.port))
+
+
+def node_ports(instance: Instance) -> tuple[int, ...]:
+    """What a shared node publishes for the instance: its image's ports and the declared ones."""
+    return tuple(sorted({p.port for p in web_ports(instance)}))
+
+
+def apps_domain() -> str:
+    return str(getattr(settings, "APPS_DOMAIN", "") or "").strip().strip(".").lower()
+
+
+def port_path(instance: Instance, port: int) -> str:
+    return f"/instances/{instance.public_id}/ports/{port}/"
+
+
+def port_url(instance: Instance, port: int) -> str:
+    """Where the port is served: a path of the console, or its own host in subdomain mode."""
+    domain = apps_domain()
+    if domain:
+        return f"https://{instance.public_id}-{port}.{domain}/"
+    return port_path(instance, port)
+
+
+def base_url_env(instance: Instance) -> dict[str, str]:
+    """The console's variables for the launch template: JupyterLab's token and base URL."""
+    base = "/" if apps_domain() else port_path(instance, JUPYTER_PORT)
+    return {"JUPYTER_TOKEN": instance.access_token, "JUPYTER_BASE_URL": base}
+
+
+def ports_data(instance: Instance, *, owner_view: bool) -> list[dict[str, Any]]:
+    """The API's ``ports``: each port's number, name, URL and, for the owner, its share links."""
+    if instance.state != InstanceState.RUNNING:
+        return []  # opened only while running
+    found = web_ports(instance)
+    links: dict[int, list[ShareLink]] = {}
+    if owner_view and found:
+        # .all(): the list's prefetch when there is one
+        for link in instance.share_links.all():
+            if link.revoked_at is None:
+                links.setdefault(link.port, []).append(link)
+    return [
+        {
+            "port": p.port,
+            "name": p.name,
+            "kind": p.kind,
+            "url": port_url(instance, p.port),
+            "share_links": [
+                {"id": link.pk, "created_at": link.created_at, "last_used_at": link.last_used_at}
+                for link in links.get(p.port, [])
+            ],
+        }
+        for p in found
+    ]
+
+
+def page_ports(instance: Instance) -> list[dict[str, Any]]:
+    """The instance page's rows: each port, the console's Open link and its live share links."""
+    links: dict[int, list[ShareLink]] = {}
+    for link in instance.share_links.filter(revoked_at__isnull=True).order_by("created_at"):
+        links.setdefault(link.port, []).append(link)
+    return [
+        {
+            "port": p.port,
+            "name": p.name,
+            "kind": p.kind,
+            "url": port_url(instance, p.port),
+            "open_url": reverse(
+                "slices:instance-port-open",
+                kwargs={"public_id": instance.public_id, "port": p.port},
+            ),
+            "links": links.get(p.port, []),
+        }
+        for p in web_ports(instance)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Share links
+# ---------------------------------------------------------------------------------------------
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _owned_port(user: Any, instance: Instance, port: int) -> None:
+    if instance.owner_id != getattr(user, "pk", None):
+        raise Http404
+    if port not in {p.port for p in web_ports(instance)}:
+        raise Http404
+
+
+@transaction.atomic
+def create_share_link(user: Any, instance: Instance, port: int) -> tuple[ShareLink, str]:
+    """A new share link to ``port`` of the owner's instance, and its secret (shown once, in the
+    URL; only its hash is kept)."""
+    _owned_port(user, instance, port)
+    secret = secrets.token_urlsafe(32)
+    link = ShareLink.objects.create(
+        instance=instance, port=port, token_hash=_hash(secret), created_by=user
+    )
+    return link, secret
+
+
+def revoke_share_link(user: Any, instance: Instance, link_id: int) -> bool:
+    """Revoke one of the owner's share links (404 for anyone else's); whether this call did."""
+    if instance.owner_id != getattr(user, "pk", None):
+        raise Http404
+    link = ShareLink.objects.filter(pk=link_id, instance=instance).first()
+    if link is None:
+        raise Http404
+    return (
+        ShareLink.objects.filter(pk=link.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        == 1
+    )
+
+
+def share_url(secret: str) -> str:
+    return reverse("slices:port-share", kwargs={"secret": secret})
+
+
+def share_link_for_secret(secret: str) -> ShareLink | None:
+    """The live share link of ``secret`` on a running instance, or None."""
+    if not secret or len(secret) > 100:
+        return None
+    return (
+        ShareLink.objects.select_related("instance")
+        .filter(
+            token_hash=_hash(secret),
+            revoked_at__isnull=True,
+            instance__state=InstanceState.RUNNING,
+        )
+        .first()
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Access
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who opened which port, and where the tunnel goes."""
+
+    instance: Instance
+    port: int
+    via: str  # "owner" or "share"
+    share_link_id: int | None
+    spec: InstanceSpec
+    node: NodeTarget
+    node_port: int  # the port on the node: the published host port on a shared node
+    keep_prefix: bool  # the app knows its base URL (JupyterLab): forward the full path
+    prefix: str  # where the port is mounted (path mode) or "" (its own host)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What a request brings: the console session's user (path mode only), the share cookie's
+    secret (path mode) and the app host's cookie (subdomain mode)."""
+
+    user: Any = None
+    share_secret: str = ""
+    app_cookie: str = ""
+    app_host: bool = False
+
+
+def running_instance(public_id: Any) -> Instance | None:
+    """The running instance ``public_id`` whoever owns it (callers check access), or None."""
+    return _running(public_id)
+
+
+def is_open(instance: Instance, port: int) -> bool:
+    """Whether ``port`` is one of the running instance's web ports."""
+    return instance.state == InstanceState.RUNNING and port in {p.port for p in web_ports(instance)}
+
+
+def grant_allows(grant: dict[str, Any], instance: Instance, port: int) -> bool:
+    """A hand-off's or app cookie's grant still holds: the owner's, or a live share link's."""
+    if "u" in grant:
+        return bool(grant["u"] == instance.owner_id)
+    return "s" in grant and _live_link(grant["s"], instance, port) is not None
+
+
+def _running(public_id: Any) -> Instance | None:
+    try:
+        pid = uuid.UUID(str(public_id))
+    except ValueError:
+        return None
+    return (
+        Instance.objects.select_related("owner")
+        .filter(public_id=pid, state=InstanceState.RUNNING)
+        .first()
+    )
+
+
+def _owner_may(user: Any, instance: Instance) -> bool:
+    return bool(user is not None and getattr(user, "is_authenticated", False)) and (
+        instance.owner_id == user.pk
+    )
+
+
+def _live_link(link_id: Any, instance: Instance, port: int) -> ShareLink | None:
+    if not isinstance(link_id, int):
+        return None
+    return ShareLink.objects.filter(
+        pk=link_id, instance=instance, port=port, revoked_at__isnull=True
+    ).first()
+
+
+def resolve_access(public_id: Any, port: int, creds: Credentials) -> Access:
+    """The access to ``port`` of instance ``public_id`` these credentials give, or 404."""
+    instance = _running(public_id)
+    if instance is None or port not in {p.port for p in web_ports(instance)}:
+        raise Http404
+    via, link_id = "", None
+    if creds.app_host:
+        grant = read_app_cookie(creds.app_cookie, instance, port)
+        if grant is not None and grant_allows(grant, instance, port):
+            via = "owner" if "u" in grant else "share"
+            link_id = None if "u" in grant else int(grant["s"])
+    else:
+        if _owner_may(creds.user, instance):
+            via = "owner"
+        elif creds.share_secret:
+            link = share_link_for_secret(creds.share_secret)
+            if link is not None and link.instance_id == instance.pk and link.port == port:
+                via, link_id = "share", link.pk
+    if not via:
+        raise Http404
+    if link_id is not None:
+        ShareLink.objects.filter(pk=link_id).update(last_used_at=timezone.now())
+    spec, node, node_port = tunnel_target(instance, port)
+    return Access(
+        instance=instance,
+        port=port,
+        via=via,
+        share_link_id=link_id,
+        spec=spec,
+        node=node,
+        node_port=node_port,
+        keep_prefix=port in BASE_URL_PORTS or creds.app_host,
+        prefix="" if creds.app_host else port_path(instance, port).rstrip("/"),
+    )
+
+
+def tunnel_target(instance: Instance, port: int) -> tuple[InstanceSpec, NodeTarget, int]:
+    """Rank 0's node (where a web app of a slice runs) and the port there: the host port docker
+    published on a shared node, else the port itself (host networking, a bare process)."""
+    # Imported here: provisioning imports this module (the launch template's variables).
+    from slices.services.provisioning import build_spec
+
+    part = InstanceNode.objects.filter(instance=instance).order_by("rank").first()
+    if part is None:
+        raise Http404
+    spec = build_spec(instance)
+    node = spec.nodes[0]
+    published = (part.published_ports or {}).get(str(port))
+    return spec, node, int(published) if published else port
+
+
+# -- subdomain mode: the hand-off and the app host's cookie ------------------------------------
+
+
+def handoff_token(
+    instance: Instance, port: int, *, user_id: int | None, link_id: int | None
+) -> str:
+    """A signed, short-lived ticket the app host exchanges for its own cookie."""
+    body: dict[str, Any] = {"i": str(instance.public_id), "p": port}
+    if user_id is not None:
+        body["u"] = user_id
+    if link_id is not None:
+        body["s"] = link_id
+    return signing.dumps(body, salt=_SALT_HANDOFF, compress=True)
+
+
+def handoff_url(instance: Instance, port: int, token: str, next_path: str = "/") -> str:
+    from urllib.parse import urlencode
+
+    query = urlencode({"t": token, "next": next_path})
+    return f"{port_url(instance, port)}__gpc/auth?{query}"
+
+
+def read_handoff(token: str, instance: Instance, port: int) -> dict[str, Any] | None:
+    try:
+        body = signing.loads(token, salt=_SALT_HANDOFF, max_age=HANDOFF_SECONDS)
+    except signing.BadSignature:
+        return None
+    if body.get("i") != str(instance.public_id) or body.get("p") != port:
+        return None
+    return dict(body)
+
+
+def app_cookie_value(grant: dict[str, Any]) -> str:
+    return signing.dumps(grant, salt=_SALT_APP, compress=True)
+
+
+def read_app_cookie(value: str, instance: Instance, port: int) -> dict[str, Any] | None:
+    if not value:
+        return None
+    try:
+        body = signing.loads(value, salt=_SALT_APP, max_age=APP_COOKIE_SECONDS)
+    except signing.BadSignature:
+        return None
+    if body.get("i") != str(instance.public_id) or body.get("p") != port:
+        return None
+    return dict(body)
+
+
+def parse_app_host(host: str) -> tuple[str, int] | None:
+    """``(public_id, port)`` of an app host ``<uuid>-<port>.<APPS_DOMAIN>``, else None."""
+    domain = apps_domain()
+    if not domain:
+        return None
+    name = host.split(":", 1)[0].lower().rstrip(".")
+    suffix = "." + domain
+    if not name.endswith(suffix):
+        return None
+    m = re.fullmatch(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(\d{1,5})",
+                     name[: -len(suffix)])  # fmt: skip
+    if not m:
+        return None
+    return m.group(1), int(m.group(2))

@@ -1,0 +1,399 @@
+"""Web ports through the console (issue 19) on the simulated fleet: declared at order time, served
+by the proxy in path mode with the sim driver's stand-in app (real HTTP over a socket tunnel:
+a page, a streamed download, Server-Sent Events, an upload, a websocket), owner-only, share
+links that stop working when revoked, and 404 for everyone else."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import threading
+from collections.abc import Iterator
+
+import paramiko
+import pytest
+from asgiref.sync import async_to_sync
+from channels.auth import AuthMiddlewareStack
+from channels.routing import URLRouter
+from django.test import Client
+from rest_framework.test import APIClient
+
+from console.routing import OriginValidator, websocket_urlpatterns
+from slices.drivers.base import NodeTarget
+from slices.drivers.ssh import SshDriver, SshSettings, tunnel
+from slices.errors import OrderRefused
+from slices.models import Instance, InstanceNode, Node, ShareLink
+from slices.proxy import AsyncTunnel, UpstreamWebsocket
+from slices.services import ports
+from tests.slices.factories import load_small_fleet, make_instance
+from tests.support import servers
+from tests.support.sshd import SshHostPool, ssh_hosts  # noqa: F401
+from tests.support.websocket import open_websocket, websocket_scope
+
+pytestmark = pytest.mark.django_db
+
+APP_PORT = 7860
+
+
+def running_with_port(owner, port: int = APP_PORT, **fields) -> Instance:
+    """A running sim instance with one declared web port and its node."""
+    if not Node.objects.exists():
+        load_small_fleet()
+    instance = make_instance(
+        owner, web_ports=[{"port": port, "name": "Gradio"}], access_token="tok", **fields
+    )
+    node = Node.objects.order_by("pk").first()
+    InstanceNode.objects.create(
+        instance=instance, node=node, rank=0, hostname=node.hostname, gpu_mask=1, step="ready"
+    )
+    return instance
+
+
+def _url(instance: Instance, rest: str = "", port: int = APP_PORT) -> str:
+    return f"/instances/{instance.public_id}/ports/{port}/{rest}"
+
+
+def _chunks(response) -> list[bytes]:
+    """A streamed response's chunks as the server sends them (the proxy's are asynchronous)."""
+    if not response.streaming:
+        return [response.content]
+
+    async def collect() -> list[bytes]:
+        return [bytes(c) async for c in response.streaming_content]
+
+    return async_to_sync(collect)()
+
+
+def _body(response) -> bytes:
+    return b"".join(_chunks(response))
+
+
+# -- order time --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ([{"port": 80}], "between 1024 and 65535"),
+        ([{"port": 30022}], "SSH"),
+        ([{"port": 7860}, {"port": 7860}], "twice"),
+        ([{"port": "abc"}], "not a port number"),
+        ([{"port": 7000 + i} for i in range(11)], "At most 10"),
+        ([{"port": 7860, "name": "bad\u202ename"}], "invisible"),
+    ],
+)
+def test_bad_web_ports_are_refused_naming_the_field(value, fragment) -> None:
+    with pytest.raises(OrderRefused) as caught:
+        ports.clean_web_ports(value)
+    assert caught.value.params.get("field") == "web_ports" or "web_ports" in str(
+        caught.value.__dict__
+    )
+    assert fragment in caught.value.template % caught.value.params
+
+
+def test_good_web_ports_are_kept_with_names() -> None:
+    assert ports.clean_web_ports([{"port": "7860", "name": " Gradio "}, {"port": 8000}]) == [
+        {"port": 7860, "name": "Gradio"},
+        {"port": 8000, "name": "Port 8000"},
+    ]
+    assert ports.parse_web_ports_text("7860 Gradio, 8000 API server\n9000") == [
+        {"port": "7860", "name": "Gradio"},
+        {"port": "8000", "name": "API server"},
+        {"port": "9000", "name": ""},
+    ]
+
+
+def test_the_api_orders_with_web_ports_and_answers_their_urls(
+    sim_fleet, funded, django_capture_on_commit_callbacks
+) -> None:
+    api = APIClient(HTTP_ACCEPT_LANGUAGE="en")
+    api.force_authenticate(funded)
+    order = {"gpu_model": "RTX4090", "cards": 1}
+    bad = api.post("/api/v1/instances/", {**order, "web_ports": [{"port": 22}]}, format="json")
+    assert bad.status_code == 400, bad.content
+    assert list(bad.json()["fields"]) == ["web_ports"]
+    assert not Instance.objects.filter(owner=funded).exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        ok = api.post(
+            "/api/v1/instances/", {**order, "web_ports": [{"port": 7860, "name": "Gradio"}]},
+            format="json",
+        )  # fmt: skip
+    assert ok.status_code == 202, ok.content
+    instance = Instance.objects.get(owner=funded)
+    assert instance.web_ports == [{"port": 7860, "name": "Gradio"}]
+    assert len(instance.access_token) >= 32
+    body = api.get(f"/api/v1/instances/{instance.public_id}/").json()
+    assert body["state"] == "running"
+    assert body["ports"] == [
+        {
+            "port": 7860,
+            "name": "Gradio",
+            "kind": "declared",
+            "url": f"/instances/{instance.public_id}/ports/7860/",
+            "share_links": [],
+        }
+    ]
+
+
+# -- the proxy (sim) ---------------------------------------------------------------------------
+
+
+def test_the_owner_opens_the_simulated_app_through_the_proxy(alice, alice_client) -> None:
+    instance = running_with_port(alice)
+    page = alice_client.get(_url(instance))
+    assert page.status_code == 200
+    text = _body(page).decode()
+    assert "(simulated)" in text and "port 7860" in text
+    # A declared app sees itself at "/" (the prefix is stripped; X-Forwarded-Prefix says it).
+    assert "Path: <code>/</code>" in text
+
+
+def test_a_download_streams_intact(alice, alice_client) -> None:
+    instance = running_with_port(alice)
+    size = 8 * 1024 * 1024 + 123
+    response = alice_client.get(_url(instance, f"download?size={size}"))
+    assert response.status_code == 200
+    assert response.streaming
+    assert response["Content-Length"] == str(size)
+    digest, total = hashlib.sha256(), 0
+    for chunk in _chunks(response):
+        digest.update(chunk)
+        total += len(chunk)
+    block = bytes(range(256)) * 256
+    expected = hashlib.sha256()
+    left = size
+    while left:
+        expected.update(block[: min(left, len(block))])
+        left -= min(left, len(block))
+    assert (total, digest.hexdigest()) == (size, expected.hexdigest())
+
+
+def test_server_sent_events_arrive_as_events(alice, alice_client) -> None:
+    instance = running_with_port(alice)
+    response = alice_client.get(_url(instance, "events"))
+    assert response["Content-Type"] == "text/event-stream"
+    chunks = _chunks(response)
+    assert len(chunks) >= 5  # one per event: nothing buffered them into one
+    assert b"".join(chunks).count(b"data: simulated tick") == 5
+
+
+def test_an_upload_reaches_the_app_whole(alice, alice_client) -> None:
+    instance = running_with_port(alice)
+    payload = bytes(range(256)) * 4096 + b"end"
+    response = alice_client.post(
+        _url(instance, "upload"), data=payload, content_type="application/octet-stream"
+    )
+    assert response.status_code == 200
+    body = _body(response)
+    assert hashlib.sha256(payload).hexdigest().encode() in body
+    assert f'"bytes": {len(payload)}'.encode() in body
+
+
+def test_a_cross_site_request_never_reaches_the_app(alice, alice_client) -> None:
+    """The proxy answers the app's own authentication for the owner, so another site's page must
+    not be able to make the owner's browser change anything through it: refused by Origin (or
+    Referer), whatever the session; the same request from the console's own pages goes through."""
+    instance = running_with_port(alice)
+    payload = b"x" * 100
+    for headers in (
+        {"HTTP_ORIGIN": "https://evil.example"},
+        {"HTTP_REFERER": "https://evil.example/page"},
+    ):
+        refused = alice_client.post(
+            _url(instance, "upload"), data=payload, content_type="text/plain", **headers
+        )
+        assert refused.status_code == 403, headers
+        assert b"sha256" not in refused.content
+    own = alice_client.post(
+        _url(instance, "upload"),
+        data=payload,
+        content_type="text/plain",
+        HTTP_ORIGIN="http://testserver",
+    )
+    assert own.status_code == 200 and hashlib.sha256(payload).hexdigest().encode() in _body(own)
+    # Reading stays open to a link from anywhere (a GET changes nothing).
+    assert (
+        alice_client.get(_url(instance), HTTP_REFERER="https://elsewhere.example/").status_code
+        == 200
+    )
+
+
+def test_another_customer_a_visitor_and_a_released_instance_get_404(
+    alice, alice_client, bob_client, client
+) -> None:
+    instance = running_with_port(alice)
+    for method in ("get", "post", "put", "delete"):
+        assert getattr(bob_client, method)(_url(instance)).status_code == 404
+        assert getattr(client, method)(_url(instance)).status_code == 404
+    # A port the instance does not have
+    assert alice_client.get(_url(instance, port=7861)).status_code == 404
+    Instance.objects.filter(pk=instance.pk).update(state="released")
+    assert alice_client.get(_url(instance)).status_code == 404
+    assert (
+        alice_client.get(f"/instances/{instance.public_id}/web-ports/7860/open/").status_code == 404
+    )
+
+
+def test_the_console_cookies_are_not_forwarded() -> None:
+    from slices.proxy import forward_headers
+
+    out = forward_headers(
+        [("Cookie", "sessionid=s; csrftoken=c; gpc_share_7860=x; _xsrf=j"), ("Connection", "x")],
+        drop_cookies=frozenset({"sessionid", "csrftoken"}),
+    )
+    assert out == [("Cookie", "_xsrf=j")]
+
+
+# -- share links -------------------------------------------------------------------------------
+
+
+def test_a_share_link_opens_its_port_until_revoked(alice, alice_client, bob_client) -> None:
+    instance = running_with_port(alice)
+    made = alice_client.post(
+        f"/instances/{instance.public_id}/web-ports/{APP_PORT}/share-links/", HTTP_HX_REQUEST="true"
+    )
+    assert made.status_code == 200
+    link = ShareLink.objects.get(instance=instance)
+    text = made.content.decode()
+    secret = text.split("/shared/ports/")[1].split("/")[0]
+    assert hashlib.sha256(secret.encode()).hexdigest() == link.token_hash
+    assert secret not in link.token_hash
+    # Another customer cannot make or revoke one.
+    assert (
+        bob_client.post(
+            f"/instances/{instance.public_id}/web-ports/{APP_PORT}/share-links/"
+        ).status_code
+        == 404
+    )
+    assert (
+        bob_client.post(
+            f"/instances/{instance.public_id}/share-links/{link.pk}/revoke/"
+        ).status_code
+        == 404
+    )
+
+    visitor = Client()
+    opened = visitor.get(f"/shared/ports/{secret}/")
+    assert opened.status_code == 302 and opened["Location"] == _url(instance)
+    assert visitor.get(_url(instance)).status_code == 200
+    ShareLink.objects.filter(pk=link.pk).update(last_used_at=None)
+    assert visitor.get(_url(instance, "download?size=10")).status_code == 200
+    assert ShareLink.objects.get(pk=link.pk).last_used_at is not None
+    # The link is for its one port only.
+    assert Client().get("/shared/ports/not-a-secret/").status_code == 404
+
+    revoked = alice_client.post(f"/instances/{instance.public_id}/share-links/{link.pk}/revoke/")
+    assert revoked.status_code == 302
+    assert visitor.get(_url(instance)).status_code == 404
+    assert Client().get(f"/shared/ports/{secret}/").status_code == 404
+
+
+# -- websockets --------------------------------------------------------------------------------
+
+
+def _ws(path: str, cookie: str | None) -> list[str] | None:
+    app = OriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+    headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
+    if cookie:
+        headers.append((b"cookie", cookie.encode()))
+    scope = websocket_scope(
+        path, headers=headers, client=("127.0.0.1", 50000), server=("testserver", 80)
+    )
+
+    async def attempt() -> list[str] | None:
+        communicator, first = await open_websocket(app, scope)
+        if first["type"] != "websocket.accept":
+            await communicator.wait(timeout=5)
+            return None
+        await communicator.send_input({"type": "websocket.receive", "text": "你好 42"})
+        reply = await communicator.receive_output(timeout=5)
+        await communicator.send_input({"type": "websocket.disconnect", "code": 1000})
+        await communicator.wait(timeout=5)
+        return [reply.get("text", "")]
+
+    return async_to_sync(attempt)()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_websockets_relay_for_the_owner_only(alice, alice_client, bob_client) -> None:
+    instance = running_with_port(alice)
+    path = _url(instance, "ws/echo")
+    own = _ws(path, f"sessionid={alice_client.cookies['sessionid'].value}")
+    assert own == ["simulated echo: 你好 42"]
+    assert _ws(path, f"sessionid={bob_client.cookies['sessionid'].value}") is None
+    assert _ws(path, None) is None
+
+
+# -- the relay over a real SSH tunnel ----------------------------------------------------------
+
+
+@pytest.fixture
+def ws_echo_app() -> Iterator[int]:
+    """A websocket app on this machine (which is the sshd test host's "node"): echoes every
+    message, and pings every few milliseconds, as busy apps and Jupyter's keepalive do."""
+    from websockets.sync.server import serve
+
+    def echo(ws) -> None:  # noqa: ANN001
+        for message in ws:
+            ws.send(message)
+
+    server = serve(echo, "127.0.0.1", servers.free_port(), max_size=None, ping_interval=0.005)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.socket.getsockname()[1]
+    server.shutdown()
+    thread.join(timeout=10)
+
+
+def test_websocket_messages_larger_than_the_ssh_window_survive_pings_in_both_directions(
+    ssh_hosts: SshHostPool,  # noqa: F811
+    ws_echo_app: int,
+) -> None:
+    """Through a paramiko ``direct-tcpip`` channel, as the proxy relays Jupyter's kernels: a
+    message several SSH windows long goes out in pieces while the app's pings arrive, and the
+    pongs wait for it (a pong sent between two pieces would corrupt the frame and the app would
+    drop the connection); a burst of small messages and the big one all come back, in order."""
+    host = ssh_hosts.get(1)[0]
+    driver = SshDriver(SshSettings(key_file=str(ssh_hosts.client_key), connect_timeout=5.0))
+    node = NodeTarget(
+        hostname="tunnel-n01",
+        address=host.address,
+        port=host.port,
+        host_key=host.host_key_line,
+        rank=0,
+        gpus=(),
+        runtime="process",
+    )
+    window = paramiko.common.DEFAULT_WINDOW_SIZE
+    big = os.urandom(4 * window + 12345)
+    burst = [f"消息 {i}" for i in range(200)]
+
+    async def relay() -> list[tuple[str | None, bytes | None]]:
+        raw = await asyncio.to_thread(driver.open_tunnel, None, node, ws_echo_app)  # type: ignore[arg-type]
+        upstream = UpstreamWebsocket(AsyncTunnel(raw))
+        assert await upstream.connect(f"127.0.0.1:{ws_echo_app}", "/", [], [])
+        got: list[tuple[str | None, bytes | None]] = []
+
+        async def pump() -> None:  # as PortProxyConsumer._pump: the app's messages, meanwhile
+            async for message in upstream.messages():
+                got.append(message)
+                if len(got) == 2 * len(burst) + 2:
+                    return
+
+        task = asyncio.create_task(pump())
+        for _ in range(2):
+            for text in burst:
+                await upstream.send(text, None)
+            await upstream.send(None, big)
+        await asyncio.wait_for(task, timeout=120)
+        await upstream.close()
+        return got
+
+    try:
+        got = asyncio.run(relay())
+    finally:
+        tunnel.close_all()
+    expected = [(t, None) for t in burst] + [(None, big)]
+    assert len(got) == len(expected) * 2
+    assert got == expected * 2
