@@ -74,7 +74,11 @@ def funded(alice: Any) -> Any:
     from decimal import Decimal
 
     from billing import services as billing
+    from billing.models import PriceBook
+    from billing.seed import seed_default_prices
 
+    if not PriceBook.objects.exists():  # a transactional test before this one flushed the seed
+        seed_default_prices()
     billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
     return alice
 
