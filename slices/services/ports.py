@@ -20,11 +20,13 @@ import re
 import secrets
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core import signing
 from django.db import transaction
+from django.db.models import Q
 from django.http import Http404
 from django.urls import reverse
 from django.utils import timezone
@@ -47,6 +49,7 @@ TENSORBOARD_PORT = 6006
 BASE_URL_PORTS = frozenset({JUPYTER_PORT})
 # How long the signed hand-off to an app host is good for, and its cookie.
 HANDOFF_SECONDS = 60
+LAST_USED_RESOLUTION = timedelta(minutes=1)  # a share link's last use, to the minute
 APP_COOKIE_SECONDS = 12 * 3600
 APP_COOKIE = "gpc_app"
 SHARE_COOKIE = "gpc_share_{port}"
@@ -417,7 +420,12 @@ def resolve_access(public_id: Any, port: int, creds: Credentials) -> Access:
     if not via:
         raise Http404
     if link_id is not None:
-        ShareLink.objects.filter(pk=link_id).update(last_used_at=timezone.now())
+        # Every proxied request of a shared app passes here (JupyterLab loads dozens of files):
+        # the time it was last used is written at most once a minute, not once a request.
+        now = timezone.now()
+        ShareLink.objects.filter(pk=link_id).filter(
+            Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - LAST_USED_RESOLUTION)
+        ).update(last_used_at=now)
     spec, node, node_port = tunnel_target(instance, port)
     return Access(
         instance=instance,

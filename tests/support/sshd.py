@@ -21,7 +21,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,6 +103,35 @@ def wait_for_banner(port: int, deadline: float, process: subprocess.Popen[bytes]
             last = exc
         time.sleep(0.05)
     raise RuntimeError(f"sshd on port {port} did not answer with a banner ({last})")
+
+
+def start_sshd(
+    directory: Path, config_for: Callable[[int], str]
+) -> tuple[int, subprocess.Popen[bytes]]:
+    """Start sshd with the config ``config_for(port)`` on a free loopback port (another one when
+    the port was taken meanwhile, up to 5 tries); its log in ``directory/sshd.log``."""
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+    for _attempt in range(5):
+        port = _free_port()
+        config = directory / "sshd_config"
+        config.write_text(config_for(port))
+        with open(directory / "sshd.log", "ab") as errors:
+            process = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(config), "-p", str(port)],
+                stdin=subprocess.DEVNULL,
+                stdout=errors,
+                stderr=errors,
+            )
+        try:
+            wait_for_banner(port, time.monotonic() + START_TIMEOUT, process)
+        except RuntimeError:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+            continue
+        return port, process
+    log = (directory / "sshd.log").read_text(errors="replace")[-2000:]
+    raise RuntimeError(f"could not start sshd in {directory}: {log}")
 
 
 def process_alive(pid: int) -> bool:
@@ -191,28 +220,10 @@ class SshHostPool:
         node_dir.mkdir(parents=True, exist_ok=True)
         host_key_line = generate_key(directory / "ssh_host_ed25519_key", f"host{index}")
         (directory / "authorized_keys").write_text(self.client_public + "\n")
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
-        for _attempt in range(5):
-            port = _free_port()
-            config = directory / "sshd_config"
-            config.write_text(SSHD_CONFIG.format(port=port, address=ADDRESS, dir=directory))
-            with open(directory / "sshd.log", "ab") as errors:
-                process = subprocess.Popen(
-                    [SSHD, "-D", "-e", "-f", str(config), "-p", str(port)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=errors,
-                    stderr=errors,
-                )
-            try:
-                wait_for_banner(port, time.monotonic() + START_TIMEOUT, process)
-            except RuntimeError:
-                if process.poll() is None:
-                    process.kill()
-                process.wait()
-                continue  # the port was taken meanwhile: another one
-            return SshHost(index, port, directory, node_dir, host_key_line, process)
-        log = (directory / "sshd.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"could not start sshd test host {index}: {log}")
+        port, process = start_sshd(
+            directory, lambda port: SSHD_CONFIG.format(port=port, address=ADDRESS, dir=directory)
+        )
+        return SshHost(index, port, directory, node_dir, host_key_line, process)
 
     def stop(self) -> None:
         for host in self.hosts:
@@ -363,32 +374,14 @@ def start_gateway(pool: SshHostPool, name: str = "gateway") -> SshGateway:
     keys_file = keys_dir / "authorized_keys"
     keys_file.write_text("")
     keys_file.chmod(0o644)
-    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-    for _attempt in range(5):
-        port = _free_port()
-        config = directory / "sshd_config"
-        config.write_text(
-            GATEWAY_SSHD_CONFIG.format(
-                port=port, address=ADDRESS, dir=directory, user=GATEWAY_USER, keys_file=keys_file
-            )
-        )
-        with open(directory / "sshd.log", "ab") as errors:
-            process = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(config), "-p", str(port)],
-                stdin=subprocess.DEVNULL,
-                stdout=errors,
-                stderr=errors,
-            )
-        try:
-            wait_for_banner(port, time.monotonic() + START_TIMEOUT, process)
-        except RuntimeError:
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-            continue
-        host = SshHost(-1, port, directory, directory, host_key_line, process)
-        return SshGateway(host, keys_file)
-    raise RuntimeError("could not start the gateway sshd test host")
+    port, process = start_sshd(
+        directory,
+        lambda port: GATEWAY_SSHD_CONFIG.format(
+            port=port, address=ADDRESS, dir=directory, user=GATEWAY_USER, keys_file=keys_file
+        ),
+    )
+    host = SshHost(-1, port, directory, directory, host_key_line, process)
+    return SshGateway(host, keys_file)
 
 
 def configure_ssh_gateway(gateway: SshGateway, region: Any) -> Any:
