@@ -14,6 +14,7 @@ from console.models import User
 from marketplace.models import Asset, Image, License, LicenseAcceptance
 from marketplace.services import load_catalogue
 from tests.console.factories import PASSWORD, UserFactory
+from tests.support.sshd import stop_processes_under
 
 # Every randomised test prints how to reproduce a failure (hypothesis's blob, or `--hypothesis-seed`).
 hypothesis_settings.register_profile("console", print_blob=True, deadline=None)
@@ -52,6 +53,18 @@ def _celery_runs_tasks_inline() -> None:
     """
     celery_app.conf.task_always_eager = True
     celery_app.conf.task_eager_propagates = True
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Whatever a test's instances started on the SSH test hosts under its own directory (a
+    per-instance sshd, a workload of an instance the test did not release) stops with the test,
+    so no later test meets it on a loopback port."""
+    # Taken before the test: an autouse fixture is set up first and torn down last.
+    path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if path is not None:
+        stop_processes_under(path)
 
 
 @pytest.fixture(scope="module")

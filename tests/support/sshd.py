@@ -15,8 +15,10 @@ that needs it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -143,6 +145,33 @@ def process_alive(pid: int) -> bool:
         return False
     state = next(line for line in status.splitlines() if line.startswith("State:"))
     return "Z" not in state.split()[1]
+
+
+def stop_processes_under(path: Path, grace: float = 3.0) -> int:
+    """Stop every process whose command line names ``path`` (what a test's instances started on
+    the test hosts under its own directory: a per-instance sshd daemonises, so it outlives the
+    session that started it); TERM, then KILL after ``grace`` seconds. Returns how many."""
+    needle = str(path).encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "cmdline").read_bytes() and process_alive(int(entry.name)):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [p for p in pids if process_alive(p)]
+        if not pids:
+            break
+    return len(pids)
 
 
 def workload_pid(pid: int, timeout: float = 5.0) -> int:
