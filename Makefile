@@ -47,13 +47,15 @@ system-deps:
 # The LLaMA LoRA recipe's own environment (torch CPU, transformers, peft): what the image ships,
 # never the console's. Built once from the recipe's requirements.txt (about 2.5 min, ~1.2 GB) and
 # kept until they change; tests/slices/test_recipe_runs.py runs the recipe with it on an sshd host.
+# The AI applications' servers (marketplace/apps/) run in it too, with their extras (diffusers).
 RECIPE_VENV := var/recipe-venv
 RECIPE_REQS := marketplace/recipes/llama-lora/requirements.txt
+APPS_REQS := marketplace/apps/requirements.txt
 
-$(RECIPE_VENV)/.requirements: $(RECIPE_REQS)
+$(RECIPE_VENV)/.requirements: $(RECIPE_REQS) $(APPS_REQS)
 	$(PYTHON) -m venv $(RECIPE_VENV)
-	$(RECIPE_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(RECIPE_REQS)
-	cp $(RECIPE_REQS) $@
+	$(RECIPE_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(RECIPE_REQS) -r $(APPS_REQS)
+	cat $(RECIPE_REQS) $(APPS_REQS) > $@
 
 recipe-env: $(RECIPE_VENV)/.requirements
 
@@ -83,7 +85,7 @@ test-integration: $(VENV)/.synced system-deps
 # and the pure modules, the last ones with what --strict checks.
 TYPED := console/services.py console/dashboard.py slices/services/ slices/models/ marketplace/services.py billing/services.py \
 	slices/topology/ slices/perf.py slices/fleetfile.py slices/envpolicy.py billing/money.py billing/pricing.py \
-	billing/lowbalance.py billing/clock.py billing/offers.py marketplace/mounts.py marketplace/catalogue.py console/sshkeys.py \
+	billing/lowbalance.py billing/clock.py billing/offers.py marketplace/mounts.py marketplace/catalogue.py marketplace/aiapps.py console/sshkeys.py \
 	billing/ledger.py billing/settlement.py billing/sql.py billing/errors.py billing/statements.py \
 	billing/views.py billing/tasks.py billing/api/ billing/providers/ console/errors.py console/api/exceptions.py \
 	console/ids.py console/loading.py console/retries.py

@@ -449,6 +449,17 @@ CELERY_BEAT_SCHEDULE["slices-follow-recipes"] = {
     "task": "slices.tasks.follow_recipes_task",
     "schedule": 60.0,
 }
+# AI applications (issue 20): a running app's health check is asked every APP_HEALTH_INTERVAL
+# seconds until it answers; APP_EXTRA_ENV (JSON object) is added to an app's environment (where a
+# bare test host keeps the app's directory: APP_DIR).
+APP_HEALTH_INTERVAL: float = _get("APP_HEALTH_INTERVAL", env.float, 2.0)
+if not 0.01 <= APP_HEALTH_INTERVAL <= 60:
+    raise ConfigError("APP_HEALTH_INTERVAL is out of range (0.01-60 s)")
+APP_EXTRA_ENV: dict = _get("APP_EXTRA_ENV", env.json, {})
+CELERY_BEAT_SCHEDULE["slices-follow-apps"] = {
+    "task": "slices.tasks.follow_apps_task",
+    "schedule": 60.0,
+}
 # Embedded default: run the worker (and beat) inside the ASGI server process.
 EMBEDDED_WORKER: bool = _get("EMBEDDED_WORKER", _strict_bool, EMBEDDED)
 if PRODUCTION and EMBEDDED_WORKER:

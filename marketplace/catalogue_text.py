@@ -51,4 +51,7 @@ SHIPPED_TEXTS = (
     gettext_noop(
         "HPC-AI Tech's Colossal-AI (Gemini heterogeneous memory, hybrid parallel plugins, Colossal-LLaMA recipes), with its CUDA kernels built ahead of time."
     ),
+    gettext_noop(
+        "What the one-click AI applications run on: PyTorch with vLLM, Transformers, Diffusers and PEFT, plus the console's app servers (/opt/apps) and LoRA trainer (/opt/recipes); JupyterLab and TensorBoard as in every image."
+    ),
 )

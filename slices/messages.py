@@ -50,6 +50,11 @@ EVENT_TEXT: dict[str, Promise] = {
         "Idle: all %(gpus)s GPU(s) stayed below %(threshold)s %% utilisation for %(minutes)s minutes (busiest %(peak_gpu)s peaked at %(peak)s %%); %(mem_gib)s GiB of GPU memory still held."
     ),
     "idle_release": _("Released automatically: its GPUs were idle, as chosen when ordering."),
+    "app_ready": _("The app answers its health check, %(seconds)s s after the instance started."),
+    "app_not_answering": _(
+        "The app has not answered its health check (%(path)s) for %(minutes)s minutes: see the logs."
+    ),
+    "app_exited": _("The app's process ended before it answered: its output is in the logs."),
     "recipe_done": _("The recipe finished at step %(step)s; the adapter is saved at %(adapter)s."),
     "recipe_finished": _("Released automatically: the recipe finished."),
     "recipe_exited": _("The recipe stopped before finishing; released automatically."),

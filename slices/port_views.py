@@ -125,6 +125,17 @@ def _headers_for_app(request: HttpRequest, access: ports.Access) -> list[tuple[s
     return forward_headers(fixed, drop_cookies=_console_cookies(), extra=extra)
 
 
+def headers_for_api(request: HttpRequest) -> list[tuple[str, str]]:
+    """An app API request's headers (issue 20): the bearer key goes on (the app checks it too),
+    the console's cookies do not."""
+    raw = [(k, str(v)) for k, v in request.headers.items()]
+    extra = [
+        ("X-Forwarded-Proto", request.scheme or "http"),
+        ("X-Forwarded-Host", request.get_host()),
+    ]
+    return forward_headers(raw, drop_cookies=_console_cookies(), extra=extra)
+
+
 def _response(upstream: Any, access: ports.Access) -> StreamingHttpResponse:
     response = StreamingHttpResponse(upstream.body, status=upstream.status)
     del response["Content-Type"]

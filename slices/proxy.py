@@ -165,12 +165,18 @@ async def http_request(
     elif body is not None:
         hdrs.append(("Transfer-Encoding", "chunked"))
     try:
-        await tunnel.sendall(conn.send(h11.Request(method=method, target=target, headers=hdrs)))
+        # The head, and the body while it is small, go out in one write: a second small SSH
+        # packet would wait for the node's delayed acknowledgement (Nagle, ~40 ms).
+        pending = bytearray(conn.send(h11.Request(method=method, target=target, headers=hdrs)))
         if body is not None:
             async for chunk in body:
                 if chunk:
-                    await tunnel.sendall(conn.send(h11.Data(data=chunk)) or b"")
-        await tunnel.sendall(conn.send(h11.EndOfMessage()) or b"")
+                    pending += conn.send(h11.Data(data=chunk)) or b""
+                    if len(pending) >= CHUNK:
+                        await tunnel.sendall(bytes(pending))
+                        pending.clear()
+        pending += conn.send(h11.EndOfMessage()) or b""
+        await tunnel.sendall(bytes(pending))
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:

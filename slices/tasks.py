@@ -27,7 +27,7 @@ from celery import shared_task
 from django.conf import settings
 
 from console.retries import TransientRetryTask, retry_transient
-from slices.services import access, provisioning, recipes, reconcile, telemetry
+from slices.services import access, apps, provisioning, recipes, reconcile, telemetry
 from slices.services.migration import drive_migration
 from slices.services.power import drive_start, drive_stop
 
@@ -38,6 +38,7 @@ def provision_instance_task(instance_id: int) -> str:
     if result == "running":
         # A recipe run: follow its output (the beat starts a lost follower again).
         retry_transient(lambda: recipes.on_running(instance_id), what="following a recipe")
+        retry_transient(lambda: apps.on_running(instance_id), what="watching an app's health")
     return result
 
 
@@ -79,6 +80,31 @@ def follow_recipes_task() -> int:
     return retry_transient(recipes.follow_running_recipes, what="restarting recipe followers")
 
 
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True, soft_time_limit=60)
+def follow_app_task(instance_id: int) -> str:
+    """Ask a running AI application's health check once (issue 20); queued again,
+    ``APP_HEALTH_INTERVAL`` later, until it answers or has been given its patience."""
+    what = f"checking the app of instance {instance_id}"
+    result = retry_transient(lambda: apps.follow_app(instance_id), what=what)
+    interval = float(settings.APP_HEALTH_INTERVAL)
+    if follow_app_task.request.is_eager:
+        while result == "again":  # tests run tasks inline: go on here
+            time.sleep(interval)
+            result = apps.follow_app(instance_id)
+        return result
+    if result == "again":
+        retry_transient(
+            lambda: follow_app_task.apply_async((instance_id,), countdown=interval), what=what
+        )
+    return result
+
+
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
+def follow_apps_task() -> int:
+    """Celery beat: running apps not yet answering whose watcher was lost are watched again."""
+    return retry_transient(apps.follow_running_apps, what="restarting app watchers")
+
+
 @shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
 def teardown_instance_task(instance_id: int) -> str:
     return provisioning.teardown_instance(instance_id)
@@ -93,7 +119,10 @@ def stop_instance_task(instance_id: int) -> str:
 @shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
 def start_instance_task(instance_id: int) -> str:
     """开机: move the system disk if the host changed, then provision as usual."""
-    return drive_start(instance_id)
+    result = drive_start(instance_id)
+    if result == "running":  # an app starts again: watch its health check again
+        retry_transient(lambda: apps.on_running(instance_id), what="watching an app's health")
+    return result
 
 
 @shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from slices import port_views, views
+from slices import app_views, port_views, views
 
 app_name = "slices"
 urlpatterns = [
@@ -44,6 +44,10 @@ urlpatterns = [
         name="instance-share-link-revoke",
     ),
     path("shared/ports/<str:secret>/", port_views.port_share, name="port-share"),
+    # AI applications (issue 20): the catalogue's apps, an app's page, its API with its key.
+    path("apps/", app_views.app_list, name="app-list"),
+    path("apps/<uuid:public_id>/v1/<path:rest>", app_views.app_api_proxy, name="app-api"),
+    path("apps/<slug:slug>/", app_views.app_detail, name="app-detail"),
     path("disks/", views.disk_list, name="disk-list"),
     path("disks/<uuid:public_id>/", views.disk_detail, name="disk-detail"),
     path("disks/<uuid:public_id>/resize/", views.disk_resize, name="disk-resize"),

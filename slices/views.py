@@ -13,8 +13,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django.utils.translation import get_language, gettext_noop
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_noop
 from django.views.decorators.http import require_GET, require_http_methods
 
 from console.auth import staff_required
@@ -36,7 +36,7 @@ from slices.choices import (
 from slices.forms import DiskForm, OrderForm, OrderPreviewForm
 from slices.messages import event_text, failure_text, step_label
 from slices.models import Cluster, Disk, Instance, Node, Region
-from slices.services import NoCapacity, migration, power, recipes, storage
+from slices.services import NoCapacity, apps, migration, power, recipes, storage
 from slices.services import disks as disk_service
 from slices.services.eta import instance_eta
 from slices.services.instances import instance_cost, instance_costs
@@ -160,7 +160,11 @@ def instance_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     # htmx asks for one region: the live overview (default) or the event list (?part=events).
     asked = request.GET.get("part")
     part = asked if asked in ("events", "running") else "live"
-    return render_page(request, "slices/instance_detail.html", _detail_context(instance), part)
+    context = _detail_context(instance)
+    status_ = context["app_status"]
+    if status_ is not None and status_.api_path:
+        context["api_base_url"] = request.build_absolute_uri(status_.api_path)
+    return render_page(request, "slices/instance_detail.html", context, part)
 
 
 def _detail_context(instance: Instance) -> dict[str, Any]:
@@ -205,6 +209,10 @@ def _detail_context(instance: Instance) -> dict[str, Any]:
         "elapsed_running": instance.running_at is not None,
         "transitional": instance.state in TRANSITIONAL_STATES,
         "simulated": instance.driver == "sim",
+        "app_status": (app_status := apps.app_status(instance)),
+        "app_name": app_status.app.localized_name(get_language() or "zh-hans")
+        if app_status
+        else "",
         **_storage_context(instance),
     }
 

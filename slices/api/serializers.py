@@ -105,6 +105,13 @@ class InstanceSerializer(serializers.Serializer):
         "APPS_DOMAIN: https://<id>-<port>.<APPS_DOMAIN>/), and the live share links (id, "
         "created_at, last_used_at; their secret is shown only when made). Empty unless running.",
     )
+    app = serializers.DictField(
+        allow_null=True,
+        help_text="An AI application's instance (null otherwise): slug, model, state (waiting, "
+        "starting, ready, not_answering), open_url (the app's page through the console), "
+        "api_base_path (/apps/<id>/v1 on this console; null without an API) and api_key (send "
+        "it as Authorization: Bearer <key>).",
+    )
 
 
 class DiskRefSerializer(serializers.Serializer):
@@ -226,3 +233,50 @@ class StorageSerializer(serializers.Serializer):
     free_gb = serializers.IntegerField()
     per_gb_day = serializers.DecimalField(max_digits=12, decimal_places=4)
     per_day = serializers.DecimalField(max_digits=14, decimal_places=2)
+
+
+class AppGpuSerializer(serializers.Serializer):
+    gpu_model = serializers.CharField()
+    gpu_model_name = serializers.CharField()
+    min_cards = serializers.IntegerField()
+    recommended_cards = serializers.IntegerField()
+    max_cards = serializers.IntegerField()
+    price_per_hour = serializers.DecimalField(
+        max_digits=14, decimal_places=2, help_text="元 per hour at the recommended cards."
+    )
+    available = serializers.BooleanField(help_text="The recommended cards are free now.")
+    trial_hours = serializers.DecimalField(
+        max_digits=8,
+        decimal_places=1,
+        allow_null=True,
+        help_text="How long the trial credit lasts at this price.",
+    )
+
+
+class AppSerializer(serializers.Serializer):
+    slug = serializers.CharField()
+    category = serializers.CharField(help_text="chat, image, finetune or workbench")
+    name = serializers.CharField(help_text="In the request's language.")
+    name_en = serializers.CharField()
+    name_zh = serializers.CharField()
+    summary = serializers.CharField()
+    image = serializers.CharField(help_text="The image version it runs.")
+    models = serializers.ListField(child=serializers.CharField(), help_text="Default first.")
+    datasets = serializers.ListField(child=serializers.CharField())
+    gpus = AppGpuSerializer(many=True)
+    ports = serializers.ListField(child=serializers.DictField())
+    health = serializers.DictField(help_text="port, path, status")
+    ready_seconds = serializers.IntegerField()
+    api = serializers.DictField(allow_null=True, help_text="kind (openai), port, base_path")
+
+
+class AppLaunchSerializer(serializers.Serializer):
+    gpu_model = serializers.CharField(required=False, allow_blank=True, default="")
+    cards = serializers.IntegerField(required=False, allow_null=True, default=None)
+    model = serializers.CharField(
+        required=False, allow_blank=True, default="", help_text="One of the app's models."
+    )
+    name = serializers.CharField(max_length=63, required=False, allow_blank=True, default="")
+    accept_license = serializers.BooleanField(
+        default=False, help_text="Accept the chosen model's licence (needed once per licence)."
+    )

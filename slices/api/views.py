@@ -8,8 +8,10 @@ from urllib.parse import urlencode
 from django.db.models import Prefetch, QuerySet
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
+from rest_framework import status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -18,8 +20,11 @@ from console.api.exceptions import ApiError
 from console.api.idempotency import idempotency_key
 from console.api.viewsets import PublicIdViewSet
 from console.errors import ErrorCode
+from marketplace import aiapps
 from slices import lifecycle, services
 from slices.api.serializers import (
+    AppLaunchSerializer,
+    AppSerializer,
     AvailabilitySerializer,
     DiskAttachSerializer,
     DiskCreateSerializer,
@@ -36,8 +41,8 @@ from slices.choices import EventKind
 from slices.messages import event_text, failure_text
 from slices.models import Cluster, Disk, DiskAttachment, Instance
 from slices.perf import expected_performance
+from slices.services import apps, ports, power, storage
 from slices.services import disks as disk_service
-from slices.services import ports, power, storage
 from slices.services.access import ssh_access
 from slices.services.eta import instance_eta
 from slices.services.instances import instance_cost, instance_costs
@@ -165,6 +170,21 @@ def instance_data(
             for a in (disk_service.instance_disks(instance) if disks is None else disks)
         ],
         "ports": ports.ports_data(instance, owner_view=True),
+        "app": app_data(instance),
+    }
+
+
+def app_data(instance: Instance) -> dict[str, Any] | None:
+    status_ = apps.app_status(instance)
+    if status_ is None:
+        return None
+    return {
+        "slug": status_.app.slug,
+        "model": status_.model,
+        "state": status_.state,
+        "open_url": status_.open_url if status_.state == "ready" else None,
+        "api_base_path": status_.api_path or None,
+        "api_key": status_.api_key,
     }
 
 
@@ -492,3 +512,105 @@ class StorageView(APIView):
             "per_day": s.per_day,
         }
         return Response(StorageSerializer(row).data)
+
+
+# ---------------------------------------------------------------------------------------------
+# AI applications (issue 20)
+# ---------------------------------------------------------------------------------------------
+
+
+def _app_row(request: Request, app: aiapps.AiApp) -> dict[str, Any]:
+    offer = apps.app_offer(request.user, app)
+    language = getattr(request, "LANGUAGE_CODE", "zh-hans")
+    return {
+        "slug": app.slug,
+        "category": app.category,
+        "name": app.localized_name(language),
+        "name_en": app.name,
+        "name_zh": app.name_zh,
+        "summary": app.localized_summary(language),
+        "image": app.image,
+        "models": list(app.models),
+        "datasets": list(app.datasets),
+        "gpus": [
+            {
+                "gpu_model": c.option.gpu_model,
+                "gpu_model_name": c.label,
+                "min_cards": c.option.min_cards,
+                "recommended_cards": c.option.recommended_cards,
+                "max_cards": c.option.max_cards,
+                "price_per_hour": c.per_hour,
+                "available": c.available,
+                "trial_hours": c.trial_hours,
+            }
+            for c in offer.choices
+        ],
+        "ports": [{"port": p.port, "name": p.localized_name(language)} for p in app.ports],
+        "health": {"port": app.health.port, "path": app.health.path, "status": app.health.status},
+        "ready_seconds": app.ready_seconds,
+        "api": {"kind": app.api.kind, "port": app.api.port, "base_path": app.api.base_path}
+        if app.api
+        else None,
+    }
+
+
+class AppViewSet(viewsets.ViewSet):
+    """One-click AI applications: the catalogue (public prices) and a launch."""
+
+    lookup_field = "slug"
+    lookup_value_regex = r"[a-z0-9][a-z0-9-]{0,39}"
+
+    def get_permissions(self) -> list[Any]:
+        if self.action in ("list", "retrieve"):
+            return [AllowAny()]
+        return [permission() for permission in self.permission_classes]
+
+    def _app(self, slug: str) -> aiapps.AiApp:
+        app = aiapps.get_app(slug)
+        if app is None:
+            raise NotFound(_("No such app."))
+        return app
+
+    @extend_schema(
+        summary="The AI applications", responses={200: AppSerializer(many=True)}, tags=["apps"]
+    )
+    def list(self, request: Request) -> Response:
+        rows = [_app_row(request, app) for app in aiapps.shipped_apps()]
+        return Response(AppSerializer(rows, many=True).data)
+
+    @extend_schema(summary="One AI application", responses={200: AppSerializer}, tags=["apps"])
+    def retrieve(self, request: Request, slug: str) -> Response:
+        return Response(AppSerializer(_app_row(request, self._app(slug))).data)
+
+    @extend_schema(
+        summary="Launch an app: an instance ordered like any other (202); its key is in app.api_key",
+        request=AppLaunchSerializer,
+        responses={202: InstanceSerializer, 200: InstanceSerializer},
+        parameters=[IDEMPOTENCY_HEADER],
+        tags=["apps"],
+    )
+    @action(detail=True, methods=["post"])
+    def launch(self, request: Request, slug: str) -> Response:
+        app = self._app(slug)
+        payload = AppLaunchSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        d = payload.validated_data
+        key = idempotency_key(request, Instance._meta.get_field("idempotency_key").max_length)
+        existing = (
+            Instance.objects.filter(owner=request.user, idempotency_key=key).exists()
+            if key
+            else False
+        )
+        instance = apps.launch_app(
+            request.user,
+            app,
+            gpu_model=d["gpu_model"] or None,
+            cards=d["cards"],
+            model=d["model"] or None,
+            name=d["name"],
+            accept_license=d["accept_license"],
+            idempotency_key=key,
+        )
+        instance.refresh_from_db()
+        code = status.HTTP_200_OK if existing else status.HTTP_202_ACCEPTED
+        return Response(InstanceSerializer(instance_data(instance)).data, status=code)

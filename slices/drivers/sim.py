@@ -159,6 +159,11 @@ class SimDriver:
     def open_tunnel(self, spec: InstanceSpec, node: NodeTarget, port: int) -> socket.socket:
         """A simulated web app on ``port`` (labelled so), served in this process: nothing is
         opened on the console's host (``slices.drivers.sim_web``)."""
+        app = spec.env.get("GPC_APP", "")
+        if app:  # an AI application's simulated stand-in (issue 20)
+            from slices.drivers.sim_apps import open_sim_app_tunnel
+
+            return open_sim_app_tunnel(app, port, spec.env)
         names = {8888: "JupyterLab", 6006: "TensorBoard"}
         return open_sim_tunnel(port, names.get(port, f"Web app on port {port}"))
 
@@ -198,6 +203,14 @@ class SimDriver:
     ) -> WorkloadOutput:
         """The lines a recipe run has printed ``elapsed_s`` after running (simulated, scaled by
         ``SIM_TIME_SCALE``), from line ``offset``; an instance without a recipe prints nothing."""
+        app = spec.env.get("GPC_APP", "")
+        if node.rank == 0 and app:  # an AI application's start-up, as its server prints it
+            model = spec.env.get("APP_MODEL_NAME", "the model")
+            lines = [
+                f"[simulated] {app}: loading {model} from {spec.env.get('MODEL_DIR', '/models')}",
+                f"[simulated] {app}: model loaded; serving (canned answers, no model runs)",
+            ]
+            return WorkloadOutput(lines[offset : offset + max(0, limit)], True)
         if node.rank != 0 or not spec.env.get("RECIPE"):
             return WorkloadOutput([], True)
         recipe = _SimRecipe.from_env(

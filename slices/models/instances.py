@@ -73,6 +73,13 @@ class Instance(models.Model):
     web_ports = models.JSONField(_("web ports"), default=list, blank=True)
     # The instance's own secret: JupyterLab's token and an app's API key (never shown to others).
     access_token = models.CharField(max_length=64, blank=True)
+    # An AI application of the catalogue (issue 20; marketplace/apps/<slug>): which one, the model
+    # it serves, the key of its API (a secret of its own, so that giving it to a program gives
+    # nothing else of the instance), and when its health check first answered since it started.
+    app = models.CharField(_("AI application"), max_length=40, blank=True)
+    app_model = models.CharField(_("application model"), max_length=200, blank=True)
+    app_api_key = models.CharField(max_length=64, blank=True)
+    app_ready_at = models.DateTimeField(_("application ready at"), null=True, blank=True)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     request_fingerprint = models.CharField(max_length=64, blank=True)
     # A worker holds the lease while it drives the instance; the reconciler re-drives expired ones.

@@ -193,6 +193,10 @@ class OrderRequest:
     entrypoint: str = ""
     # Web ports to open through the console's proxy ([{"port": 7860, "name": "Gradio"}], ≤ 10).
     web_ports: tuple[dict[str, Any], ...] = ()
+    # An AI application of the catalogue and its model (slices.services.apps; console code only):
+    # the instance gets a key of its own for the app's API.
+    app: str = ""
+    app_model: str = ""
 
     def fingerprint(self) -> str:
         body = {
@@ -211,6 +215,7 @@ class OrderRequest:
             **({"disks": sorted(map(list, self.disks))} if self.disks else {}),
             **({"entrypoint": self.entrypoint} if self.entrypoint else {}),
             **({"web_ports": list(self.web_ports)} if self.web_ports else {}),
+            **({"app": self.app, "app_model": self.app_model} if self.app else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -567,6 +572,9 @@ def _create_and_allocate(
         request_fingerprint=fingerprint,
         web_ports=c.web_ports,
         access_token=ports.new_access_token(),
+        app=req.app,
+        app_model=req.app_model if req.app else "",
+        app_api_key=ports.new_app_api_key() if req.app else "",
     )
     record_event(
         instance,

@@ -30,9 +30,10 @@ from django.db.models import Q
 from django.http import Http404
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.translation import gettext_noop
+from django.utils.translation import get_language, gettext_noop
 
 from console.names import NameRefused, clean_name
+from marketplace import aiapps
 from marketplace import services as marketplace
 from slices.choices import InstanceState
 from slices.drivers.base import InstanceSpec, NodeTarget
@@ -148,6 +149,12 @@ def new_access_token() -> str:
     return secrets.token_hex(24)
 
 
+def new_app_api_key() -> str:
+    """An AI application's API key (issue 20): ``sk-gpc-`` and 40 hex digits (clients that expect
+    an OpenAI-like key accept it); it opens the app's API and nothing else of the instance."""
+    return "sk-gpc-" + secrets.token_hex(20)
+
+
 # ---------------------------------------------------------------------------------------------
 # An instance's ports and their URLs
 # ---------------------------------------------------------------------------------------------
@@ -176,8 +183,26 @@ def _image_http_ports(instance: Instance) -> list[tuple[int, str]]:
     return out
 
 
+def _app_ports(instance: Instance) -> list[WebPort] | None:
+    """An AI application's ports (its manifest's, the primary first), or None for any other
+    instance: an app runs its own command, not the image's JupyterLab."""
+    app = aiapps.get_app(instance.app) if instance.app else None
+    if app is None:
+        return None
+    language = get_language() or "zh-hans"
+    kinds = {JUPYTER_PORT: "jupyter", TENSORBOARD_PORT: "tensorboard"}
+    return [
+        WebPort(p.port, p.localized_name(language), kinds.get(p.port, "app"))
+        for p in sorted(app.ports, key=lambda p: not p.primary)
+    ]
+
+
 def web_ports(instance: Instance) -> list[WebPort]:
-    """The instance's web ports: JupyterLab first, then the image's others, then the declared."""
+    """The instance's web ports: JupyterLab first, then the image's others, then the declared;
+    an AI application's are its manifest's."""
+    app_ports = _app_ports(instance)
+    if app_ports is not None:
+        return app_ports
     found: dict[int, WebPort] = {}
     for port, name in _image_http_ports(instance):
         kind = {JUPYTER_PORT: "jupyter", TENSORBOARD_PORT: "tensorboard"}.get(port, "image")
@@ -211,9 +236,14 @@ def port_url(instance: Instance, port: int) -> str:
 
 
 def base_url_env(instance: Instance) -> dict[str, str]:
-    """The console's variables for the launch template: JupyterLab's token and base URL."""
+    """The console's variables for the launch template: JupyterLab's token and base URL, and an
+    AI application's slug and API key (its server accepts the key, or the token the console's
+    proxy adds for the owner)."""
     base = "/" if apps_domain() else port_path(instance, JUPYTER_PORT)
-    return {"JUPYTER_TOKEN": instance.access_token, "JUPYTER_BASE_URL": base}
+    env = {"JUPYTER_TOKEN": instance.access_token, "JUPYTER_BASE_URL": base}
+    if instance.app:
+        env |= {"GPC_APP": instance.app, "GPC_APP_API_KEY": instance.app_api_key}
+    return env
 
 
 def ports_data(instance: Instance, *, owner_view: bool) -> list[dict[str, Any]]:

@@ -6,13 +6,18 @@ Every test in this folder is marked ``e2e``.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvicorn
 from django.core.cache import cache
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from tests.support import servers
 from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
 
@@ -46,3 +51,47 @@ def page(browser: Browser, live_server) -> Iterator[Page]:
     page = context.new_page()
     yield page
     context.close()
+
+
+# The console served by uvicorn in a thread of this process (HTTP and websockets, the same ASGI
+# application as ``console.asgi`` without the embedded worker), against the test database: what
+# the port proxy's journeys (JupyterLab, the AI apps) need, which Django's live server is not.
+def _asgi_app() -> Any:
+    from channels.auth import AuthMiddlewareStack
+    from channels.routing import ProtocolTypeRouter
+    from django.core.asgi import get_asgi_application
+
+    from console.routing import OriginValidator, websocket_router
+    from slices.port_views import AppHostRouter
+
+    return AppHostRouter(
+        ProtocolTypeRouter(
+            {
+                "http": get_asgi_application(),
+                "websocket": OriginValidator(AuthMiddlewareStack(websocket_router())),
+            }
+        )
+    )
+
+
+@pytest.fixture
+def console_url() -> Iterator[str]:
+    port = servers.free_port()
+    config = uvicorn.Config(
+        _asgi_app(),
+        host="127.0.0.1",
+        port=port,
+        lifespan="off",
+        log_level="warning",
+        ws="websockets-sansio",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="console-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)

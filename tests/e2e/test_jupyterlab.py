@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from django.conf import settings as django_settings
 from django.test import Client
 from playwright.sync_api import Browser, expect
@@ -34,7 +32,6 @@ from slices.drivers.ssh.commands import NODE_PATH
 from slices.models import Instance, Node
 from tests.marketplace.factories import ImageFactory, ImageVersionFactory
 from tests.slices.factories import load_small_fleet, run_order
-from tests.support import servers
 from tests.support.browser import give_session
 from tests.support.sshd import SshHostPool, configure_ssh_fleet, ssh_hosts  # noqa: F401
 
@@ -51,24 +48,6 @@ needs_jupyter = pytest.mark.skipif(
 )
 
 
-def _asgi_app() -> Any:
-    from channels.auth import AuthMiddlewareStack
-    from channels.routing import ProtocolTypeRouter
-    from django.core.asgi import get_asgi_application
-
-    from console.routing import OriginValidator, websocket_router
-    from slices.port_views import AppHostRouter
-
-    return AppHostRouter(
-        ProtocolTypeRouter(
-            {
-                "http": get_asgi_application(),
-                "websocket": OriginValidator(AuthMiddlewareStack(websocket_router())),
-            }
-        )
-    )
-
-
 @pytest.fixture
 def funded(alice: Any) -> Any:
     from decimal import Decimal
@@ -81,29 +60,6 @@ def funded(alice: Any) -> Any:
         seed_default_prices()
     billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
     return alice
-
-
-@pytest.fixture
-def console_url() -> Iterator[str]:
-    port = servers.free_port()
-    config = uvicorn.Config(
-        _asgi_app(),
-        host="127.0.0.1",
-        port=port,
-        lifespan="off",
-        log_level="warning",
-        ws="websockets-sansio",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="console-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
 
 
 def _launch_template() -> dict[str, Any]:

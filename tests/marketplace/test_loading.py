@@ -73,8 +73,13 @@ def test_loading_creates_the_four_image_families_with_versions() -> None:
     services.load_catalogue()
     frameworks = set(Image.objects.values_list("framework", flat=True))
     assert {"PyTorch", "DeepSpeed", "Megatron-LM", "Colossal-AI"} <= frameworks
-    for image in Image.objects.all():
+    for image in Image.objects.exclude(slug="ai-apps"):
         assert image.versions.count() >= 3
+    # The AI applications' image (issue 20): one version, what the apps' manifests name.
+    apps = Image.objects.get(slug="ai-apps")
+    assert list(apps.versions.values_list("slug", flat=True)) == [
+        "ai-apps-2026.11-torch2.4.0-cuda12.1"
+    ]
     version = ImageVersion.objects.get(slug="pytorch-2.1.2-cuda12.1-py3.10")
     assert version.container == "pytorch/pytorch:2.1.2-cuda12.1-cudnn8-devel"
     assert {"name": "JupyterLab", "port": 8888, "protocol": "http"} in version.ports

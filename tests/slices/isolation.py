@@ -116,4 +116,8 @@ STAFF_ROUTES = {"slices:ops-node": _node}
 
 EXEMPT_ROUTES: dict[str, str] = {
     "slices:ops-cluster": "a cluster code on an operator-only page (covered by tests/slices/test_ops_pages.py)",
+    "slices:app-detail": "an AI app's slug of the public catalogue (prices are public)",
+    "slices:app-api": "an AI app's API takes the app's own key, never a session: every session, the "
+    "owner's included, gets 401 without it; another instance's key gets 401 "
+    "(tests/slices/test_apps.py)",
 }

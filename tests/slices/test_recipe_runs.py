@@ -42,24 +42,20 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPE_DIR = ROOT / "marketplace" / "recipes" / "llama-lora"
 VENV = Path(os.environ.get("RECIPE_VENV", ROOT / "var" / "recipe-venv"))
 TINY = Path(__file__).with_name("recipe_tiny.py")
+APPS_REQUIREMENTS = ROOT / "marketplace" / "apps" / "requirements.txt"
 
 
 def recipe_python() -> Path:
     """The recipe environment's Python, built from requirements.txt if it is not there yet."""
     python = VENV / "bin" / "python"
     stamp = VENV / ".requirements"
-    wanted = (RECIPE_DIR / "requirements.txt").read_text()
+    files = [RECIPE_DIR / "requirements.txt", APPS_REQUIREMENTS]  # as the Makefile's recipe-env
+    wanted = "".join(f.read_text() for f in files)
     if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)  # noqa: S603
         subprocess.run(  # noqa: S603
-            [
-                str(VENV / "bin" / "pip"),
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                "-r",
-                str(RECIPE_DIR / "requirements.txt"),
-            ],
+            [str(VENV / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
+            + [arg for f in files for arg in ("-r", str(f))],
             check=True,
         )
         stamp.write_text(wanted)

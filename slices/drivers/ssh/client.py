@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import io
 import math
@@ -313,9 +314,11 @@ class SshConnections:
         client = paramiko.SSHClient()
         try:
             pin_host_key(client, node)
+            sock = _open_socket(node.address, node.port, timeout)
             client.connect(
                 node.address,
                 port=node.port,
+                sock=sock,
                 username=self.settings.user,
                 pkey=self._private_key(),
                 timeout=timeout,
@@ -540,6 +543,43 @@ class SshConnections:
             raise DriverError("command_failed", f"writing {current}: {exc}") from None
         finally:
             sftp.close()
+
+
+class _QuickAckSocket(socket.socket):
+    """The console's TCP connection to a node. Interactive traffic crosses it (a terminal's
+    keystrokes, a proxied app's streamed answer): sshd leaves Nagle's algorithm on for a
+    connection without a PTY, so each small packet it sends after the first waits for this
+    side's acknowledgement, which Linux delays up to ~40 ms. Acknowledging at once after each
+    read (TCP_QUICKACK, which the kernel clears again by itself) removes that wait; this side
+    sends without delay (TCP_NODELAY)."""
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = super().recv(bufsize, flags)
+        if _QUICKACK is not None:
+            with contextlib.suppress(OSError):
+                self.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+        return data
+
+
+_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
+
+
+def _open_socket(address: str, port: int, timeout: float) -> socket.socket:
+    """A connected ``_QuickAckSocket`` to ``address:port`` (the first address that answers)."""
+    last: OSError | None = None
+    for family, kind, proto, _name, where in socket.getaddrinfo(
+        address, port, type=socket.SOCK_STREAM
+    ):
+        sock = _QuickAckSocket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(where)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except OSError as exc:
+            sock.close()
+            last = exc
+    raise last or OSError(f"no address for {address}")
 
 
 def _tcp_keepalive(sock: Any, seconds: int) -> None:
