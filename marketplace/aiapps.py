@@ -33,6 +33,8 @@ ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 MAX_CARDS = 8  # an app runs on one host
 MAX_READY_SECONDS = 30 * 60
 HEALTH_PATH = re.compile(r"^/[A-Za-z0-9._~/-]{0,200}$")
+_CJK = "\u3000-\u303f\u3400-\u9fff\uff00-\uffef"
+_CJK_GAP = re.compile(f"(?<=[{_CJK}]) (?=[{_CJK}])")
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,8 @@ def _text(data: dict[str, Any], key: str, where: str, *, required: bool = True) 
         value = ""
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise CatalogueError(f"{where}: {key} must be text")
-    value = " ".join(str(value).split())
+    # A folded YAML line break is a space: not between two Chinese characters.
+    value = _CJK_GAP.sub("", " ".join(str(value).split()))
     if required and not value:
         raise CatalogueError(f"{where}: {key} is missing")
     return value

@@ -76,6 +76,8 @@ def test_every_shipped_manifest_loads_and_names_catalogue_entries_that_exist() -
         for name in app.files:
             assert (app.directory / name).is_file()
     chat = _chat()
+    # The manifest's folded lines join without a space between Chinese characters.
+    assert "Llama 3.1）对话" in chat.summary_zh and "） " not in chat.summary_zh
     assert chat.api is not None and chat.api.kind == "openai"
     assert "Qwen/Qwen2.5-7B-Instruct" == chat.default_model
     assert {"THUDM/chatglm3-6b", "baichuan-inc/Baichuan2-7B-Chat"} <= set(chat.models)
