@@ -148,16 +148,22 @@ def process_alive(pid: int) -> bool:
 
 
 def stop_processes_under(path: Path, grace: float = 3.0) -> int:
-    """Stop every process whose command line names ``path`` (what a test's instances started on
-    the test hosts under its own directory: a per-instance sshd daemonises, so it outlives the
-    session that started it); TERM, then KILL after ``grace`` seconds. Returns how many."""
+    """Stop every process whose command line names ``path``, or that works in a directory under
+    it (what a test's instances started on the test hosts under its own directory: a
+    per-instance sshd daemonises, so it outlives the session that started it; an AI app's server
+    runs from the checkout in the instance's directory); TERM, then KILL after ``grace`` seconds.
+    Returns how many."""
     needle = str(path).encode()
+    root = str(path)
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if needle in (entry / "cmdline").read_bytes() and process_alive(int(entry.name)):
+            named = needle in (entry / "cmdline").read_bytes()
+            cwd = "" if named else os.readlink(entry / "cwd")
+            inside = named or cwd == root or cwd.startswith(root + os.sep)
+            if inside and process_alive(int(entry.name)):
                 pids.append(int(entry.name))
         except OSError:
             continue

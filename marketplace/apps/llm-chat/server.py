@@ -892,6 +892,7 @@ class AppServer(ThreadingHTTPServer):
 
 class Handler(BaseHTTPRequestHandler):
     """Routes, auth, bounded bodies, JSON and Server-Sent Events."""
+
     # Every small write (headers, each streamed chunk) goes out at once: Nagle's algorithm
     # would hold it for the client's delayed acknowledgement (~40 ms on a kept-alive connection).
     disable_nagle_algorithm = True

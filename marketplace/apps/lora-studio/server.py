@@ -892,6 +892,7 @@ def signal_group(proc: subprocess.Popen[str], sig: int) -> None:
 
 class Handler(BaseHTTPRequestHandler):
     """The routes. Every request but ``GET /healthz`` carries the app's key."""
+
     # Every small write (headers, each streamed chunk) goes out at once: Nagle's algorithm
     # would hold it for the client's delayed acknowledgement (~40 ms on a kept-alive connection).
     disable_nagle_algorithm = True

@@ -1004,6 +1004,7 @@ def render_page(language: str) -> str:
 
 class Handler(BaseHTTPRequestHandler):
     """The routes; ``engine`` and ``credentials`` are set on the subclass ``make_handler`` builds."""
+
     # Every small write (headers, each streamed chunk) goes out at once: Nagle's algorithm
     # would hold it for the client's delayed acknowledgement (~40 ms on a kept-alive connection).
     disable_nagle_algorithm = True
