@@ -8,6 +8,7 @@ in ``billing.money``.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -19,6 +20,20 @@ from billing.money import (
     round_cents,
     to_decimal,
 )
+
+
+def gpu_model_key(name: str) -> str:
+    """The one key a GPU model's name is matched by, however it is written: "RTX 4090" (the
+    price book's product name), "RTX4090" (the fleet file's code), "rtx-4090", "ＲＴＸ４０９０".
+
+    The rule: NFKC (full-width letters and digits, typed with a Chinese input method, are the
+    ASCII ones), then letters and digits only, upper-cased. Spaces, hyphens and other punctuation
+    never tell two GPU products apart, while operators spell them either way ("H100-SXM",
+    "H100 SXM"), so they are dropped: all of these are "H100SXM". Every app matches prices,
+    fleet codes and order input with this function (``billing.services`` re-exports it).
+    """
+    folded = unicodedata.normalize("NFKC", name or "").upper()
+    return "".join(ch for ch in folded if ch.isalnum())
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ from billing.money import (
     round_cents,
     to_decimal,
 )
-from billing.pricing import Quote, quote_order
+from billing.pricing import Quote, gpu_model_key, quote_order
 from billing.providers import get_provider
 from billing.settlement import (
     SettlementResult,
@@ -163,6 +163,7 @@ __all__ = [  # what other apps, the views and the tests call
     "get_payment_for_user",
     "get_stop_handler",
     "get_wallet_summary",
+    "gpu_model_key",
     "grant_trial_credit",
     "grant_voucher",
     "handle_webhook",
@@ -331,11 +332,6 @@ def expire_vouchers(now: datetime | None = None) -> int:
 # --- prices --------------------------------------------------------------------------------------
 def current_price_book(at: datetime | None = None) -> PriceBook | None:
     return PriceBook.objects.effective_at(at or clock.now()).first()
-
-
-def gpu_model_key(name: str) -> str:
-    """One key for a GPU model however it is written: "RTX 4090", "RTX4090", "rtx-4090"."""
-    return "".join(ch for ch in (name or "").upper() if ch.isalnum())
 
 
 def current_gpu_price(gpu_model: str, at: datetime | None = None) -> tuple[PriceBook, GpuPrice]:

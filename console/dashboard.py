@@ -7,10 +7,10 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from billing.offers import PriceSheet, price_sheet
-from billing.services import WalletSummary, get_wallet_summary, price_list
+from billing.services import WalletSummary, get_wallet_summary, gpu_model_key, price_list
 from marketplace.services import catalogue_counts
 from slices.services import Availability, availability
-from slices.topology import SLICE_UNIT_GPUS, gpu_model_key
+from slices.topology import SLICE_UNIT_GPUS
 
 if TYPE_CHECKING:
     from console.models import User

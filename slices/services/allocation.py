@@ -1,9 +1,15 @@
-"""Allocating and releasing GPUs: the only code that writes allocations.
+"""Allocating and releasing GPUs: the only code that writes allocations and nodes' free masks.
 
 Allocation = plan with the pure allocator (`slices.topology`) on a snapshot of the database, then
 commit with compare-and-set on every node's free-GPU mask. Two orders can plan the same GPUs; only one
 of the conditional UPDATEs matches, the other sees zero rows, rolls back and plans again on the new
 state, so a lost race re-plans while capacity remains and never double-books a GPU.
+
+Every claim goes through here, not only orders: a start on the instance's own host
+(`claim_on_node`), a start on another host (`allocate`) and a migration's replacement node
+(`claim_replacement`, then `move_part`). Each chooses its GPUs with the allocator's rules (buddy
+alignment, best fit, the SU rule for a slice's replacement; `slices.topology.policy`) and writes the
+mask with the one compare-and-set (`_take`), the same rules the allocator benchmark replays.
 """
 
 from __future__ import annotations
@@ -243,6 +249,27 @@ def preview_allocation(
     )
 
 
+def _take(claims: list[tuple[Node, int]]) -> None:
+    """Take GPUs (node, mask) planned on a snapshot: the one write of a node's free mask on a claim.
+
+    Compare-and-set: a node is written only if it still has exactly the free GPUs of the snapshot
+    and is still schedulable; otherwise ``_LostRace`` (the caller's transaction or savepoint undoes
+    the nodes already taken, and it plans again). Nodes in primary-key order, so two claims never
+    wait on each other in a cycle. Call it inside a transaction.
+    """
+    for node, mask in sorted(claims, key=lambda c: c[0].pk):
+        if not mask or mask & ~node.free_mask:
+            raise IntegrityError(f"planned GPUs {mask:#x} of {node.hostname} are not free")
+        won = Node.objects.filter(
+            pk=node.pk,
+            free_mask=node.free_mask,
+            state__in=SCHEDULABLE_STATES,
+            health=NodeHealth.OK,
+        ).update(free_mask=node.free_mask & ~mask, state=NodeState.ALLOCATED)
+        if won != 1:
+            raise _LostRace(node.hostname)
+
+
 @transaction.atomic
 def _commit(
     owner: Any,
@@ -251,25 +278,7 @@ def _commit(
     ends_at: datetime | None,
     label: str,
 ) -> Allocation:
-    # Lock order = node primary key order, so two committers never wait on each other in a cycle.
-    shares = sorted(p.shares, key=lambda s: nodes[s.hostname].pk)
-    for s in shares:
-        node = nodes[s.hostname]
-        mask = 0
-        for g in s.gpus:
-            mask |= 1 << g
-        # Compare-and-set: only if the node still has exactly the free GPUs we planned with.
-        won = (
-            Node.objects.filter(
-                pk=node.pk,
-                free_mask=node.free_mask,
-                state__in=SCHEDULABLE_STATES,
-                health=NodeHealth.OK,
-            ).update(free_mask=node.free_mask & ~mask, state=NodeState.ALLOCATED)
-            == 1
-        )
-        if not won:
-            raise _LostRace(s.hostname)
+    _take([(nodes[s.hostname], topology.gpu_mask(s.gpus)) for s in p.shares])
     cluster, perf = _placement_performance(p)
     allocation = Allocation.objects.create(
         owner=owner,
@@ -322,6 +331,104 @@ def release_allocation(allocation: Allocation) -> bool:
     GPU.objects.filter(allocation=allocation).update(allocation=None)
     allocation.refresh_from_db()
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Claims that are not orders: a start on the same host, a migration's replacement
+# ---------------------------------------------------------------------------------------------
+
+
+def claim_on_node(owner: Any, node: Node, cards: int, *, label: str = "") -> Allocation | None:
+    """A host of ``cards`` GPUs on ``node`` itself (开机 on the instance's own host), or None when
+    the node is out of service or has no aligned block of that size free.
+
+    The GPUs are the buddy rule's block (``topology.aligned_block``), as an order on this node
+    would get: a 2-card host takes a free pair that shares its PCIe switch, never two stray GPUs,
+    and the node's biggest free block stays whole when a smaller one fits. Committed as an order
+    is (`_commit`); a lost race reads the node again and retries.
+    """
+    for _attempt in range(MAX_PLAN_ATTEMPTS):
+        node = Node.objects.select_related("cluster__region", "gpu_model", "su").get(pk=node.pk)
+        if node.state not in SCHEDULABLE_STATES or node.health != NodeHealth.OK:
+            return None
+        block = topology.aligned_block(node.free_mask, node.gpus_per_node, cards)
+        if block is None:
+            return None
+        share = topology.NodeShare(node.hostname, topology.gpu_indexes(block), node.su.index, 0)
+        placement = topology.Placement(
+            f"node:{node.hostname}",
+            node.cluster.code,
+            node.cluster.region.code,
+            node.gpu_model.code,
+            cards,
+            (share,),
+            su_count=1,
+            su_min_structural=1,
+            su_min_state=1,
+        )
+        try:
+            return _commit(owner, placement, {node.hostname: node}, None, label)
+        except _LostRace:
+            continue  # the node changed since it was read: read it again
+    return None
+
+
+def claim_replacement(
+    failed: Node,
+    cards: int,
+    *,
+    whole: bool,
+    near: list[Node] | None = None,
+    avoid: list[Node] | None = None,
+) -> tuple[Node, int] | None:
+    """Take a node for the part of ``failed`` (its ``cards`` GPUs; a whole node for a slice's
+    part) in the failed node's cluster: (node, GPU mask taken), or None when none is free.
+
+    The allocator chooses on a snapshot (`topology.Fleet.plan_replacement`): a slice's part goes
+    to a whole free node of the failed node's SU when there is one, else of an SU the slice
+    already uses (``near``: its healthy nodes), else where breaking a whole node costs the least
+    slice capacity; a host's part takes the aligned block of the best-fitting node. ``avoid``:
+    nodes the instance holds, never chosen. The mask is written here (`_take`); the caller moves
+    the allocation's part with `move_part` in the same transaction.
+    """
+    near_hosts = [n.hostname for n in near or ()]
+    avoid_hosts = [n.hostname for n in avoid or ()]
+    model = failed.gpu_model.code
+    for _attempt in range(MAX_PLAN_ATTEMPTS):
+        fleet, nodes = build_fleet(model)
+        if failed.hostname not in fleet.gid_by_hostname:
+            return None
+        for hostname in avoid_hosts:
+            if hostname in fleet.gid_by_hostname:
+                fleet.set_schedulable(hostname, False)
+        planned = fleet.plan_replacement(failed.hostname, cards, whole=whole, near=near_hosts)
+        if isinstance(planned, topology.Unplaceable):
+            return None
+        [share] = planned.shares
+        node, mask = nodes[share.hostname], topology.gpu_mask(share.gpus)
+        try:
+            with transaction.atomic():
+                _take([(node, mask)])
+        except _LostRace:
+            continue  # another claim took this node first: plan again on the new state
+        node.refresh_from_db()
+        return node, mask
+    return None
+
+
+def move_part(allocation: Allocation, old: Node, new: Node, mask: int) -> None:
+    """Point ``allocation``'s part on failed node ``old`` at ``new`` (GPUs ``mask``, taken by
+    `claim_replacement`): the failed node's GPUs leave the allocation (the node stays failed, out
+    of the pool, until an operator returns it) and the new node's GPU rows join it."""
+    old_part = AllocationNode.objects.filter(allocation=allocation, node=old).first()
+    if old_part is not None:
+        Node.objects.filter(pk=old.pk).update(free_mask=F("free_mask").bitor(old_part.gpu_mask))
+        GPU.objects.filter(node=old, allocation=allocation).update(allocation=None)
+        AllocationNode.objects.filter(pk=old_part.pk).update(node=new, gpu_mask=mask)
+    taken = topology.gpu_indexes(mask)
+    GPU.objects.filter(node=new, index__in=taken, allocation__isnull=True).update(
+        allocation=allocation
+    )
 
 
 # Usage sessions that bill an allocation carry this kind and the allocation's public id.

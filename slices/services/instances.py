@@ -200,7 +200,7 @@ class OrderRequest:
 
     def fingerprint(self) -> str:
         body = {
-            "gpu_model": topology.gpu_model_key(self.gpu_model),
+            "gpu_model": billing.gpu_model_key(self.gpu_model),
             "cards": self.cards,
             "name": self.name,
             "region": self.region,
@@ -222,9 +222,9 @@ class OrderRequest:
 
 def resolve_gpu_model(value: str) -> GpuModel:
     """One code everywhere ("RTX4090"); input may also be the product name ("RTX 4090")."""
-    key = topology.gpu_model_key(value or "")
+    key = billing.gpu_model_key(value or "")
     for model in GpuModel.objects.all():
-        if topology.gpu_model_key(model.code) == key:
+        if billing.gpu_model_key(model.code) == key:
             return model
     raise OrderRefused(gettext_noop("Unknown GPU model %(gpu_model)s."), gpu_model=value)
 
@@ -232,11 +232,11 @@ def resolve_gpu_model(value: str) -> GpuModel:
 def price_name(gpu_model: str) -> str | None:
     """The price book's name for a fleet GPU model code (they may differ in spacing)."""
     names = {
-        topology.gpu_model_key(p.gpu_model): p.gpu_model
+        billing.gpu_model_key(p.gpu_model): p.gpu_model
         for p, _t in billing.price_list()
         if not p.is_placeholder  # placeholder prices are for operators: not orderable
     }
-    return names.get(topology.gpu_model_key(gpu_model))
+    return names.get(billing.gpu_model_key(gpu_model))
 
 
 def _clean_name(name: str, fallback: str) -> str:

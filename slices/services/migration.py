@@ -42,8 +42,9 @@ from slices.choices import (
     NoReplacement,
 )
 from slices.drivers import DriverError, NodeDriver, get_driver
-from slices.models import GPU, AllocationNode, GpuRollup, Instance, InstanceNode, Node, NodeWatch
+from slices.models import GpuRollup, Instance, InstanceNode, Node, NodeWatch
 from slices.services import storage
+from slices.services.allocation import claim_replacement, move_part
 from slices.services.instances import (
     close_billing,
     enqueue_on_commit,
@@ -248,40 +249,20 @@ def start_migration(instance: Instance, node: Node, *, signal: str = "") -> bool
 
 
 def _claim_replacement(instance: Instance, part: InstanceNode) -> tuple[Node, int] | None:
-    """A healthy node in the instance's cluster with the cards this part needs, same SU first;
-    taken with a compare-and-set on its free mask (as the allocator commits)."""
-    failed = part.node
-    cards = bin(part.gpu_mask).count("1")
-    whole = instance.kind == AllocationKind.SLICE
-    used = InstanceNode.objects.filter(instance=instance).values("node_id")
-    candidates = (
-        Node.objects.filter(
-            cluster_id=failed.cluster_id,
-            state__in=SCHEDULABLE_STATES,
-            health=NodeHealth.OK,
-        )
-        .exclude(pk__in=used)
-        .select_related("su")
+    """The allocator's replacement for a failed part (`allocation.claim_replacement`): in the
+    instance's cluster, a slice's part in the same SU when one is free there (else an SU the slice
+    already uses), a host's part an aligned block of the best-fitting node."""
+    others = list(
+        InstanceNode.objects.filter(instance=instance).exclude(pk=part.pk).select_related("node")
     )
-    ranked = sorted(candidates, key=lambda n: (n.su_id != failed.su_id, n.su.index, n.index))
-    for node in ranked:
-        free = [i for i in range(node.gpus_per_node) if node.free_mask >> i & 1]
-        if whole and node.free_mask != node.full_mask:
-            continue
-        if len(free) < cards:
-            continue
-        take = free[:cards]
-        mask = sum(1 << i for i in take)
-        won = Node.objects.filter(
-            pk=node.pk,
-            free_mask=node.free_mask,
-            state__in=SCHEDULABLE_STATES,
-            health=NodeHealth.OK,
-        ).update(free_mask=node.free_mask & ~mask, state=NodeState.ALLOCATED)
-        if won == 1:
-            node.refresh_from_db()
-            return node, mask
-    return None
+    healthy = [p.node for p in others if not p.failed and p.node.state != NodeState.FAILED]
+    return claim_replacement(
+        part.node,
+        bin(part.gpu_mask).count("1"),
+        whole=instance.kind == AllocationKind.SLICE,
+        near=healthy,
+        avoid=[p.node for p in others],
+    )
 
 
 def _voucher(instance: Instance, count: int) -> Decimal:
@@ -370,18 +351,8 @@ def _swap_in(instance: Instance, replaced: list[tuple[InstanceNode, Node, int]])
     for part, new, mask in replaced:
         old = part.node
         if allocation is not None and new.pk != old.pk:
-            old_part = AllocationNode.objects.filter(allocation=allocation, node=old).first()
-            if old_part is not None:
-                # The failed node's cards leave this allocation (the node stays failed).
-                Node.objects.filter(pk=old.pk).update(
-                    free_mask=F("free_mask").bitor(old_part.gpu_mask)
-                )
-                GPU.objects.filter(node=old, allocation=allocation).update(allocation=None)
-                AllocationNode.objects.filter(pk=old_part.pk).update(node=new, gpu_mask=mask)
-            taken = [i for i in range(new.gpus_per_node) if mask >> i & 1]
-            GPU.objects.filter(node=new, index__in=taken, allocation__isnull=True).update(
-                allocation=allocation
-            )
+            # The failed node's cards leave this allocation (the node stays failed).
+            move_part(allocation, old, new, mask)
         # A new node: the instance's sshd gets a port there (its old one stays with the failed
         # node); the region gateway's keys follow when it runs again (issue 19).
         moved = {"ssh_port": None} if new.pk != old.pk else {}

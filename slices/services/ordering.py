@@ -175,7 +175,7 @@ def priced_models() -> dict[str, Any]:
     for price, _terms in billing.price_list():
         if getattr(price, "is_placeholder", False):
             continue
-        out[topology.gpu_model_key(price.gpu_model)] = price
+        out[billing.gpu_model_key(price.gpu_model)] = price
     return out
 
 
@@ -185,7 +185,7 @@ def default_order(choices: OrderChoices) -> dict[str, str]:
     prices = priced_models()
     best: tuple[Any, str, int] | None = None
     for row in choices.availability:
-        price = prices.get(topology.gpu_model_key(row.gpu_model))
+        price = prices.get(billing.gpu_model_key(row.gpu_model))
         if price is None or not row.host_sizes:
             continue
         key = (price.on_demand_per_card_hour, row.gpu_model, row.host_sizes[0])
@@ -236,12 +236,12 @@ def ssh_key_choices(user: Any) -> SshKeyChoices:
 
 
 def term_days_for(gpu_model: str) -> list[int]:
-    key = topology.gpu_model_key(gpu_model or "")
+    key = billing.gpu_model_key(gpu_model or "")
     return sorted(
         {
             t.days
             for p, terms in billing.price_list()
-            if topology.gpu_model_key(p.gpu_model) == key
+            if billing.gpu_model_key(p.gpu_model) == key
             for t in terms
         }
     )

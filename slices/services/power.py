@@ -29,21 +29,23 @@ from django.utils.translation import gettext_noop
 from billing.choices import CloseReason
 from slices import lifecycle
 from slices.choices import (
-    SCHEDULABLE_STATES,
     AllocationKind,
     BillingMode,
     EventKind,
     EventLevel,
     InstanceState,
-    NodeHealth,
-    NodeState,
 )
 from slices.drivers import DriverError, NodeDriver, get_driver
 from slices.errors import InstanceConflict, quota_exceeded
-from slices.models import GPU, Allocation, AllocationNode, Instance, InstanceNode, Node
+from slices.models import Allocation, Instance, InstanceNode, Node
 from slices.services import access
 from slices.services import disks as disk_service
-from slices.services.allocation import NoCapacity, allocate, release_allocation
+from slices.services.allocation import (
+    NoCapacity,
+    allocate,
+    claim_on_node,
+    release_allocation,
+)
 from slices.services.instances import (
     OrderRequest,
     _lock_quota,
@@ -167,41 +169,6 @@ def drive_stop(instance_id: int, driver: NodeDriver | None = None) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _claim_on_node(instance: Instance, node: Node, cards: int) -> Allocation | None:
-    """Take ``cards`` free GPUs on ``node`` for the instance (compare-and-set), or None."""
-    node.refresh_from_db()
-    if node.state not in SCHEDULABLE_STATES or node.health != NodeHealth.OK:
-        return None
-    free = [i for i in range(node.gpus_per_node) if node.free_mask >> i & 1]
-    if len(free) < cards:
-        return None
-    take = free[:cards]
-    mask = sum(1 << i for i in take)
-    won = Node.objects.filter(
-        pk=node.pk, free_mask=node.free_mask, state__in=SCHEDULABLE_STATES, health=NodeHealth.OK
-    ).update(free_mask=node.free_mask & ~mask, state=NodeState.ALLOCATED)
-    if won != 1:
-        return None
-    allocation = Allocation.objects.create(
-        owner=instance.owner,
-        kind=AllocationKind.HOST,
-        cluster=node.cluster,
-        gpu_model=node.gpu_model,
-        gpu_count=cards,
-        node_count=1,
-        su_count=1,
-        su_min_structural=1,
-        su_min_state=1,
-        hostfile=f"{node.address} slots={cards}\n",
-        label=f"instance {instance.public_id}",
-    )
-    AllocationNode.objects.create(allocation=allocation, node=node, rank=0, gpu_mask=mask)
-    GPU.objects.filter(node=node, index__in=take, allocation__isnull=True).update(
-        allocation=allocation
-    )
-    return allocation
-
-
 @dataclass(frozen=True)
 class StartResult:
     node: str
@@ -248,7 +215,10 @@ def start_instance(instance: Instance, *, by: str, mode: str = StartMode.AUTO) -
             OrderRequest(gpu_model=instance.gpu_model.code, cards=instance.cards),
             starting=instance,
         )
-        allocation = _claim_on_node(instance, old, instance.cards)
+        # The allocator claims, with its rules (an aligned block of the host's GPUs).
+        allocation = claim_on_node(
+            instance.owner, old, instance.cards, label=f"instance {instance.public_id}"
+        )
         if allocation is None and mode == StartMode.SAME_HOST:
             raise NoCapacity(
                 _unplaceable(old.hostname),

@@ -11,10 +11,10 @@ from django import template
 from django.utils.translation import get_language
 
 from billing import services as billing
+from billing.services import gpu_model_key
 from marketplace import aiapps
 from marketplace.catalogue import GPU_LABELS
 from slices.services.apps import app_hours
-from slices.topology import gpu_model_key
 
 register = template.Library()
 

@@ -26,7 +26,14 @@ when, what else).
 
 from __future__ import annotations
 
-from slices.topology.buddy import BuddyTables, buddy_tables, gpu_indexes, gpu_mask, popcount
+from slices.topology.buddy import (
+    BuddyTables,
+    aligned_block,
+    buddy_tables,
+    gpu_indexes,
+    gpu_mask,
+    popcount,
+)
 from slices.topology.capacity import (
     leftover_split,
     min_sus,
@@ -58,7 +65,6 @@ from slices.topology.specs import (
     NodeSpec,
     RegionSpec,
     ScalableUnitSpec,
-    gpu_model_key,
 )
 
 __all__ = [
@@ -87,10 +93,10 @@ __all__ = [
     "SlicePolicy",
     "TopologyAwarePolicy",
     "Unplaceable",
+    "aligned_block",
     "buddy_tables",
     "gpu_indexes",
     "gpu_mask",
-    "gpu_model_key",
     "lease_end_distance",
     "leftover_split",
     "min_sus",

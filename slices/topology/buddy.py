@@ -87,3 +87,14 @@ def buddy_tables(g: int) -> BuddyTables:
             raise ValueError(f"GPUs per node must be 1, 2, 4 or 8, not {g}")
         _TABLES[g] = BuddyTables(g)
     return _TABLES[g]
+
+
+def aligned_block(free_mask: int, g: int, size: int) -> int | None:
+    """The GPUs (a mask) a host of `size` GPUs takes on a node of `g` GPUs whose free GPUs are
+    `free_mask`: the buddy rule's block, or None when no aligned block of the size is free.
+
+    Every claim of a host's GPUs goes through this one table (an order, a start on the same host,
+    a migration's replacement), so a host's GPUs always share their PCIe switch / NUMA half and a
+    claim never breaks a bigger free block when a smaller one fits.
+    """
+    return buddy_tables(g).best[free_mask].get(size)

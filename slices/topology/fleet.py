@@ -295,6 +295,24 @@ class Fleet:
             req.id, cl.code, cl.region, cl.model, req.gpus, (share,), 1, 1, 1, req.ends_at
         )
 
+    def plan_replacement(
+        self, failed: str, gpus: int, *, whole: bool, near: Iterable[str] = ()
+    ) -> Placement | Unplaceable:
+        """Choose where the part of failed node `failed` goes (`gpus` GPUs; a whole node for a
+        slice's part), without taking it: the project's policy (`choose_replacement`), inside
+        the failed node's cluster. `near`: the hostnames of the slice's other nodes."""
+        gid = self.gid_by_hostname[failed]
+        cl = self.cluster_of(gid)
+        near_ids = [self.gid_by_hostname[h] for h in near if h in self.gid_by_hostname]
+        got = OURS.choose_replacement(self, gid, gpus, whole=whole, near=near_ids)
+        if got is None:
+            return Unplaceable(
+                failed, "no_capacity", f"no node of {cl.code} can take the part of {failed}"
+            )
+        new, mask = got
+        share = NodeShare(self.hostnames[new], gpu_indexes(mask), self.node_su[new], new)
+        return Placement(failed, cl.code, cl.region, cl.model, len(share.gpus), (share,), 1, 1, 1)
+
     # ---- commit / release ------------------------------------------------------------------------
 
     def commit(self, p: Placement) -> None:

@@ -7,10 +7,10 @@ commits it. Policies read the fleet through its public state (`ClusterState.su_f
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from slices.topology.buddy import buddy_tables
+from slices.topology.buddy import aligned_block, buddy_tables
 from slices.topology.cluster import ClusterState
 from slices.topology.placement import Request
 
@@ -174,8 +174,13 @@ class TopologyAwarePolicy:
         return None
 
     @staticmethod
-    def _whole_node(clusters: Sequence[ClusterState]) -> int | None:
-        """Break a whole node where it costs the least slice capacity, tightest SU first."""
+    def _whole_node(
+        clusters: Sequence[ClusterState], prefer: Collection[tuple[int, int]] = ()
+    ) -> int | None:
+        """Break a whole node where it costs the least slice capacity, tightest SU first.
+
+        `prefer`: (cluster index, SU) pairs taken before any other (a slice's replacement goes to
+        an SU the slice already uses: no new spine crossing); empty for an order."""
         best_key = None
         best_gid = None
         for cl in clusters:
@@ -188,10 +193,56 @@ class TopologyAwarePolicy:
                 loss = cl.value[f] - cl.value[f - 1] if cl.value else 0.0
                 if cl.cvalue:
                     loss += cl.cvalue[cl.free_nodes] - cl.cvalue[cl.free_nodes - 1]
-                key = (round(loss, 9), f, cl.idx, su)
+                key = ((cl.idx, su) not in prefer, round(loss, 9), f, cl.idx, su)
                 if best_key is None or key < best_key:
                     best_key, best_gid = key, free[0]
         return best_gid
+
+    # ---- claims that are not orders: a part of a failed node ----------------------------------
+
+    def choose_replacement(
+        self, fleet: Fleet, failed: int, gpus: int, *, whole: bool, near: Collection[int] = ()
+    ) -> HostChoice | None:
+        """Where the part of failed node `failed` goes: inside its cluster (the allocation's).
+
+        A slice's part (`whole`) takes a whole free node: of the failed node's SU when that SU
+        has one (the slice stays one switch hop apart on every rail), else of an SU the slice
+        already uses (`near`: its other nodes; the ring crosses the spine no more often), else
+        where breaking a whole node costs the least slice capacity, as for an order. A host's
+        part is placed as an order for `gpus` GPUs is, within the cluster: the aligned block of
+        the best-fitting partly used node, else of a whole node.
+        """
+        cl = fleet.cluster_of(failed)
+        if whole:
+            same_su = cl.su_free[fleet.node_su[failed]]
+            if same_su:
+                return same_su[0], cl.full_mask
+            prefer = {(cl.idx, fleet.node_su[g]) for g in near if fleet.cluster_of(g) is cl}
+            gid = self._whole_node([cl], prefer)
+            return None if gid is None else (gid, cl.full_mask)
+        gid = self._best_partial_in(fleet, cl, gpus)
+        if gid is None:
+            gid = self._whole_node([cl])
+        if gid is None:
+            return None
+        block = aligned_block(fleet.free_mask(gid), cl.gpn, gpus)
+        return None if block is None else (gid, block)
+
+    @staticmethod
+    def _best_partial_in(fleet: Fleet, cl: ClusterState, gpus: int) -> int | None:
+        """`_best_partial` inside one cluster (the fleet's index is per region): the partly used
+        node whose largest free aligned block is the smallest that holds `gpus`, then the one
+        with the fewest free GPUs, then the lowest id. A scan: replacements are rare."""
+        t = buddy_tables(cl.gpn)
+        best: tuple[int, int, int] | None = None
+        for gid in cl.gids:
+            m = fleet.free_mask(gid)
+            if not fleet.node_ok[gid] or m in (0, t.full) or t.lfb[m] < gpus:
+                continue
+            key = (t.lfb[m], t.pop[m], gid)
+            if best is None or key < best:
+                best = key
+        return None if best is None else best[2]
 
 
 OURS = TopologyAwarePolicy()

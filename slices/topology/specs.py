@@ -108,9 +108,3 @@ class FleetSpec:
 
     def model(self, code: str) -> GpuModelSpec | None:
         return next((m for m in self.gpu_models if m.code == code), None)
-
-
-def gpu_model_key(name: str) -> str:
-    """One key for a GPU model however it is written: the fleet's code ("RTX4090") and the price
-    book's product name ("RTX 4090") both reduce to "RTX4090"."""
-    return "".join(name.split()).upper()
