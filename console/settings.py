@@ -415,6 +415,11 @@ if SLICES_TERMINAL_IDLE_SECONDS < 1 or SLICES_TERMINAL_MAX_PER_USER < 1:
 # "" = SLICES_PFS_ROOT for the ssh driver, STATE_DIR/sim-pfs for the simulated fleet.
 SLICES_PFS_CONSOLE_ROOT: str = _get("SLICES_PFS_CONSOLE_ROOT", env.str, "")
 SLICES_PFS_QUOTA_GB: int = _get("SLICES_PFS_QUOTA_GB", env.int, 200)  # per account, no charge
+# The /pfs file browser (/storage/pfs/): the largest file one upload may carry, in bytes (2 GiB;
+# bigger files go through an instance). A body over it is refused from its Content-Length.
+SLICES_PFS_UPLOAD_MAX_BYTES: int = _get("SLICES_PFS_UPLOAD_MAX_BYTES", env.int, 2 * 1024**3)
+if SLICES_PFS_UPLOAD_MAX_BYTES < 1:
+    raise ConfigError("SLICES_PFS_UPLOAD_MAX_BYTES: at least 1")
 SLICES_DISK_MAX_GB: int = _get("SLICES_DISK_MAX_GB", env.int, 16384)
 SLICES_DISK_MAX_PER_ACCOUNT: int = _get("SLICES_DISK_MAX_PER_ACCOUNT", env.int, 20)
 SLICES_SYSTEM_DISK_GB: int = _get("SLICES_SYSTEM_DISK_GB", env.int, 50)

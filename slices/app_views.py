@@ -19,6 +19,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
+from billing import services as billing
 from console.errors import DomainError
 from console.ids import parse_uuid
 from marketplace import aiapps
@@ -34,9 +35,13 @@ from slices.services import apps as app_service
 def app_list(request: HttpRequest) -> HttpResponse:
     """The apps of the catalogue, each priced on the recommended GPU (public, like prices)."""
     language = request.LANGUAGE_CODE
+    # One look at the price book and the wallet for every app; no capacity look-up (the app's
+    # page says what is free now).
+    rates = app_service.price_rates()
+    balance = billing.get_wallet_summary(request.user).spendable
     rows = []
     for app in aiapps.shipped_apps():
-        offer = app_service.app_offer(request.user, app)
+        offer = app_service.app_offer(request.user, app, rates=rates, balance=balance, full=False)
         rows.append(
             {
                 "app": app,

@@ -1,14 +1,15 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from django import forms
+from django.db.models import Count, Q, QuerySet
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
+from django.utils.translation import ngettext, pgettext_lazy
 
-from slices import topology
-from slices.choices import BillingMode, gpu_product_name
+from slices import lifecycle, topology
+from slices.choices import BillingMode, InstanceState, gpu_product_name
 from slices.services import ports
 
 # What customers can order: hosts of one node, slices in whole 64-card units up to a cluster.
@@ -111,3 +112,66 @@ class DiskForm(forms.Form):
     def __init__(self, *args: Any, regions: list[tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["region"].choices = regions
+
+
+class InstanceListFilter(forms.Form):
+    """The instance list's ``?state=`` filter, read by the page and by ``GET /api/v1/instances/``
+    alike, so the two list the same instances for the same URL and default to the same view.
+
+    ``active`` is every instance not yet archived: running, stopped, in transition, and failed.
+    A failed instance is not released yet (the state machine moves it to released only when its
+    owner releases it, which archives it): it stays in the default view so a failure is read
+    before it is archived, as it was before this filter. ``released`` is the archive (state
+    released); ``all`` is both, so active + released = all.
+    """
+
+    ACTIVE = "active"
+    ALL = "all"
+    RELEASED = "released"
+    DEFAULT = ACTIVE
+    CHOICES = (
+        (ACTIVE, pgettext_lazy("instance list filter", "Active")),
+        (ALL, pgettext_lazy("instance list filter", "All")),
+        (RELEASED, pgettext_lazy("instance list filter", "Released")),
+    )
+
+    state = forms.ChoiceField(choices=CHOICES, required=False)
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        return tuple(value for value, _label in cls.CHOICES)
+
+    def chosen(self) -> str | None:
+        """The filter asked for (the default when none is given); None for an unknown value."""
+        if not self.is_valid():
+            return None
+        return self.cleaned_data["state"] or self.DEFAULT
+
+
+_Instances = TypeVar("_Instances", bound=QuerySet[Any])
+
+
+def filter_instances(qs: _Instances, state: str) -> _Instances:
+    """``qs`` narrowed to one ``InstanceListFilter`` value."""
+    if state == InstanceListFilter.ACTIVE:
+        return qs.exclude(state=InstanceState.RELEASED)
+    if state == InstanceListFilter.RELEASED:
+        return qs.filter(state=InstanceState.RELEASED)
+    return qs
+
+
+def instance_filter_counts(qs: QuerySet[Any]) -> dict[str, int]:
+    """How many instances each filter lists, and ``busy`` (how many are in transition, so the
+    page keeps polling while a count may still change): one query."""
+    released = Q(state=InstanceState.RELEASED)
+    row = qs.aggregate(
+        active=Count("pk", filter=~released),
+        released=Count("pk", filter=released),
+        busy=Count("pk", filter=Q(state__in=[s.value for s in lifecycle.TRANSITIONAL])),
+    )
+    return {
+        InstanceListFilter.ACTIVE: row["active"],
+        InstanceListFilter.ALL: row["active"] + row["released"],
+        InstanceListFilter.RELEASED: row["released"],
+        "busy": row["busy"],
+    }

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from slices import app_views, port_views, views
+from slices import app_views, pfs_views, port_views, views
 
 app_name = "slices"
 urlpatterns = [
@@ -59,4 +59,10 @@ urlpatterns = [
     path("ops/instances/", views.ops_instances, name="ops-instances"),
     path("ops/clusters/<slug:code>/", views.ops_cluster, name="ops-cluster"),
     path("ops/nodes/<uuid:public_id>/", views.ops_node, name="ops-node"),
+    # The /pfs file browser (issue 21): always the requester's own directory; ?path= is relative.
+    path("storage/pfs/", pfs_views.pfs_browse, name="pfs-browse"),
+    path("storage/pfs/download/", pfs_views.pfs_download, name="pfs-download"),
+    path("storage/pfs/upload/", pfs_views.pfs_upload, name="pfs-upload"),
+    path("storage/pfs/mkdir/", pfs_views.pfs_mkdir, name="pfs-mkdir"),
+    path("storage/pfs/delete/", pfs_views.pfs_delete, name="pfs-delete"),
 ]

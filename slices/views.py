@@ -3,6 +3,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -33,10 +34,17 @@ from slices.choices import (
     NodeState,
     NoReplacement,
 )
-from slices.forms import DiskForm, OrderForm, OrderPreviewForm
+from slices.forms import (
+    DiskForm,
+    InstanceListFilter,
+    OrderForm,
+    OrderPreviewForm,
+    filter_instances,
+    instance_filter_counts,
+)
 from slices.messages import event_text, failure_text, step_label
 from slices.models import Cluster, Disk, Instance, Node, Region
-from slices.services import NoCapacity, apps, migration, power, recipes, storage
+from slices.services import NoCapacity, apps, migration, pfs_files, power, recipes, storage
 from slices.services import disks as disk_service
 from slices.services.eta import instance_eta
 from slices.services.instances import instance_cost, instance_costs
@@ -45,21 +53,46 @@ from slices.services.instances import instance_cost, instance_costs
 @login_required
 @require_GET
 def instance_list(request: HttpRequest) -> HttpResponse:
+    """The owner's instances under one ``?state=`` filter (active by default, as the API).
+
+    An unknown ``state`` shows the default view rather than an error page: a hand-edited or
+    stale URL in a browser still lands on a working list, with the chosen tab marked. The API,
+    read by scripts, refuses it with a 400 instead, so a typo there is not silently widened.
+    """
+    state = InstanceListFilter(request.GET).chosen() or InstanceListFilter.DEFAULT
+    owned = Instance.objects.for_owner(request.user)
+    counts = instance_filter_counts(owned)
     instances = list(
-        Instance.objects.for_owner(request.user)
-        .visible()
+        filter_instances(owned, state)
         .select_related("gpu_model", "region")
-        .order_by("-created_at")[:200]
+        .order_by("-created_at")[:INSTANCE_LIST_LIMIT]
     )
     costs = instance_costs(instances)  # one query for the page
     for i in instances:
         i.cost = costs[i.pk]  # type: ignore[attr-defined]
-    busy = any(i.state in TRANSITIONAL_STATES for i in instances)
-    context = {"instances": instances, "busy": busy}
+    # Poll while anything of the account is in transition: a row may move between tabs and the
+    # tabs' counts change with it, whichever tab is shown.
+    busy = counts["busy"] > 0
+    context = {
+        "instances": instances,
+        "busy": busy,
+        "state": state,
+        "filters": [
+            {"value": value, "label": label, "count": counts[value], "current": value == state}
+            for value, label in InstanceListFilter.CHOICES
+        ],
+        "total": counts[state],
+        "any_instances": counts[InstanceListFilter.ALL] > 0,
+        "limit": INSTANCE_LIST_LIMIT,
+    }
     response = render_page(request, "slices/instance_list.html", context, "rows")
     if getattr(request, "htmx", False) and not busy:
         return stop_polling(response)
     return response
+
+
+# The list page shows the newest this many of a filter (it says so when there are more).
+INSTANCE_LIST_LIMIT = 200
 
 
 TRANSITIONAL_STATES = {s.value for s in lifecycle.TRANSITIONAL}
@@ -183,10 +216,16 @@ def _detail_context(instance: Instance) -> dict[str, Any]:
             else ""
         )
     events_qs = instance.events.order_by("-id")
-    state_events = list(events_qs.exclude(kind=EventKind.LOG)[:200])[::-1]
-    log_events = list(events_qs.filter(kind=EventKind.LOG)[:500])[::-1]
-    for e in state_events:
-        e.message = event_text(e.code, e.params) if e.code else e.text  # type: ignore[attr-defined]
+    # Read only by the part rendered (the template calls them): the live region, re-fetched on
+    # every change, needs neither. A multi-node instance's step events are folded per step.
+    fold_nodes = len(nodes) if len(nodes) > 1 else 0
+
+    def state_events() -> list[Any]:
+        return _shown_events(instance, fold_nodes)
+
+    def log_events() -> list[Any]:
+        return list(events_qs.filter(kind=EventKind.LOG)[:500])[::-1]
+
     estimate = instance_eta(instance, nodes)
     # "Elapsed" is the time it has run (billed from running), or since the order until then.
     since = instance.running_at or instance.created_at
@@ -194,6 +233,7 @@ def _detail_context(instance: Instance) -> dict[str, Any]:
         "instance": instance,
         "nodes": nodes,
         "progress": lifecycle.instance_progress([n.step or None for n in nodes]),
+        **_node_overview(nodes, provisioning),
         "events": state_events,
         "logs": log_events,
         "last_event_id": events_qs.values_list("id", flat=True).first() or 0,
@@ -215,6 +255,183 @@ def _detail_context(instance: Instance) -> dict[str, Any]:
         else "",
         **_storage_context(instance),
     }
+
+
+# A multi-node instance's page groups provisioning by step and folds the per-node rows: they come
+# with the page up to this many nodes; beyond, only when the reader opens them (``?nodes=1``).
+NODES_INLINE_MAX = 32
+# The newest events the Events tab shows (besides the folded step events).
+EVENTS_SHOWN = 200
+# The newest step events read for the folded groups: 256 nodes × 6 steps is 1,536 per provisioning.
+STEP_EVENTS_MAX = 4000
+# A folded step of a big instance lists its slowest nodes, not all of them.
+FOLDED_NODES_SHOWN = 8
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One provisioning step across an instance's nodes ("Isolate on the fabric 16/16 done")."""
+
+    step: str
+    label: str
+    done: int  # nodes past this step
+    under_way: int  # nodes on it now (while provisioning)
+    failed: int  # nodes that failed on it
+    total: int
+
+    @property
+    def status(self) -> str:
+        if self.failed:
+            return "failed"
+        if self.done >= self.total:
+            return "done"
+        return "running" if self.under_way else "waiting"
+
+    @property
+    def percent(self) -> int:
+        return round(100 * self.done / self.total) if self.total else 0
+
+
+def _node_overview(nodes: list[Any], provisioning: bool) -> dict[str, Any]:
+    """The progress card's grouped view of a multi-node instance: one row per step with how many
+    nodes passed it, the node furthest behind, the failed ones (all from the rows already read).
+
+    The slowest node is the one on the earliest step; among those on the same step, the one that
+    has been on it longest (its ``step_started_at`` is when its previous step ended)."""
+    order = {s.value: i for i, s in enumerate(lifecycle.STEPS)}
+    reached = [order.get(n.step, -1) for n in nodes]
+    rows = []
+    for i, step in enumerate(lifecycle.STEPS):
+        if step == lifecycle.Step.READY:  # not a step: the state after the last
+            continue
+        on_it = [n for n, r in zip(nodes, reached, strict=True) if r == i - 1]
+        failed = sum(1 for n in on_it if n.failed)
+        rows.append(
+            StepRow(
+                step=step.value,
+                label=step_label(step),
+                done=sum(1 for r in reached if r >= i),
+                under_way=len(on_it) - failed if provisioning else 0,
+                failed=failed,
+                total=len(nodes),
+            )
+        )
+    failed_nodes = [n for n in nodes if n.failed]
+    for n in failed_nodes:
+        on = lifecycle.next_step(n.step or None)
+        n.failed_on = step_label(on) if on else ""  # type: ignore[attr-defined]
+    behind = [n for n in nodes if not n.failed and n.step != lifecycle.Step.READY]
+    slowest = (
+        min(
+            behind,
+            key=lambda n: (
+                order.get(n.step, -1),
+                n.step_started_at.timestamp() if n.step_started_at else 0.0,
+                n.rank,
+            ),
+        )
+        if provisioning and behind and len(nodes) > 1
+        else None
+    )
+    return {
+        "node_steps": rows,
+        "slowest_node": slowest,
+        "failed_nodes": failed_nodes,
+        "nodes_ready": sum(1 for n in nodes if n.step == lifecycle.Step.READY and not n.failed),
+        "nodes_grouped": len(nodes) > 1,
+        "nodes_inline": len(nodes) <= NODES_INLINE_MAX,
+    }
+
+
+class StepEventGroup:
+    """One step's ``step_done`` events across a multi-node instance, shown as one folded line.
+
+    ``key`` is the first event's id: the group keeps it while it grows, so the page can keep the
+    reader's fold open across live refreshes. A node seen again (a restart, a migration's
+    replacement) starts a new group: each provisioning round is counted on its own."""
+
+    fold = True
+
+    def __init__(self, key: int, step: str, total: int) -> None:
+        self.key, self.step, self.total = key, step, total
+        self.done: list[tuple[Any, str]] = []  # (at, node) in the order they finished
+        self.nodes: set[str] = set()
+        self.last_id = key
+
+    def add(self, pk: int, at: Any, node: str) -> None:
+        self.done.append((at, node))
+        self.nodes.add(node)
+        self.last_id = pk
+
+    @property
+    def first_at(self) -> Any:
+        return self.done[0][0] if self.done else None
+
+    @property
+    def last_at(self) -> Any:
+        return self.done[-1][0] if self.done else None
+
+    @property
+    def count(self) -> int:
+        return len(self.done)
+
+    @property
+    def label(self) -> str:
+        return step_label(self.step)
+
+    @property
+    def message(self) -> str:
+        return _("%(step)s done on %(done)s of %(total)s nodes") % {
+            "step": self.label,
+            "done": self.count,
+            "total": max(self.total, self.count),
+        }
+
+    @property
+    def slowest(self) -> str:
+        return self.done[-1][1] if self.done else ""
+
+    @property
+    def shown(self) -> list[tuple[Any, str]]:
+        """Every node for a small instance, in the order they finished; a big one's slowest."""
+        done = self.done
+        return done if len(done) <= NODES_INLINE_MAX else done[-FOLDED_NODES_SHOWN:]
+
+    @property
+    def more(self) -> int:
+        return self.count - len(self.shown)
+
+
+def _shown_events(instance: Instance, fold_nodes: int) -> list[Any]:
+    """The Events tab's entries, oldest first: the newest ``EVENTS_SHOWN`` state changes, steps
+    and errors with their message in the reader's language. With ``fold_nodes`` (the instance's
+    node count, 0 for one node) each step's ``step_done`` events become one group, placed where
+    its first event was; retries and failures stay lines of their own."""
+    events_qs = instance.events.order_by("-id").exclude(kind=EventKind.LOG)
+    if fold_nodes:
+        events_qs = events_qs.exclude(kind=EventKind.STEP, code="step_done")
+    shown: list[Any] = list(events_qs[:EVENTS_SHOWN])[::-1]
+    for e in shown:
+        e.message = event_text(e.code, e.params) if e.code else e.text
+    if not fold_nodes:
+        return shown
+    # Step events older than the oldest line shown are out of the window too.
+    floor = shown[0].pk if len(shown) >= EVENTS_SHOWN else 0
+    rows = list(
+        instance.events.filter(kind=EventKind.STEP, code="step_done", pk__gt=floor)
+        .order_by("-id")
+        .values_list("id", "at", "step", "node")[:STEP_EVENTS_MAX]
+    )[::-1]
+    groups: list[StepEventGroup] = []
+    open_groups: dict[str, StepEventGroup] = {}
+    for pk, at, step, node in rows:
+        group = open_groups.get(step)
+        if group is None or node in group.nodes:
+            group = StepEventGroup(key=pk, step=step, total=fold_nodes)
+            open_groups[step] = group
+            groups.append(group)
+        group.add(pk, at, node)
+    return sorted([*shown, *groups], key=lambda e: e.key if isinstance(e, StepEventGroup) else e.pk)
 
 
 @login_required
@@ -408,10 +625,8 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
         except (DomainError, NoCapacity) as exc:
             error = exc
         else:
-            messages.success(
-                request,
-                _("The demo is starting: follow it here; it is released automatically."),
-            )
+            # No flash message: the instance page says "starting" inside its live region, which
+            # drops it once the run has started or ended (a flash would stay until a reload).
             return redirect("slices:instance-detail", public_id=instance.public_id)
     offer = recipes.demo_offer(request.user, recipe)
     runs = list(
@@ -444,14 +659,51 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
 # ---------------------------------------------------------------------------------------------
 
 
+# States in which an instance started without GPUs runs that way (a stop clears ``gpuless``).
+GPULESS_STATES = (InstanceState.PROVISIONING, InstanceState.RUNNING, InstanceState.STOPPING)
+
+
+@dataclass(frozen=True)
+class SystemDiskCharge:
+    """What the instance's system disk costs while it is billed as storage (stopped, or in
+    无卡模式): the account's storage charge with it minus without it, so the account's free
+    allowance (the price book's ``storage_free_gb``, shared with its cloud disks) is counted once."""
+
+    gb: int
+    per_day: Decimal
+    free_gb: int
+    within_free: bool  # the account's storage, this disk included, fits in the free allowance
+
+
+def _system_disk_charge(instance: Instance) -> SystemDiskCharge:
+    """The system disk's daily storage charge, whether or not storage already counts it.
+
+    ``disk_service.storage_gb`` counts a stopped instance's disk and a 无卡模式 one's; a running
+    instance's is added as if stopped (what a stop would add). Counting it once either way keeps
+    the figure right for a 无卡模式 instance, which is stoppable and whose disk is already billed.
+    """
+    disks, system = disk_service.storage_gb(instance.owner)
+    price = disk_service.storage_price()
+    gb = instance.system_disk_gb
+    total = disks + system + (0 if disk_service.disk_counted(instance) else gb)
+    per_day = price.per_day(total) - price.per_day(total - gb)
+    return SystemDiskCharge(
+        gb, per_day, price.free_gb, price.free_gb > 0 and total <= price.free_gb
+    )
+
+
 def _storage_context(instance: Instance) -> dict[str, Any]:
     """The instance page's storage cards: disks, /pfs, the kept system disk, the checkpoint."""
     if instance.state in (InstanceState.RUNNING, InstanceState.MIGRATING, InstanceState.STOPPED):
         storage.refresh_checkpoint(instance)
+    disk = _system_disk_charge(instance)
     return {
         "disk_attachments": disk_service.instance_disks(instance),
         "pfs": storage.pfs_summary(instance.owner),
-        "stop_per_day": power.stopped_cost_per_day(instance),
+        "stop_per_day": disk.per_day,
+        "system_disk": disk,
+        # 无卡模式 now (placed or running without cards): no GPU charge, only the disk's storage.
+        "gpuless": instance.gpuless and instance.state in GPULESS_STATES,
         "stoppable": instance.state in lifecycle.STOPPABLE
         and not instance.is_slice
         and instance.billing_mode == BillingMode.ON_DEMAND,
@@ -471,15 +723,19 @@ def instance_stop(request: HttpRequest, public_id: str) -> HttpResponse:
     """关机: the GPUs are freed and their charge stops; the system disk is kept (storage)."""
     instance = services.get_instance_for_user(request.user, public_id)
     try:
+        disk = _system_disk_charge(instance)
         if power.stop_instance(instance, by=request.user.get_username()):
-            messages.success(
-                request,
-                _(
+            if disk.within_free:
+                text = _(
+                    "Stopping %(name)s: the GPU charge stopped; its %(gb)s GB system disk is kept "
+                    "within your free storage allowance (%(free)s GB): no charge while stopped."
+                ) % {"name": instance.name, "gb": disk.gb, "free": disk.free_gb}
+            else:
+                text = _(
                     "Stopping %(name)s: the GPU charge stopped; its system disk is kept for "
                     "%(per_day)s 元 a day."
-                )
-                % {"name": instance.name, "per_day": power.stopped_cost_per_day(instance)},
-            )
+                ) % {"name": instance.name, "per_day": disk.per_day}
+            messages.success(request, text)
     except DomainError as exc:
         _flash_error(request, exc)
     return redirect("slices:instance-detail", public_id=instance.public_id)
@@ -552,6 +808,7 @@ def disk_list(request: HttpRequest) -> HttpResponse:
         "form": form,
         "summary": disk_service.storage_summary(request.user),
         "pfs": storage.fresh_pfs_summary(request.user),
+        "pfs_listing": pfs_files.root_listing(request.user),  # the /pfs browser's top folder
     }
     return render(request, "slices/disk_list.html", context, status=400 if form.errors else 200)
 

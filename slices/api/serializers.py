@@ -244,7 +244,10 @@ class AppGpuSerializer(serializers.Serializer):
     price_per_hour = serializers.DecimalField(
         max_digits=14, decimal_places=2, help_text="元 per hour at the recommended cards."
     )
-    available = serializers.BooleanField(help_text="The recommended cards are free now.")
+    available = serializers.BooleanField(
+        allow_null=True,
+        help_text="The cards are free now (asked on one app's detail; null on the list).",
+    )
     trial_hours = serializers.DecimalField(
         max_digits=8,
         decimal_places=1,

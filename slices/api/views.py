@@ -7,6 +7,7 @@ from urllib.parse import urlencode
 
 from django.db.models import Prefetch, QuerySet
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
@@ -19,7 +20,7 @@ from rest_framework.views import APIView
 from console.api.exceptions import ApiError
 from console.api.idempotency import idempotency_key
 from console.api.viewsets import PublicIdViewSet
-from console.errors import ErrorCode
+from console.errors import DomainError, ErrorCode
 from marketplace import aiapps
 from slices import lifecycle, services
 from slices.api.serializers import (
@@ -38,6 +39,7 @@ from slices.api.serializers import (
     StorageSerializer,
 )
 from slices.choices import EventKind
+from slices.forms import InstanceListFilter, filter_instances
 from slices.messages import event_text, failure_text
 from slices.models import Cluster, Disk, DiskAttachment, Instance
 from slices.perf import expected_performance
@@ -103,6 +105,19 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
     required=False,
     description="Retry-safe ordering: the same key and body return the same instance (200); "
     "another body with the same key → 422.",
+)
+
+
+INSTANCE_STATE_FILTER = OpenApiParameter(
+    "state",
+    str,
+    OpenApiParameter.QUERY,
+    required=False,
+    enum=list(InstanceListFilter.values()),
+    default=InstanceListFilter.DEFAULT,
+    description="Which instances: active (not yet archived: pending to running, stopped, "
+    "failed; the default, as the console's list page), released (archived), or all. "
+    "Another value → 400 invalid.",
 )
 
 
@@ -216,9 +231,21 @@ class InstanceViewSet(PublicIdViewSet):
         instance.refresh_from_db()
         return Response(InstanceSerializer(instance_data(instance)).data, status=code)
 
-    @extend_schema(summary="Your instances (not yet archived first)", tags=["instances"])
+    @extend_schema(
+        summary="Your instances, newest first (?state=active|all|released; default active)",
+        parameters=[INSTANCE_STATE_FILTER],
+        tags=["instances"],
+    )
     def list(self, request: Request) -> Response:
-        page = self.paginate_queryset(self.get_queryset().order_by("-created_at", "-id"))
+        state = InstanceListFilter(request.query_params).chosen()
+        if state is None:  # a script's typo is refused, not widened to another set
+            raise DomainError(
+                gettext_noop("state must be one of %(choices)s."),
+                field="state",
+                choices=", ".join(InstanceListFilter.values()),
+            )
+        qs = filter_instances(self.get_queryset(), state)
+        page = self.paginate_queryset(qs.order_by("-created_at", "-id"))
         rows = _page_data(list(page) if page is not None else [])
         data = InstanceSerializer(rows, many=True).data
         return self.get_paginated_response(data) if page is not None else Response(data)
@@ -519,8 +546,12 @@ class StorageView(APIView):
 # ---------------------------------------------------------------------------------------------
 
 
-def _app_row(request: Request, app: aiapps.AiApp) -> dict[str, Any]:
-    offer = apps.app_offer(request.user, app)
+def _app_row(
+    request: Request, app: aiapps.AiApp, rates: dict[str, Decimal] | None = None
+) -> dict[str, Any]:
+    """An app as the API lists it: priced at each GPU model's preset; ``available`` is whether the
+    preset cards are free now on the detail (null on the list, which asks no capacity)."""
+    offer = apps.app_offer(request.user, app, rates=rates, full=rates is None)
     language = getattr(request, "LANGUAGE_CODE", "zh-hans")
     return {
         "slug": app.slug,
@@ -575,7 +606,8 @@ class AppViewSet(viewsets.ViewSet):
         summary="The AI applications", responses={200: AppSerializer(many=True)}, tags=["apps"]
     )
     def list(self, request: Request) -> Response:
-        rows = [_app_row(request, app) for app in aiapps.shipped_apps()]
+        rates = apps.price_rates()
+        rows = [_app_row(request, app, rates) for app in aiapps.shipped_apps()]
         return Response(AppSerializer(rows, many=True).data)
 
     @extend_schema(summary="One AI application", responses={200: AppSerializer}, tags=["apps"])

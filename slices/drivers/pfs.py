@@ -25,6 +25,7 @@ CHECKPOINTS = "checkpoints"
 INCOMPLETE = ".incomplete"
 _STEP = re.compile(r"^step-(\d{1,12})$")
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+SAFE_NAME = _SAFE  # an account's directory, a checkpoint run: one plain name
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class LocalPfs:
                 "bad_owner", f"not an account directory name: {owner!r}", permanent=True
             )
         return self.root / owner
+
+    def account_path(self, owner: str) -> Path:
+        """The account's directory (its name checked: never a path of the caller's making)."""
+        return self._account(owner)
 
     def create(self, owner: str) -> Path:
         """The account's directory (and its checkpoints directory); idempotent."""

@@ -11,12 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
+import shutil
 import socket
 import threading
 import time
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from marketplace.recipes import PARAMETER_LIMITS
@@ -31,8 +34,10 @@ from slices.drivers.base import (
     WorkloadOutput,
 )
 from slices.drivers.gateway import keys_file as gateway_keys_file
+from slices.drivers.pfs import SAFE_NAME as PFS_SAFE_NAME
 from slices.drivers.sim_shell import SimShell
 from slices.drivers.sim_web import open_sim_tunnel
+from slices.progress import parse_line
 from slices.telemetry.workload import WORKLOADS, SimWorkload
 
 # Realistic seconds per step on one node (image pulls dominate), before scaling.
@@ -218,6 +223,13 @@ class SimDriver:
         )
         lines = recipe.window(offset, elapsed_s, limit)
         return WorkloadOutput(lines, offset + len(lines) < recipe.total)
+
+    def write_recipe_files(
+        self, account_root: Path, env: dict[str, str], lines: list[str]
+    ) -> list[str]:
+        """The files a simulated recipe's checkpoint and done lines announce, written (small and
+        labelled simulated) into the account's simulated PFS: see ``write_sim_recipe_files``."""
+        return write_sim_recipe_files(account_root, env, lines)
 
     # -- the web terminal ----------------------------------------------------------------------
     def open_shell(
@@ -482,6 +494,100 @@ class _SimRecipe:
             max_steps=self.max_steps,
             resumed_from=None,
         )
+
+
+# What the simulated recipe leaves on the PFS. The simulated fleet trains nothing, so it writes no
+# weights: each checkpoint gets its real trainer_state.json (step, loss) and the adapter its
+# adapter_config.json, each folder a SIMULATED.txt saying so. Small files, but real ones: the /pfs
+# usage counts them, the console finds the latest checkpoint as it does for a real run, and the
+# /pfs file browser lists and downloads them.
+SIM_FILES_NOTE = (
+    "Written by the simulated fleet (the console's digital twin): no model was trained and these\n"
+    "files hold no weights. A real run writes adapter_model.safetensors (and, in a checkpoint,\n"
+    "optimizer.pt) beside them.\n"
+)
+
+
+def _sim_dir(account_root: Path, *names: str) -> Path | None:
+    """``account_root/names...``, made where missing; None where a name on the way is a symlink
+    or not a folder (the simulator never writes through one)."""
+    path = account_root
+    for name in names:
+        path = path / name
+        if path.is_symlink():
+            return None
+        try:
+            path.mkdir(exist_ok=True)
+        except OSError:
+            return None
+        if not path.is_dir() or path.is_symlink():
+            return None
+    return path
+
+
+def _write_folder(parent: Path, name: str, files: dict[str, str]) -> bool:
+    """The folder ``parent/name`` with ``files``, whole or not at all (written beside, renamed);
+    False when it is already there."""
+    target = parent / name
+    if target.exists() or target.is_symlink():
+        return False
+    temp = parent / f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
+    temp.mkdir(exist_ok=True)
+    for file_name, text in files.items():
+        (temp / file_name).write_text(text, encoding="utf-8")
+    try:
+        os.rename(temp, target)
+    except OSError:  # written meanwhile by another follower pass
+        shutil.rmtree(temp, ignore_errors=True)
+        return False
+    return True
+
+
+def write_sim_recipe_files(account_root: Path, env: dict[str, str], lines: list[str]) -> list[str]:
+    """For each simulated ``checkpoint`` line, ``checkpoints/<run>/step-<N>/`` and for the ``done``
+    line ``adapters/<run>/`` under ``account_root`` (the account's simulated PFS directory), as
+    train.py lays them out; the paths written, as a job sees them. The run's name comes from the
+    environment and must be a plain name; nothing is written through a symlink or twice."""
+    run = str(env.get("CHECKPOINT_RUN") or env.get("RUN_NAME") or "")
+    if not PFS_SAFE_NAME.match(run) or not account_root.is_dir() or account_root.is_symlink():
+        return []
+    written: list[str] = []
+    for line in lines:
+        event = parse_line(line)
+        if event is None or event.get("simulated") is not True:
+            continue
+        step = event.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            continue
+        if event["event"] == "checkpoint":
+            parent = _sim_dir(account_root, "checkpoints", run)
+            state = {"step": step, "simulated": True}
+            files = {
+                "trainer_state.json": json.dumps(state) + "\n",
+                "SIMULATED.txt": SIM_FILES_NOTE,
+            }
+            if parent is not None and _write_folder(parent, f"step-{step}", files):
+                written.append(f"/pfs/checkpoints/{run}/step-{step}")
+        elif event["event"] == "done":
+            parent = _sim_dir(account_root, "adapters")
+            config = {
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "base_model_name_or_path": str(env.get("MODEL_DIR", ""))[:300],
+                "r": _int_env(env, "LORA_R", 8),
+                "lora_alpha": 2 * _int_env(env, "LORA_R", 8),
+                "lora_dropout": 0.0,
+                "target_modules": ["q_proj", "v_proj"],
+                "simulated": True,
+                "trained_steps": step,
+            }
+            files = {
+                "adapter_config.json": json.dumps(config, indent=2) + "\n",
+                "SIMULATED.txt": SIM_FILES_NOTE,
+            }
+            if parent is not None and _write_folder(parent, run, files):
+                written.append(f"/pfs/adapters/{run}")
+    return written
 
 
 def sim_recipe_lines(

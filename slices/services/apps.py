@@ -24,7 +24,7 @@ import hmac
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -36,6 +36,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from billing import services as billing
+from billing.money import charge_for
 from marketplace import aiapps
 from marketplace import services as marketplace
 from marketplace.aiapps import AiApp, GpuOption
@@ -47,13 +48,7 @@ from slices.errors import OrderRefused
 from slices.models import Instance, InstanceEvent
 from slices.services import ports
 from slices.services.allocation import NoCapacity, preview_allocation
-from slices.services.instances import (
-    OrderRequest,
-    order_instance,
-    price_name,
-    record_event,
-    record_logs,
-)
+from slices.services.instances import OrderRequest, order_instance, record_event, record_logs
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +77,7 @@ class AppChoice:
     label: str
     cards: int
     per_hour: Decimal
-    available: bool
+    available: bool | None  # the cards are free now (None: not asked, on a list of apps)
     trial_hours: Decimal | None  # how long the trial credit lasts at this price
     balance_hours: Decimal | None  # how long the account's spendable balance lasts
 
@@ -104,7 +99,7 @@ class AppOffer:
 
     @property
     def launchable(self) -> bool:
-        return self.chosen is not None and self.chosen.available and not self.problems
+        return self.chosen is not None and self.chosen.available is True and not self.problems
 
 
 def app_hours(amount: Decimal, per_hour: Decimal) -> Decimal | None:
@@ -114,29 +109,37 @@ def app_hours(amount: Decimal, per_hour: Decimal) -> Decimal | None:
     return (amount / per_hour).quantize(Decimal("0.1"))
 
 
-def _asset(kind: str, hub_id: str) -> Any:
-    try:
-        return marketplace.get_asset_by_hub_id(kind, hub_id)
-    except Http404:
-        return None
+def price_rates() -> dict[str, Decimal]:
+    """On-demand 元 per card-hour by GPU model key, from one look at the current price book
+    (placeholder prices are not orderable). A page that shows several apps reads it once."""
+    return {
+        billing.gpu_model_key(p.gpu_model): Decimal(p.on_demand_per_card_hour)
+        for p, _terms in billing.price_list()
+        if not p.is_placeholder
+    }
 
 
-def _choice(user: Any, option: GpuOption, cards: int, balance: Decimal) -> AppChoice | None:
-    book = price_name(option.gpu_model)
-    if book is None:
-        return None
-    per_hour = billing.quote_for(user, book, cards).per_hour
+def _capacity(gpu_model: str, cards: int) -> bool:
     try:
-        preview_allocation(cards, option.gpu_model)
-        available = True
+        preview_allocation(cards, gpu_model)
     except NoCapacity:
-        available = False
+        return False
+    return True
+
+
+def _choice(
+    option: GpuOption, cards: int, balance: Decimal, rates: dict[str, Decimal]
+) -> AppChoice | None:
+    rate = rates.get(billing.gpu_model_key(option.gpu_model))
+    if rate is None:
+        return None
+    per_hour = charge_for(rate, cards, 3600)  # what an order's quote says (billing.quote_order)
     return AppChoice(
         option=option,
         label=GPU_LABELS.get(option.gpu_model, option.gpu_model),
         cards=cards,
         per_hour=per_hour,
-        available=available,
+        available=None,
         trial_hours=app_hours(billing.TRIAL_CREDIT, per_hour),
         balance_hours=app_hours(balance, per_hour),
     )
@@ -149,45 +152,67 @@ def app_offer(
     gpu_model: str | None = None,
     cards: int | None = None,
     model: str | None = None,
+    rates: dict[str, Decimal] | None = None,
+    balance: Decimal | None = None,
+    full: bool = True,
 ) -> AppOffer:
     """The app's offer for ``user``; ``gpu_model``, ``cards`` and ``model`` are the page's
-    choices (the manifest's recommended ones when absent)."""
-    wallet = billing.get_wallet_summary(user)
-    balance = wallet.spendable
+    choices (the manifest's recommended ones when absent). ``full=False`` (a list of apps) prices
+    every GPU model at its preset and looks nothing else up: no capacity, no catalogue rows.
+    With ``full``, whether the chosen cards are free now is asked of the allocator (for the
+    chosen GPU model only; without a choice, the first of the app's GPU models that is free)."""
+    rates = price_rates() if rates is None else rates
+    if balance is None:
+        balance = billing.get_wallet_summary(user).spendable
     wanted = app.gpu_option(gpu_model) if gpu_model else None
     problems: list[str] = []
     if gpu_model and wanted is None:
         problems.append(gettext_noop("This app does not run on that GPU model."))
-    # Each GPU model at its preset; the one chosen (or, without a choice, the first free one)
-    # at the cards asked for.
-    presets = [
-        c
-        for c in (_choice(user, o, o.recommended_cards, balance) for o in app.gpus)
-        if c is not None
-    ]
+    presets = [c for c in (_choice(o, o.recommended_cards, balance, rates) for o in app.gpus) if c]
     target = wanted.gpu_model if wanted is not None else None
-    if target is None:
-        first = next((c for c in presets if c.available), presets[0] if presets else None)
-        target = first.option.gpu_model if first else None
+    if target is None and presets:
+        target = presets[0].option.gpu_model
+        if full:  # the first GPU model free now at its preset, else the app's first
+            free = next((c for c in presets if _capacity(c.option.gpu_model, c.cards)), None)
+            target = (free or presets[0]).option.gpu_model
     choices: list[AppChoice] = []
     for choice in presets:
         if choice.option.gpu_model == target and cards is not None and cards != choice.cards:
-            choice = _choice(user, choice.option, cards, balance) or choice
+            choice = _choice(choice.option, cards, balance, rates) or choice
         choices.append(choice)
     chosen = next((c for c in choices if c.option.gpu_model == target), None)
+    if full and chosen is not None and chosen.cards > 0:
+        chosen = replace(chosen, available=_capacity(chosen.option.gpu_model, chosen.cards))
+        choices = [chosen if c.option == chosen.option else c for c in choices]
+    if not full:
+        return AppOffer(
+            app=app,
+            choices=choices,
+            chosen=chosen,
+            models=[],
+            model=None,
+            datasets=[],
+            license=None,
+            license_accepted=False,
+            balance=balance,
+            trial_credit=billing.TRIAL_CREDIT,
+            image=None,
+            problems=problems,
+        )
     if chosen is not None and not (
         chosen.option.min_cards <= chosen.cards <= chosen.option.max_cards
     ):
         problems.append(gettext_noop("Choose a number of cards this app runs on."))
     if chosen is not None and chosen.cards not in (1, 2, 4, 8):
         problems.append(gettext_noop("A host has 1, 2, 4 or 8 cards."))
-    models = [a for a in (_asset("model", h) for h in app.models) if a is not None]
-    picked = _asset("model", model) if model else None
-    if model and (picked is None or model not in app.models):
+    found = marketplace.assets_by_hub_id("model", app.models)
+    models = [found[h] for h in app.models if h in found]
+    picked = found.get(model) if model else None
+    if model and picked is None:
         problems.append(gettext_noop("Choose one of the app's models."))
-        picked = None
     picked = picked or (models[0] if models else None)
-    datasets = [a for a in (_asset("dataset", h) for h in app.datasets) if a is not None]
+    found_data = marketplace.assets_by_hub_id("dataset", app.datasets) if app.datasets else {}
+    datasets = [found_data[h] for h in app.datasets if h in found_data]
     try:
         image = marketplace.get_image_version(app.image)
     except Http404:

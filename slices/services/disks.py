@@ -103,15 +103,16 @@ def _lock_account(user: Any) -> PfsUsage:
     return PfsUsage.objects.select_for_update().get(pk=row.pk)
 
 
+# A 无卡模式 start's system disk is billed as storage while it is placed or runs.
+GPULESS_DISK_STATES = (InstanceState.PROVISIONING, InstanceState.RUNNING)
+
+
 def storage_gb(user: Any) -> tuple[int, int]:
     """(GB of the account's live disks, GB of the system disks kept by its stopped instances)."""
     disks = Disk.objects.for_owner(user).live().aggregate(n=Sum("size_gb"))["n"] or 0
     system = (
         Instance.objects.for_owner(user)
-        .filter(
-            Q(state__in=DISK_KEPT_STATES)
-            | Q(gpuless=True, state__in=(InstanceState.PROVISIONING, InstanceState.RUNNING))
-        )
+        .filter(Q(state__in=DISK_KEPT_STATES) | Q(gpuless=True, state__in=GPULESS_DISK_STATES))
         .aggregate(n=Sum("system_disk_gb"))["n"]
         or 0
     )
@@ -155,13 +156,20 @@ def storage_summary(user: Any) -> StorageSummary:
     )
 
 
+def disk_counted(instance: Instance) -> bool:
+    """Whether storage already bills this instance's system disk: kept while stopped, or in use
+    by a 无卡模式 start (``storage_gb`` counts both)."""
+    return instance.state in DISK_KEPT_STATES or (
+        instance.gpuless and instance.state in GPULESS_DISK_STATES
+    )
+
+
 def kept_disk_per_day(instance: Instance) -> Decimal:
-    """What keeping this instance's system disk adds to the account's storage charge per day."""
+    """What keeping this instance's system disk adds to the account's storage charge per day
+    (counted once, whether or not storage bills it already)."""
     disks, system = storage_gb(instance.owner)
     price = storage_price()
-    total = disks + system
-    if instance.state not in DISK_KEPT_STATES:
-        total += instance.system_disk_gb
+    total = disks + system + (0 if disk_counted(instance) else instance.system_disk_gb)
     return price.per_day(total) - price.per_day(total - instance.system_disk_gb)
 
 
@@ -176,7 +184,9 @@ def sync_storage_billing(user: Any) -> None:
     billable = max(0, total - price.free_gb)
     rid = _account_id(user)
     current = _open_session(rid)
-    if current is not None and current.cards == billable and billable > 0:
+    # The session carries the total GB (billing takes the free allowance off): compare that, or
+    # every sync would close and reopen it.
+    if current is not None and current.cards == total and billable > 0:
         return
     now = timezone.now()
     if current is not None:

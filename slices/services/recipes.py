@@ -40,10 +40,11 @@ from marketplace.catalogue import GPU_LABELS, gpu_code
 from marketplace.recipes import Recipe
 from slices import events, progress
 from slices.choices import EventKind, EventLevel, InstanceState
-from slices.drivers import get_driver
+from slices.drivers import DriverError, get_driver
 from slices.errors import InstanceConflict, OrderRefused
 from slices.lifecycle import LIVE
 from slices.models import Instance, InstanceEvent
+from slices.services import storage
 from slices.services.allocation import NoCapacity, preview_allocation
 from slices.services.instances import (
     OrderRequest,
@@ -478,6 +479,7 @@ def _follow(instance: Instance, driver: Any, budget: float, interval: float) -> 
             record_logs(instance, [(node.hostname, RUN_STEP, line) for line in lines])
             offset += len(lines)
             left -= len(lines)
+            _saved(instance, driver, spec.env, lines)
             if any(progress.parse_line(line) for line in lines):
                 events.broadcast_progress_on_commit(instance)
         if _done_line(lines) or not out.running:
@@ -487,6 +489,28 @@ def _follow(instance: Instance, driver: Any, budget: float, interval: float) -> 
         if left <= 0 or time.monotonic() + interval > deadline:
             return "again"  # the next task run goes on (the worker serves others meanwhile)
         time.sleep(interval)
+
+
+def _saved(instance: Instance, driver: Any, env: dict[str, str], lines: list[str]) -> None:
+    """After ``checkpoint`` or ``done`` lines: the simulated fleet writes the files they announce
+    (small, labelled simulated) into the account's PFS directory; then, for any driver, the
+    instance's latest checkpoint and the account's /pfs usage are read again, so the instance
+    page's checkpoint and /pfs cards agree with the training card (never "none yet" beside
+    ``step-1000``, nor 0 bytes after the adapter was saved). Best effort: never stops the follower."""
+    kinds = {(progress.parse_line(line) or {}).get("event") for line in lines}
+    if not kinds & {"checkpoint", "done"}:
+        return
+    writer = getattr(driver, "write_recipe_files", None)
+    if writer is not None and getattr(driver, "simulated", False):
+        try:
+            writer(storage.account_root(instance.owner), env, lines)
+        except (OSError, DriverError) as exc:
+            logger.warning("writing the simulated files of %s: %s", instance.public_id, exc)
+    try:
+        storage.refresh_checkpoint(instance)
+        storage.measure_pfs(instance.owner)
+    except OSError as exc:
+        logger.warning("reading the PFS of %s: %s", instance.public_id, exc)
 
 
 def _finish(instance: Instance, run: progress.RunProgress, running: bool) -> str:

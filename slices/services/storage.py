@@ -17,7 +17,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from slices.drivers import DriverError
-from slices.drivers.pfs import Checkpoint, LocalPfs
+from slices.drivers.pfs import Checkpoint, LocalPfs, Usage
 from slices.models import Instance, PfsUsage
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,11 @@ def pfs() -> LocalPfs:
 def account_dir(user: Any) -> str:
     """The account's directory name on the PFS (the drivers use the same: ``spec.owner``)."""
     return str(getattr(user, "public_id", user.pk))
+
+
+def account_root(user: Any) -> Path:
+    """The account's directory as the console host sees it (the file browser works under it)."""
+    return pfs().account_path(account_dir(user))
 
 
 def ensure_pfs(user: Any) -> bool:
@@ -86,6 +91,11 @@ def measure_pfs(user: Any) -> PfsSummary:
     except DriverError as exc:
         logger.warning("measuring the PFS of %s: %s", account_dir(user), exc)
         return pfs_summary(user)
+    return remember_usage(user, usage)
+
+
+def remember_usage(user: Any, usage: Usage) -> PfsSummary:
+    """Keep a figure measured now (the file browser measures before it writes: no second walk)."""
     row, _created = PfsUsage.objects.get_or_create(owner=user)
     now = timezone.now()
     PfsUsage.objects.filter(pk=row.pk).update(

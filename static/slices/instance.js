@@ -14,6 +14,22 @@
     if (!page) return;
     var liveUrl = page.dataset.liveUrl;
     var pending = false, dirty = false, lastFetch = 0, pollTimer = null;
+    // Folds the reader opened (a big instance's node list, a step's events) stay as they were
+    // across the refreshes that replace them (restored in the swap, before anything is painted).
+    // A node list too long to come with the page is asked for once open (?nodes=1).
+    var folds = {};
+    document.addEventListener("toggle", function (e) {
+      var d = e.target;
+      if (!d.dataset || !d.dataset.fold) return;
+      folds[d.dataset.fold] = d.open;
+      if (d.open && d.dataset.lazy) refresh();
+    }, true);
+    document.addEventListener("htmx:afterSwap", function () {
+      document.querySelectorAll("details[data-fold]").forEach(function (d) {
+        var open = folds[d.dataset.fold];
+        if (open !== undefined && d.open !== open) d.open = open;
+      });
+    });
     // A change announced while a fetch is in flight is fetched again after it (dirty), so the
     // page never stays on a state read just before the change.
     function refresh() {
@@ -25,7 +41,8 @@
       setTimeout(function () {
         lastFetch = Date.now();
         var done = function () { pending = false; runningChanged(); if (dirty) refresh(); };
-        window.htmx.ajax("GET", liveUrl, { target: "#instance-live", swap: "outerHTML", select: "#instance-live" })
+        var url = liveUrl + (folds.nodes ? "?nodes=1" : "");
+        window.htmx.ajax("GET", url, { target: "#instance-live", swap: "outerHTML", select: "#instance-live" })
           .then(done, done);
       }, wait);
     }

@@ -5,6 +5,9 @@
   "use strict";
   var MAX_POINTS = 3600;
   var PER_GPU_MAX = 16;
+  // Beyond this many GPUs live samples carry no per-GPU detail (slices.telemetry.relay's
+  // DETAIL_MAX_GPUS): the table shows a row per node instead.
+  var DETAIL_MAX_GPUS = 64;
   var COLOURS = ["#0d6efd", "#6f42c1", "#d63384", "#fd7e14", "#198754", "#20c997", "#0dcaf0", "#ffc107",
     "#6610f2", "#dc3545", "#6c757d", "#198754", "#0a58ca", "#a61e4d", "#e8590c", "#2b8a3e"];
   // Row columns (slices.telemetry.samples.ROW_COLUMNS): node, gpu, util, mem_used, temp, power, xid, lost
@@ -14,6 +17,23 @@
     { key: "temp", col: 4, scale: 1, range: null },
     { key: "power", col: 5, scale: 1, range: null }
   ];
+
+  // Times and numbers in the page's language (<html lang>, set by Django): 24-hour times, never
+  // uPlot's US default ("12/3/26 9:54pm"). hourCycle h23 rather than hour12: false, which some
+  // locales (en) read as h24 and print "24:05:07" for five past midnight.
+  var LANG = document.documentElement.lang || undefined;
+  function dateFormat(opts) {
+    try { return new Intl.DateTimeFormat(LANG, opts); } catch (e) { return new Intl.DateTimeFormat(undefined, opts); }
+  }
+  var HMS = dateFormat({ hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" });
+  var HM = dateFormat({ hour: "2-digit", minute: "2-digit", hourCycle: "h23" });
+  function numberFormat(digits) {
+    var opts = { maximumFractionDigits: digits };
+    try { return new Intl.NumberFormat(LANG, opts); } catch (e) { return new Intl.NumberFormat(undefined, opts); }
+  }
+  var NUM = numberFormat(1), TICK = numberFormat(2);
+  function clock(ts) { return ts === null || ts === undefined ? "" : HMS.format(new Date(ts * 1000)); }
+  function number(v) { return v === null || v === undefined ? "—" : NUM.format(v); }
 
   function wsUrl(path) {
     return (location.protocol === "https:" ? "wss://" : "ws://") + location.host + path;
@@ -99,6 +119,10 @@
     var table = card.querySelector("[data-telemetry-table] tbody");
     var notice = card.querySelector("[data-telemetry-notice]");
     var idleBox = card.querySelector("[data-telemetry-idle]");
+    var gpuBox = card.querySelector("[data-telemetry-gpus-box]");
+    var nodeBox = card.querySelector("[data-telemetry-nodes-box]");
+    var nodeBody = card.querySelector("[data-telemetry-nodes] tbody");
+    var nodeRows = {};
     var charts = [], data = [], seriesIndex = {}, seriesCount = 0, perGpu = true, hosts = [];
     var xs = [], lastTs = 0, loaded = false, buffer = [];
 
@@ -152,8 +176,19 @@
           legend: { show: perGpu ? false : true },
           cursor: { drag: { x: false, y: false } },
           scales: { x: { time: true }, y: m.range ? { range: m.range } : { auto: true } },
-          series: [{}].concat(series.map(function (s) { return Object.assign({ points: { show: false }, spanGaps: false }, s); })),
-          axes: [{}, { size: 60, values: function (u, vals) { return vals.map(function (v) { return v === null ? "" : +v.toFixed(2); }); } }]
+          series: [{ label: labels.time, value: function (u, ts) { return clock(ts); } }].concat(series.map(function (s) {
+            return Object.assign({ points: { show: false }, spanGaps: false, value: function (u, v) { return number(v); } }, s);
+          })),
+          axes: [
+            // One point a second: ticks whole seconds apart (uPlot would split a young chart's
+            // few seconds into tenths, all printed as the same second), room for HH:MM:SS.
+            { space: 70, incrs: [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200],
+              values: function (u, ticks, axis, space, incr) {
+              var f = incr >= 60 ? HM : HMS; // whole minutes apart: no seconds
+              return ticks.map(function (t) { return t === null ? "" : f.format(new Date(t * 1000)); });
+            } },
+            { size: 60, values: function (u, vals) { return vals.map(function (v) { return v === null ? "" : TICK.format(v); }); } }
+          ]
         };
         charts.push(new window.uPlot(opts, d, box));
       });
@@ -211,7 +246,11 @@
       } else {
         notice.hidden = true;
       }
-      if (!table || !payload.detail) return;
+      if (!payload.detail) {
+        if ((payload.g || []).length > DETAIL_MAX_GPUS) showNodes(payload.g);
+        return;
+      }
+      if (!table) return;
       var byKey = {};
       (payload.g || []).forEach(function (r) { byKey[r[0] + ":" + r[1]] = r; });
       table.replaceChildren();
@@ -240,6 +279,80 @@
       });
     }
 
+    // A slice too big for a row per GPU: a row per node, its GPUs as cells coloured by
+    // utilisation (a heat map of the slice, a node a line) and their min / mean / max, memory,
+    // hottest GPU, power drawn; a node with a lost GPU or an Xid is marked. Rows are made once
+    // and their text updated in place (1,024 GPUs a second).
+    function nodeRow(rank) {
+      var tr = document.createElement("tr");
+      tr.dataset.rank = String(rank);
+      var cells = [];
+      for (var i = 0; i < 7; i++) cells.push(tr.appendChild(document.createElement("td")));
+      var strip = document.createElement("div");
+      strip.className = "d-flex gap-1";
+      cells[1].appendChild(strip);
+      text(cells[0], "#" + rank + (hosts[rank] ? " " + hosts[rank] : ""));
+      return { tr: tr, cells: cells, strip: strip, dots: [] };
+    }
+    function setText(td, value) { if (td.textContent !== value) td.textContent = value; }
+    function showNodes(rows) {
+      if (!nodeBody || !nodeBox) return;
+      var by = {};
+      rows.forEach(function (r) { (by[r[0]] = by[r[0]] || []).push(r); });
+      var ranks = Object.keys(by).map(Number).sort(function (a, b) { return a - b; });
+      var added = false;
+      ranks.forEach(function (rank) {
+        var row = nodeRows[rank];
+        if (!row) { row = nodeRows[rank] = nodeRow(rank); added = true; }
+        var gpus = by[rank].sort(function (a, b) { return a[1] - b[1]; });
+        var utils = [], mem = 0, memN = 0, temp = null, power = 0, powerN = 0, xid = 0, lost = 0;
+        while (row.dots.length < gpus.length) {
+          var dot = row.strip.appendChild(document.createElement("span"));
+          dot.className = "rounded-1 d-inline-block";
+          dot.style.width = "0.6rem";
+          dot.style.height = "0.9rem";
+          row.dots.push(dot);
+        }
+        while (row.dots.length > gpus.length) row.strip.removeChild(row.dots.pop());
+        gpus.forEach(function (r, i) {
+          var u = r[2];
+          if (u !== null && u !== undefined) utils.push(u);
+          if (r[3] !== null && r[3] !== undefined) { mem += r[3]; memN++; }
+          if (r[4] !== null && r[4] !== undefined) temp = temp === null ? r[4] : Math.max(temp, r[4]);
+          if (r[5] !== null && r[5] !== undefined) { power += r[5]; powerN++; }
+          xid += r[6] || 0;
+          lost += r[7] || 0;
+          var colour = heatColour(r[7] ? null : u);
+          if (row.dots[i].dataset.colour !== colour) { row.dots[i].dataset.colour = colour; row.dots[i].style.background = colour; }
+          var tip = "GPU " + r[1] + ": " + (r[7] ? labels.lost : (u === null || u === undefined ? "—" : u + " %"));
+          if (row.dots[i].title !== tip) row.dots[i].title = tip;
+        });
+        var mean = utils.length ? utils.reduce(function (a, b) { return a + b; }, 0) / utils.length : null;
+        setText(row.cells[2], utils.length ? Math.min.apply(null, utils) + " / " + NUM.format(mean) + " / " + Math.max.apply(null, utils) + " %" : "—");
+        setText(row.cells[3], memN ? NUM.format(mem / memN / 1024) + " GiB" : "—");
+        setText(row.cells[4], temp === null ? "—" : temp + " °C");
+        setText(row.cells[5], powerN ? NUM.format(Math.round(power)) + " W" : "—");
+        setText(row.cells[6], (xid ? String(xid) : "") + (lost ? (xid ? " · " : "") + lost + " " + labels.lost : ""));
+        var bad = lost || xid ? "table-danger" : "";
+        if (row.tr.className !== bad) row.tr.className = bad;
+      });
+      // A node missing from this sample (its agent not answering: the notice above says why):
+      // no stale figures.
+      Object.keys(nodeRows).forEach(function (rank) {
+        if (by[rank]) return;
+        var row = nodeRows[rank];
+        for (var i = 2; i < 7; i++) setText(row.cells[i], "—");
+        row.dots.forEach(function (dot) { dot.dataset.colour = ""; dot.style.background = heatColour(null); });
+      });
+      if (added) {
+        Object.keys(nodeRows).map(Number).sort(function (a, b) { return a - b; })
+          .forEach(function (rank) { nodeBody.appendChild(nodeRows[rank].tr); }); // in rank order
+      }
+      if (gpuBox) gpuBox.hidden = true;
+      nodeBox.hidden = false;
+      card.dataset.nodeRows = String(nodeBody.children.length);
+    }
+
     function showIdle(idle) {
       if (!idleBox) return;
       if (!idle) { idleBox.hidden = true; return; }
@@ -260,6 +373,8 @@
           loaded = true;
           showIdle(h.idle);
           redraw();
+          var last = (h.entries || [])[(h.entries || []).length - 1];
+          if (last && (last.g || []).length > DETAIL_MAX_GPUS) showNodes(last.g);
         });
     }
 

@@ -26,6 +26,12 @@ CSRF_EXEMPT = {
 }
 
 
+# Routes that check the CSRF token in the view, after their own upload handler is in place
+# (Django's documented way for a custom upload handler): a POST without the token is refused with
+# 403 there, and a method the route does not take is refused with 405 before it.
+CSRF_IN_VIEW = {"slices:pfs-upload"}
+
+
 def test_every_unsafe_request_without_csrf_token_is_refused(alice) -> None:
     client = Client(enforce_csrf_checks=True)
     client.force_login(alice)
@@ -35,7 +41,8 @@ def test_every_unsafe_request_without_csrf_token_is_refused(alice) -> None:
             continue
         for method in ("post", "put", "patch", "delete"):
             response = getattr(client, method)(route.path, data={}, content_type="application/json")
-            assert response.status_code == 403, (method, route.path, response.status_code)
+            allowed = {403, 405} if route.name in CSRF_IN_VIEW and method != "post" else {403}
+            assert response.status_code in allowed, (method, route.path, response.status_code)
             checked += 1
     assert checked > 20
 

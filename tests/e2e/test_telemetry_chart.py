@@ -9,11 +9,12 @@ relay at its real 1 Hz, websockets), as in test_instance_journey.py.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Locator, Page, expect
 
 from tests.support import servers
 from tests.support.browser import log_in, server_page
@@ -138,3 +139,93 @@ def test_operator_heat_map_and_node_page_follow_the_fleet_live(
     live = operator.locator("#node-gpus-live")
     expect(live).to_be_visible(timeout=SETTLE_MS)
     expect(live.locator("tbody tr")).to_have_count(2)
+
+
+def _fund_demo(stack: servers.Stack) -> None:
+    """A voucher for the demo customer: a 128-card slice burns far more than the trial credit."""
+    servers.manage(
+        stack.env,
+        "shell",
+        "-c",
+        "from decimal import Decimal; from billing import services as b; "
+        "from console.models import User; "
+        "b.grant_voucher(User.objects.get(username='demo'), Decimal('100000'), "
+        "reason='test', valid_days=30)",
+    )
+
+
+def _hover_latest(page: Page) -> Locator:
+    """Put the cursor near the right end of the first chart; its legend's time value."""
+    over = page.locator("#gpu-telemetry .u-over").first
+    box = over.bounding_box()
+    assert box
+    over.hover(position={"x": box["width"] - 4, "y": box["height"] / 2})
+    return page.locator("#gpu-telemetry .u-legend").first.locator(".u-series").first
+
+
+def test_a_slice_has_a_row_per_node_and_charts_in_the_pages_language(
+    customer: Page, browser: Browser, stack: servers.Stack
+) -> None:
+    """128 × A800 (16 nodes): no per-GPU detail travels (over 64 GPUs), so the table shows a row
+    per node with its 8 GPUs as coloured cells; the charts' legend (shown for a slice: mean, min,
+    max) names the time axis in the page's language and prints 24-hour times, never uPlot's US
+    default ("Time", "12/3/26 9:54pm")."""
+    _fund_demo(stack)
+    page = customer
+    csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+    ordered = page.request.post(
+        "/api/v1/instances/",
+        data={"gpu_model": "A800", "cards": 128, "name": "chart-slice"},
+        headers={"X-CSRFToken": csrf, "Referer": f"{stack.url}/"},
+    )
+    assert ordered.status in (201, 202), ordered.text()
+    public_id = ordered.json()["id"]
+    deadline = time.monotonic() + SETTLE_MS / 1000
+    while page.request.get(f"/api/v1/instances/{public_id}/").json()["state"] != "running":
+        assert time.monotonic() < deadline, stack.logs()
+        page.wait_for_timeout(200)
+
+    page.goto(f"/instances/{public_id}/")
+    card = page.locator("#gpu-telemetry")
+    expect(card.locator("[data-telemetry-status]")).to_have_attribute(
+        "data-status", "live", timeout=SETTLE_MS
+    )
+    rows = card.locator("[data-telemetry-nodes] tbody tr")
+    expect(rows).to_have_count(16, timeout=SETTLE_MS)
+    expect(card.locator("[data-telemetry-gpus-box]")).to_be_hidden()
+    expect(rows.first.locator("td").first).to_have_text(re.compile(r"^#0 yc-a8-"))
+    expect(rows.first.locator("td").nth(1).locator("span")).to_have_count(8)
+    expect(rows.first.locator("td").nth(2)).to_have_text(re.compile(r"^\d+ / [\d.]+ / \d+ %$"))
+    _wait_points(page, 3)
+
+    legend = card.locator(".u-legend").first
+    expect(legend).to_contain_text("时间")
+    expect(legend).to_contain_text("平均")
+    when = _hover_latest(page)
+    expect(when.locator(".u-label")).to_have_text("时间")
+    expect(when.locator(".u-value")).to_have_text(re.compile(r"^\d{2}:\d{2}:\d{2}$"))
+    if os.environ.get("SCREENSHOT_DIR"):
+        card.screenshot(path=os.path.join(os.environ["SCREENSHOT_DIR"], "telemetry-slice.png"))
+
+    # The same page in English: English labels, the same 24-hour times.
+    context = browser.new_context(
+        base_url=stack.url, locale="en-US", viewport={"width": 1280, "height": 1000}
+    )
+    try:
+        english = context.new_page()
+        log_in(english, "demo", servers.DEMO_LOGINS["demo"])
+        english.goto(f"/instances/{public_id}/")
+        expect(english.locator("html")).to_have_attribute("lang", "en")
+        _wait_points(english, 3)
+        legend = english.locator("#gpu-telemetry .u-legend").first
+        expect(legend).to_contain_text("mean")
+        when = _hover_latest(english)
+        expect(when.locator(".u-label")).to_have_text("Time")
+        expect(when.locator(".u-value")).to_have_text(re.compile(r"^([01]\d|2[0-3]):\d{2}:\d{2}$"))
+    finally:
+        context.close()
+    released = page.request.post(
+        f"/api/v1/instances/{public_id}/release/",
+        headers={"X-CSRFToken": csrf, "Referer": f"{stack.url}/"},
+    )
+    assert released.status == 202, released.text()
