@@ -55,7 +55,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -75,8 +74,9 @@ from tests.support.servers import free_port, wait_healthy  # noqa: E402
 from tests.support.sshd import (  # noqa: E402
     SshHostPool,
     configure_ssh_fleet,
-    process_alive,
+    processes_under,
     sshd_available,
+    stop_pids,
 )
 
 APP_SLUG = "llm-chat"
@@ -113,42 +113,6 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def processes_under(path: Path) -> list[int]:
-    """Processes whose command line names ``path`` (a per-instance sshd, sshd itself) or whose
-    working directory lies under it: the app's server runs in the instance's directory and its
-    command line names only the checkout's server.py, so tests/conftest.py's command-line match
-    (``stop_processes_under``) alone would miss it."""
-    needle, root = str(path).encode(), str(path.resolve())
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            named = needle in (entry / "cmdline").read_bytes()
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        inside = cwd == root or cwd.startswith(root + os.sep)
-        if (named or inside) and process_alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
-def stop_processes(pids: list[int], grace: float = 3.0) -> list[int]:
-    """TERM, then KILL after ``grace`` seconds, these pids (this run's own): those still alive."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace
-        while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        pids = [p for p in pids if process_alive(p)]
-        if not pids:
-            break
-    return pids
 
 
 def wait_port_free(port: int, timeout: float) -> bool:
@@ -288,7 +252,7 @@ def release(setup: Setup, instance: Any) -> None:
     if wait_port_free(APP_PORT, 15):
         return
     left = [p for p in processes_under(setup.work) if _listens_on(p, APP_PORT)]
-    stop_processes(left)
+    stop_pids(left)
     raise BenchError(
         f"the release of {instance.slug} left port {APP_PORT} taken (pid "
         f"{', '.join(map(str, left)) or 'unknown'}, stopped here)"
@@ -547,7 +511,7 @@ def tear_down(setup: Setup | None, pool: SshHostPool, work: Path) -> list[str]:
     left = processes_under(work)
     if left:
         print(f"note: stopping {len(left)} process(es) left under {work}: {left}")
-        if stop_processes(left):
+        if stop_pids(left):
             problems.append(f"could not stop {left}")
     shutil.rmtree(work, ignore_errors=True)
     if not wait_port_free(APP_PORT, 5):

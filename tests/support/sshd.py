@@ -147,14 +147,13 @@ def process_alive(pid: int) -> bool:
     return "Z" not in state.split()[1]
 
 
-def stop_processes_under(path: Path, grace: float = 3.0) -> int:
-    """Stop every process whose command line names ``path``, or that works in a directory under
-    it (what a test's instances started on the test hosts under its own directory: a
-    per-instance sshd daemonises, so it outlives the session that started it; an AI app's server
-    runs from the checkout in the instance's directory); TERM, then KILL after ``grace`` seconds.
-    Returns how many."""
+def processes_under(path: Path) -> list[int]:
+    """Processes whose command line names ``path``, or that work in a directory under it (what a
+    test's instances started on the test hosts under its own directory: a per-instance sshd
+    daemonises, so it outlives the session that started it; an AI app's server runs from the
+    checkout in the instance's directory)."""
     needle = str(path).encode()
-    root = str(path)
+    root = str(path.resolve())
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -167,6 +166,11 @@ def stop_processes_under(path: Path, grace: float = 3.0) -> int:
                 pids.append(int(entry.name))
         except OSError:
             continue
+    return pids
+
+
+def stop_pids(pids: list[int], grace: float = 3.0) -> list[int]:
+    """TERM, then KILL after ``grace`` seconds: the pids still alive after that."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -177,7 +181,12 @@ def stop_processes_under(path: Path, grace: float = 3.0) -> int:
         pids = [p for p in pids if process_alive(p)]
         if not pids:
             break
-    return len(pids)
+    return pids
+
+
+def stop_processes_under(path: Path, grace: float = 3.0) -> int:
+    """Stop every process of ``processes_under(path)``; how many were still alive after."""
+    return len(stop_pids(processes_under(path), grace))
 
 
 def workload_pid(pid: int, timeout: float = 5.0) -> int:
