@@ -289,3 +289,24 @@ def test_a_gated_model_needs_its_licence_accepted_on_the_app_page(
     )
     assert refused.status_code == 409
     assert not Instance.objects.filter(owner=newcomer).exists()
+
+
+@pytest.mark.parametrize("slug", [a.slug for a in aiapps.read_apps()])
+def test_every_app_launches_on_the_simulated_fleet_and_opens_a_labelled_page(
+    slug: str, world, alice_client, alice, django_capture_on_commit_callbacks
+) -> None:  # noqa: ANN001
+    billing.grant_voucher(alice, Decimal("100"), reason="test", valid_days=30)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = alice_client.post(f"/apps/{slug}/", {"accept_license": "on"})
+    assert response.status_code == 302, response.content.decode()[:500]
+    instance = Instance.objects.get(owner=alice, app=slug)
+    assert instance.state == InstanceState.RUNNING and apps.is_ready(instance)
+    app = aiapps.get_app(slug)
+    assert app is not None
+    page = alice_client.get(f"/instances/{instance.public_id}/").content.decode()
+    opened = f"/instances/{instance.public_id}/web-ports/{app.primary_port.port}/open/"
+    assert 'id="app-open"' in page and opened in page
+    target = alice_client.get(opened)
+    assert target.status_code == 302
+    body = _body(alice_client.get(target["Location"], HTTP_ACCEPT_LANGUAGE="zh-hans")).decode()
+    assert "模拟" in body or "simulated" in body.lower()
