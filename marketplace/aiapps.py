@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from marketplace.catalogue import CatalogueError, gpu_code, is_valid_hub_id, is_valid_slug
+from marketplace.recipes import manifest_text as _text
 
 APPS_DIR = Path(__file__).resolve().parent / "apps"
 MANIFEST = "manifest.yaml"
@@ -33,8 +34,6 @@ ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 MAX_CARDS = 8  # an app runs on one host
 MAX_READY_SECONDS = 30 * 60
 HEALTH_PATH = re.compile(r"^/[A-Za-z0-9._~/-]{0,200}$")
-_CJK = "\u3000-\u303f\u3400-\u9fff\uff00-\uffef"
-_CJK_GAP = re.compile(f"(?<=[{_CJK}]) (?=[{_CJK}])")
 
 
 @dataclass(frozen=True)
@@ -115,19 +114,6 @@ class AiApp:
 
     def localized_summary(self, language: str) -> str:
         return self.summary_zh if language.startswith("zh") and self.summary_zh else self.summary
-
-
-def _text(data: dict[str, Any], key: str, where: str, *, required: bool = True) -> str:
-    value = data.get(key, "")
-    if value is None:
-        value = ""
-    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-        raise CatalogueError(f"{where}: {key} must be text")
-    # A folded YAML line break is a space: not between two Chinese characters.
-    value = _CJK_GAP.sub("", " ".join(str(value).split()))
-    if required and not value:
-        raise CatalogueError(f"{where}: {key} is missing")
-    return value
 
 
 def _int(value: Any, where: str, what: str, low: int, high: int) -> int:

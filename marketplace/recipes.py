@@ -133,13 +133,20 @@ class Recipe:
         return self.summary_zh if language.startswith("zh") and self.summary_zh else self.summary
 
 
-def _text(data: dict[str, Any], key: str, where: str, *, required: bool = True) -> str:
+# Chinese characters and punctuation: a folded YAML line break between two of them is no space.
+_CJK = "\u3000-\u303f\u3400-\u9fff\uff00-\uffef"
+_CJK_GAP = re.compile(f"(?<=[{_CJK}]) (?=[{_CJK}])")
+
+
+def manifest_text(data: dict[str, Any], key: str, where: str, *, required: bool = True) -> str:
+    """A manifest's text field on one line (recipes and AI apps): whitespace folded to one space,
+    none between two Chinese characters; ``CatalogueError`` when it is not text or missing."""
     value = data.get(key, "")
     if value is None:
         value = ""
-    if not isinstance(value, (str, int, float)):
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise CatalogueError(f"{where}: {key} must be text")
-    value = " ".join(str(value).split())
+    value = _CJK_GAP.sub("", " ".join(str(value).split()))
     if required and not value:
         raise CatalogueError(f"{where}: {key} is missing")
     return value
@@ -162,26 +169,26 @@ def read_recipe(directory: Path) -> Recipe:
         raise CatalogueError(f"{where}: {exc}") from exc
     if not isinstance(data, dict):
         raise CatalogueError(f"{where}: not a mapping")
-    slug = _text(data, "slug", where)
+    slug = manifest_text(data, "slug", where)
     if not is_valid_slug(slug) or slug != directory.name:
         raise CatalogueError(f"{where}: slug {slug!r} must be valid and name its directory")
-    demo = _text(data, "demo", where)
+    demo = manifest_text(data, "demo", where)
     if not is_valid_slug(demo):
         raise CatalogueError(f"{where}: demo {demo!r} is not a valid slug")
     for key in ("model", "dataset"):
-        if not is_valid_hub_id(_text(data, key, where)):
+        if not is_valid_hub_id(manifest_text(data, key, where)):
             raise CatalogueError(f"{where}: {key} {data[key]!r} is not a hub id")
-    image = _text(data, "image", where)
+    image = manifest_text(data, "image", where)
     if not is_valid_slug(image):
         raise CatalogueError(f"{where}: image {image!r} is not an image version slug")
     minutes = _positive_int(data, "time_limit_minutes", where)
     if minutes > MAX_TIME_LIMIT_MINUTES:
         raise CatalogueError(f"{where}: time_limit_minutes above {MAX_TIME_LIMIT_MINUTES}")
-    gpu_model = gpu_code(_text(data, "gpu_model", where))
+    gpu_model = gpu_code(manifest_text(data, "gpu_model", where))
     alternatives = tuple(gpu_code(str(a)) for a in data.get("alternatives") or ())
     if not gpu_model or "" in alternatives:
         raise CatalogueError(f"{where}: gpu_model and alternatives must be known GPU models")
-    budget = _text(data, "budget", where)
+    budget = manifest_text(data, "budget", where)
     if budget not in BUDGETS:
         raise CatalogueError(f"{where}: budget must be one of {sorted(BUDGETS)}")
     files = tuple(str(f) for f in data.get("files") or ())
@@ -215,10 +222,10 @@ def read_recipe(directory: Path) -> Recipe:
     return Recipe(
         slug=slug,
         demo=demo,
-        name=_text(data, "name", where),
-        name_zh=_text(data, "name_zh", where, required=False),
-        summary=_text(data, "summary", where),
-        summary_zh=_text(data, "summary_zh", where, required=False),
+        name=manifest_text(data, "name", where),
+        name_zh=manifest_text(data, "name_zh", where, required=False),
+        summary=manifest_text(data, "summary", where),
+        summary_zh=manifest_text(data, "summary_zh", where, required=False),
         image=image,
         model=str(data["model"]),
         dataset=str(data["dataset"]),
@@ -226,7 +233,7 @@ def read_recipe(directory: Path) -> Recipe:
         cards=_positive_int(data, "cards", where),
         time_limit_minutes=minutes,
         budget=budget,
-        entrypoint=_text(data, "entrypoint", where),
+        entrypoint=manifest_text(data, "entrypoint", where),
         directory=directory,
         alternatives=alternatives,
         files=files,

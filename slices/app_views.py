@@ -5,7 +5,6 @@ its launch form (``/apps/<slug>/``), and its API through the console with the ap
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from typing import Any
@@ -23,10 +22,8 @@ from billing import services as billing
 from console.errors import DomainError
 from console.ids import parse_uuid
 from marketplace import aiapps
-from slices.drivers import DriverError, get_driver
 from slices.models import Instance
-from slices.port_views import _request_body, _response, _upstream_target, headers_for_api
-from slices.proxy import AsyncTunnel, TunnelClosed, http_request
+from slices.port_views import _response, headers_for_api, relay
 from slices.services import NoCapacity
 from slices.services import apps as app_service
 
@@ -157,25 +154,7 @@ async def app_api_proxy(request: HttpRequest, public_id: Any, rest: str = "") ->
             "Incorrect or missing API key for this app (Authorization: Bearer <key>).",
             "invalid_api_key",
         )
-    driver: Any = get_driver(access.instance.driver or None)
-    try:
-        raw = await asyncio.to_thread(
-            driver.open_tunnel, access.spec, access.node, access.node_port
-        )
-    except DriverError:
-        return _openai_error(503, "The app is not answering yet.", "app_unavailable")
-    length = request.META.get("CONTENT_LENGTH") or ""
-    has_body = request.method not in ("GET", "HEAD", "OPTIONS", "DELETE") or length not in ("", "0")
-    try:
-        upstream = await http_request(
-            AsyncTunnel(raw),
-            method=request.method or "GET",
-            target=_upstream_target(request, access),
-            host=f"127.0.0.1:{access.port}",
-            headers=headers_for_api(request),
-            body=_request_body(request) if has_body else None,
-            content_length=int(length) if length.isdigit() else (0 if has_body else None),
-        )
-    except TunnelClosed:
+    upstream = await relay(request, access, headers_for_api(request))
+    if upstream is None:
         return _openai_error(503, "The app is not answering yet.", "app_unavailable")
     return _response(upstream, access)

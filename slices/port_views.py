@@ -29,7 +29,14 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from slices.drivers import DriverError, get_driver
-from slices.proxy import AsyncTunnel, TunnelClosed, UpstreamWebsocket, forward_headers, http_request
+from slices.proxy import (
+    AsyncTunnel,
+    TunnelClosed,
+    UpstreamResponse,
+    UpstreamWebsocket,
+    forward_headers,
+    http_request,
+)
 from slices.services import ports
 from slices.services.instances import get_instance_for_user
 
@@ -196,32 +203,42 @@ async def port_proxy(
         return HttpResponseForbidden(b"cross-site request refused", content_type="text/plain")
     creds = await _credentials(request, port)
     access = await sync_to_async(ports.resolve_access)(public_id, port, creds)
+    upstream = await relay(request, access, _headers_for_app(request, access))
+    if upstream is None:
+        return _unavailable(port)
+    return _response(upstream, access)
+
+
+async def relay(
+    request: HttpRequest, access: ports.Access, headers: list[tuple[str, str]]
+) -> UpstreamResponse | None:
+    """Send ``request`` to the app ``access`` names over the driver's tunnel (its body streamed);
+    the app's response with its body still to stream, or None when nothing answers there. The
+    port proxy and an AI app's API (``slices.app_views``) both relay through it."""
     driver: Any = get_driver(access.instance.driver or None)
     try:
         raw = await asyncio.to_thread(
             driver.open_tunnel, access.spec, access.node, access.node_port
         )
     except DriverError:
-        return _unavailable(port)
-    tunnel = AsyncTunnel(raw)
+        return None
     length = request.META.get("CONTENT_LENGTH") or ""
     has_body = request.method not in ("GET", "HEAD", "OPTIONS", "DELETE") or length not in (
         "",
         "0",
     )
     try:
-        upstream = await http_request(
-            tunnel,
+        return await http_request(
+            AsyncTunnel(raw),
             method=request.method or "GET",
             target=_upstream_target(request, access),
             host=f"127.0.0.1:{access.port}",
-            headers=_headers_for_app(request, access),
+            headers=headers,
             body=_request_body(request) if has_body else None,
             content_length=int(length) if length.isdigit() else (0 if has_body else None),
         )
     except TunnelClosed:
-        return _unavailable(port)
-    return _response(upstream, access)
+        return None
 
 
 def _app_host_login(request: HttpRequest, public_id: Any, port: int) -> HttpResponseBase:

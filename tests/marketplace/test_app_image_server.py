@@ -495,11 +495,13 @@ def test_an_sdxl_pipeline_generates(tmp_path: Path) -> None:
 def test_the_page_generates_in_a_browser_under_a_prefix(served: Served) -> None:
     """Chromium opens the page at ``/instances/1/ports/7860/`` (as through the console's port
     proxy): every request the page makes must stay under that prefix and work."""
-    playwright_api = pytest.importorskip("playwright.sync_api")
+    # Debian's Chromium is a set-up dependency (make system-deps), as for every browser test:
+    # missing, this fails rather than skips.
+    import playwright.sync_api as playwright_api
+
     from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
+    assert Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM}: run `make system-deps`"
     prefix = "/instances/1/ports/7860"
     outside: list[str] = []
 
