@@ -34,6 +34,13 @@ SYSTEM_KINDS = (
 )
 
 
+class BillingMode(models.TextChoices):
+    """How an instance's GPUs are paid: by the second, or a locked-price term paid up front."""
+
+    ON_DEMAND = "on_demand", _("On demand, by the second")
+    TERM = "term", _("Locked-price term, paid up front")
+
+
 class TransactionKind(models.TextChoices):
     TOPUP = "topup", _("Top-up")
     TRIAL_GRANT = "trial_grant", _("Trial credit")

@@ -59,6 +59,10 @@ class StoragePrice:
     per_gb_day: Decimal = ZERO
     free_gb: int = 0
 
+    def per_day(self, gb: int) -> Decimal:
+        """What ``gb`` of the account's storage costs a day (``storage_per_day``)."""
+        return storage_per_day(gb, self)
+
 
 @dataclass(frozen=True)
 class TermQuote:

@@ -17,6 +17,9 @@ Services other apps call
   the caller made that billing does not meter yet, and this order) for
   ``ORDER_MIN_RUNWAY_SECONDS``, a term paid in full on top; raises ``InsufficientFunds``. The
   caller holds its account's order lock.
+* ``ensure_storage_affordable(user, stored_gb, added_gb)`` — the same for storage: a new or grown
+  disk beyond the free allowance needs its first day in the balance. ``storage_price()`` is the
+  price book's storage price (per GB a day, the free GB).
 * ``costs_so_far(resource_kind, resource_ids) -> {id: Decimal}`` — what each resource cost so
   far (its sessions' charges, the open one to this second, and terms paid up front).
 * ``purchase_term(user, *, gpu_model, cards, days, resource_kind, resource_id, label="")`` — a
@@ -116,7 +119,7 @@ from billing.money import (
     round_cents,
     to_decimal,
 )
-from billing.pricing import Quote, gpu_model_key, quote_order
+from billing.pricing import Quote, StoragePrice, gpu_model_key, quote_order
 from billing.providers import get_provider
 from billing.settlement import (
     SettlementResult,
@@ -159,6 +162,8 @@ __all__ = [  # what other apps, the views and the tests call
     "expire_vouchers",
     "fail_payment",
     "get_open_session",
+    "oldest_unsettled_at",
+    "open_resource_ids",
     "get_or_create_wallet",
     "get_payment_for_user",
     "get_stop_handler",
@@ -173,6 +178,9 @@ __all__ = [  # what other apps, the views and the tests call
     "price_list",
     "purchase_term",
     "quote_for",
+    "storage_price",
+    "StoragePrice",
+    "ensure_storage_affordable",
     "reconcile",
     "refund_cash",
     "register_stop_handler",
@@ -332,6 +340,12 @@ def expire_vouchers(now: datetime | None = None) -> int:
 # --- prices --------------------------------------------------------------------------------------
 def current_price_book(at: datetime | None = None) -> PriceBook | None:
     return PriceBook.objects.effective_at(at or clock.now()).first()
+
+
+def storage_price(at: datetime | None = None) -> StoragePrice:
+    """The price book's storage price (per GB a day beyond the free allowance); free without one."""
+    book = current_price_book(at)
+    return book.storage_quote if book is not None else StoragePrice()
 
 
 def current_gpu_price(gpu_model: str, at: datetime | None = None) -> tuple[PriceBook, GpuPrice]:
@@ -545,6 +559,27 @@ def ensure_affordable(
     )
 
 
+def ensure_storage_affordable(user: User, stored_gb: int, added_gb: int) -> None:
+    """Refuse more storage (a new or grown disk) whose first day the balance cannot pay.
+
+    Storage is billed per GB a day beyond the account's free allowance, so adding ``added_gb`` to
+    the ``stored_gb`` it keeps costs nothing while the total stays within it; beyond, the balance
+    must carry one day of the new total. Raises ``InsufficientFunds``.
+    """
+    price = storage_price()
+    per_day = price.per_day(stored_gb + added_gb)
+    if per_day > price.per_day(stored_gb) and get_wallet_summary(user).spendable < per_day:
+        raise InsufficientFunds(
+            gettext_noop(
+                "Storage beyond the free %(free)d GB costs %(per_day)s 元 a day with this disk; "
+                "please top up first."
+            ),
+            free=price.free_gb,
+            per_day=per_day,
+            top_up_url="/billing/",
+        )
+
+
 # --- metering ------------------------------------------------------------------------------------
 @transaction.atomic
 def open_usage_session(
@@ -600,6 +635,26 @@ def open_usage_session(
         return UsageSession.objects.get(
             resource_kind=resource_kind, resource_id=str(resource_id), state=UsageState.OPEN
         )
+
+
+def open_resource_ids(resource_kind: str, resource_ids: Iterable[str]) -> set[str]:
+    """Which of these resources billing is metering now (an open session), in one query."""
+    return set(
+        UsageSession.objects.open()
+        .filter(resource_kind=resource_kind, resource_id__in=[str(r) for r in resource_ids])
+        .values_list("resource_id", flat=True)
+    )
+
+
+def oldest_unsettled_at() -> datetime | None:
+    """When the least recently settled open session was last settled (or started, if never)."""
+    from django.db.models import Min
+    from django.db.models.functions import Coalesce
+
+    oldest: datetime | None = UsageSession.objects.open().aggregate(
+        oldest=Min(Coalesce("settled_at", "started_at"))
+    )["oldest"]
+    return oldest
 
 
 def get_open_session(resource_kind: str, resource_id: str) -> UsageSession | None:

@@ -7,3 +7,7 @@ from django.utils.translation import gettext_lazy as _
 class SlicesConfig(AppConfig):
     name = "slices"
     verbose_name = _("Instances and fleet")
+
+    def ready(self) -> None:
+        # The worker's tasks, registered by name (services queue them through services.jobs).
+        from slices import tasks  # noqa: F401

@@ -116,11 +116,6 @@ class NoReplacement(models.TextChoices):
     RELEASE = "release", _("Release the instance")
 
 
-class BillingMode(models.TextChoices):
-    ON_DEMAND = "on_demand", _("On demand, by the second")
-    TERM = "term", _("Locked-price term, paid up front")
-
-
 class EventKind(models.TextChoices):
     STATE = "state", _("State change")
     STEP = "step", _("Provisioning step")

@@ -82,7 +82,7 @@ def milestone_of(done_per_node: Sequence[str | None]) -> str:
     steps = [d for d in done_per_node if d in MILESTONES]
     if len(steps) != len(done_per_node):
         return ORDERED
-    return min(steps, key=MILESTONES.index)  # type: ignore[arg-type]
+    return min(steps, key=MILESTONES.index)
 
 
 def remaining_after(history: Sequence[Timeline], milestone: str) -> list[float]:

@@ -8,8 +8,9 @@ from django.db.models import Count, Q, QuerySet
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext, pgettext_lazy
 
+from billing.choices import BillingMode
 from slices import lifecycle, topology
-from slices.choices import BillingMode, InstanceState, gpu_product_name
+from slices.choices import InstanceState, gpu_product_name
 from slices.services import ports
 
 # What customers can order: hosts of one node, slices in whole 64-card units up to a cluster.

@@ -37,7 +37,7 @@ from slices.proxy import (
     forward_headers,
     http_request,
 )
-from slices.services import ports
+from slices.services import ports, proxy
 from slices.services.instances import get_instance_for_user
 
 
@@ -77,7 +77,7 @@ async def _request_body(request: HttpRequest) -> AsyncIterator[bytes]:
         yield chunk
 
 
-def _upstream_target(request: HttpRequest, access: ports.Access) -> str:
+def _upstream_target(request: HttpRequest, access: proxy.Access) -> str:
     scope = _scope(request)
     if scope.get("gpc_app_host"):
         path = str(scope.get("gpc_app_path") or "/")
@@ -108,7 +108,7 @@ def _same_origin(request: HttpRequest) -> bool:
     return referer is None or referer == own or referer.startswith(own + "/")
 
 
-def _headers_for_app(request: HttpRequest, access: ports.Access) -> list[tuple[str, str]]:
+def _headers_for_app(request: HttpRequest, access: proxy.Access) -> list[tuple[str, str]]:
     raw = [(k, str(v)) for k, v in request.headers.items()]
     # The app sees requests from itself (its own origin checks pass); the console checked who
     # asked. A cross-site Origin is passed on as it is, for the app to refuse.
@@ -143,7 +143,7 @@ def headers_for_api(request: HttpRequest) -> list[tuple[str, str]]:
     return forward_headers(raw, drop_cookies=_console_cookies(), extra=extra)
 
 
-def _response(upstream: Any, access: ports.Access) -> StreamingHttpResponse:
+def _response(upstream: Any, access: proxy.Access) -> StreamingHttpResponse:
     response = StreamingHttpResponse(upstream.body, status=upstream.status)
     del response["Content-Type"]
     cookies: list[str] = []
@@ -177,14 +177,14 @@ def _unavailable(port: int) -> HttpResponse:
     return HttpResponse(text, status=502, content_type="text/plain; charset=utf-8")
 
 
-async def _credentials(request: HttpRequest, port: int) -> ports.Credentials:
+async def _credentials(request: HttpRequest, port: int) -> proxy.Credentials:
     if _app_host(request):
-        return ports.Credentials(
+        return proxy.Credentials(
             app_host=True, app_cookie=request.COOKIES.get(ports.APP_COOKIE, "")
         )
     user = await request.auser()
     share = request.COOKIES.get(ports.SHARE_COOKIE.format(port=port), "")
-    return ports.Credentials(user=user, share_secret=share)
+    return proxy.Credentials(user=user, share_secret=share)
 
 
 @csrf_exempt
@@ -202,7 +202,7 @@ async def port_proxy(
     if request.method not in SAFE_METHODS and not _same_origin(request):
         return HttpResponseForbidden(b"cross-site request refused", content_type="text/plain")
     creds = await _credentials(request, port)
-    access = await sync_to_async(ports.resolve_access)(public_id, port, creds)
+    access = await sync_to_async(proxy.resolve_access)(public_id, port, creds)
     upstream = await relay(request, access, _headers_for_app(request, access))
     if upstream is None:
         return _unavailable(port)
@@ -210,7 +210,7 @@ async def port_proxy(
 
 
 async def relay(
-    request: HttpRequest, access: ports.Access, headers: list[tuple[str, str]]
+    request: HttpRequest, access: proxy.Access, headers: list[tuple[str, str]]
 ) -> UpstreamResponse | None:
     """Send ``request`` to the app ``access`` names over the driver's tunnel (its body streamed);
     the app's response with its body still to stream, or None when nothing answers there. The
@@ -349,7 +349,7 @@ class PortProxyConsumer(AsyncWebsocketConsumer):
         port = int(kwargs["port"])
         creds = self._credentials(port)
         try:
-            access = await database_sync_to_async(ports.resolve_access)(
+            access = await database_sync_to_async(proxy.resolve_access)(
                 kwargs["public_id"], port, creds
             )
         except Http404:
@@ -380,16 +380,16 @@ class PortProxyConsumer(AsyncWebsocketConsumer):
         await self.accept(subprotocol=upstream.subprotocol)
         self.pump = asyncio.create_task(self._pump())
 
-    def _credentials(self, port: int) -> ports.Credentials:
+    def _credentials(self, port: int) -> proxy.Credentials:
         cookies = self.scope.get("cookies", {})
         if self.scope.get("gpc_app_host"):
-            return ports.Credentials(app_host=True, app_cookie=cookies.get(ports.APP_COOKIE, ""))
-        return ports.Credentials(
+            return proxy.Credentials(app_host=True, app_cookie=cookies.get(ports.APP_COOKIE, ""))
+        return proxy.Credentials(
             user=self.scope.get("user"),
             share_secret=cookies.get(ports.SHARE_COOKIE.format(port=port), ""),
         )
 
-    def _target(self, access: ports.Access) -> str:
+    def _target(self, access: proxy.Access) -> str:
         query = self.scope.get("query_string", b"").decode("latin-1")
         if self.scope.get("gpc_app_host"):
             path = str(self.scope.get("gpc_app_path") or "/")
@@ -399,7 +399,7 @@ class PortProxyConsumer(AsyncWebsocketConsumer):
                 path = path[len(access.prefix) :] or "/"
         return path + (f"?{query}" if query else "")
 
-    def _headers(self, access: ports.Access) -> list[tuple[str, str]]:
+    def _headers(self, access: proxy.Access) -> list[tuple[str, str]]:
         raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.scope["headers"]]
         skip = {"origin", "host", "sec-websocket-key", "sec-websocket-version"}
         kept = [

@@ -18,6 +18,7 @@ from django.utils.translation import get_language, gettext_noop
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods
 
+from billing.choices import BillingMode
 from console.auth import staff_required
 from console.errors import DomainError
 from console.htmx import render_page, stop_polling
@@ -27,7 +28,6 @@ from marketplace.services import asset_picker
 from slices import lifecycle, services
 from slices.choices import (
     NODE_STATE_BADGES,
-    BillingMode,
     DiskMode,
     EventKind,
     InstanceState,

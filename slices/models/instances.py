@@ -13,10 +13,10 @@ from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from billing.choices import BillingMode
 from slices.choices import (
     INSTANCE_STATE_BADGES,
     AllocationKind,
-    BillingMode,
     EventKind,
     EventLevel,
     InstanceState,
@@ -50,6 +50,13 @@ class Instance(models.Model):
         _("billing mode"), max_length=10, choices=BillingMode.choices, default=BillingMode.ON_DEMAND
     )
     term_days = models.PositiveIntegerField(_("term (days)"), null=True, blank=True)
+    # Decisions read fields, not the event log: written in the transaction of their event.
+    term_paid_until = models.DateTimeField(
+        _("term paid until"), null=True, blank=True
+    )  # set when the term was bought (once): a restart after a migration never pays it again
+    disk_move_from = models.CharField(
+        _("system disk to move from"), max_length=255, blank=True
+    )  # a start placed on another host: the old host, until the disk has moved
     quoted_per_hour = models.DecimalField(
         _("quoted price per hour"), max_digits=14, decimal_places=2
     )

@@ -32,6 +32,7 @@ from slices.drivers import get_driver
 from slices.drivers.base import DriverError, GatewayGrant, GatewayTarget
 from slices.drivers.gateway import canonical_key
 from slices.models import Gateway, Instance, InstanceNode
+from slices.services import jobs
 
 logger = logging.getLogger(__name__)
 
@@ -201,12 +202,7 @@ def sync_on_commit(instance: Instance) -> None:
     if region_id is None:
         return
 
-    def send() -> None:
-        from slices import tasks  # tasks import the services
-
-        tasks.sync_gateway_task.delay(region_id)
-
-    transaction.on_commit(send)
+    jobs.enqueue_on_commit("slices.tasks.sync_gateway_task", region_id)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from slices.choices import EventKind, EventLevel, InstanceState
 from slices.drivers import DriverError, get_driver
 from slices.errors import OrderRefused
 from slices.models import Instance, InstanceEvent
-from slices.services import ports
+from slices.services import jobs, ports, proxy
 from slices.services.allocation import NoCapacity, preview_allocation
 from slices.services.instances import OrderRequest, order_instance, record_event, record_logs
 
@@ -328,7 +328,7 @@ def health_target(instance: Instance, app: AiApp) -> str:
 def probe(instance: Instance, app: AiApp, *, timeout: float = PROBE_TIMEOUT_S) -> int | None:
     """One health check through the driver's tunnel: the HTTP status, or None (nothing answers)."""
     try:
-        spec, node, node_port = ports.tunnel_target(instance, app.health.port)
+        spec, node, node_port = proxy.tunnel_target(instance, app.health.port)
     except Http404:
         return None
     driver: Any = get_driver(instance.driver or None)
@@ -451,15 +451,11 @@ def on_running(instance_id: int) -> None:
     instance = Instance.objects.filter(pk=instance_id).only("app").first()
     if instance is None or not instance.app:
         return
-    from slices import tasks  # the task module imports this one
-
-    tasks.follow_app_task.delay(instance_id)
+    jobs.enqueue("slices.tasks.follow_app_task", instance_id)
 
 
 def follow_running_apps() -> int:
     """Celery beat: app instances running but not ready whose follower was lost are followed."""
-    from slices import tasks
-
     horizon = timezone.now() - timedelta(hours=6)
     ids = list(
         Instance.objects.filter(
@@ -469,7 +465,7 @@ def follow_running_apps() -> int:
         .values_list("pk", flat=True)[:200]
     )
     for pk in ids:
-        tasks.follow_app_task.delay(pk)
+        jobs.enqueue("slices.tasks.follow_app_task", pk)
     return len(ids)
 
 
@@ -530,7 +526,7 @@ class ApiKeyRefused(Exception):  # noqa: N818 - the outcome, answered 401
     """No key, a wrong key, or no running app with an API there (one answer for all three)."""
 
 
-def resolve_api_access(public_id: Any, key: str) -> ports.Access:
+def resolve_api_access(public_id: Any, key: str) -> proxy.Access:
     """The tunnel target of the app's API for a request bearing ``key``, or ``ApiKeyRefused``."""
     instance = ports.running_instance(public_id)
     app = app_of(instance) if instance is not None else None
@@ -540,8 +536,8 @@ def resolve_api_access(public_id: Any, key: str) -> ports.Access:
         raise ApiKeyRefused
     if not key or not hmac.compare_digest(key.encode(), instance.app_api_key.encode()):
         raise ApiKeyRefused
-    spec, node, node_port = ports.tunnel_target(instance, app.api.port)
-    return ports.Access(
+    spec, node, node_port = proxy.tunnel_target(instance, app.api.port)
+    return proxy.Access(
         instance=instance,
         port=app.api.port,
         via="api-key",

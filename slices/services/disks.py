@@ -33,6 +33,7 @@ from console.ids import uuid_or_404
 from console.names import NameRefused, clean_name
 from slices.choices import DiskMode, DiskState, EventKind, InstanceState
 from slices.models import Disk, DiskAttachment, Instance, PfsUsage, Region
+from slices.services.history import record_event
 
 STORAGE_RESOURCE = "storage"
 # Instances whose system disk is kept and billed as storage.
@@ -119,20 +120,9 @@ def storage_gb(user: Any) -> tuple[int, int]:
     return int(disks), int(system)
 
 
-@dataclass(frozen=True)
-class StoragePrice:
-    per_gb_day: Decimal
-    free_gb: int
-
-    def per_day(self, gb: int) -> Decimal:
-        return (self.per_gb_day * max(0, gb - self.free_gb)).quantize(Decimal("0.01"))
-
-
-def storage_price() -> StoragePrice:
-    book = billing.current_price_book()
-    if book is None:
-        return StoragePrice(Decimal("0"), 0)
-    return StoragePrice(book.storage_per_gb_day, book.storage_free_gb)
+def storage_price() -> billing.StoragePrice:
+    """The price book's storage price (billing's)."""
+    return billing.storage_price()
 
 
 @dataclass(frozen=True)
@@ -204,14 +194,7 @@ def sync_storage_billing(user: Any) -> None:
 
 
 def _open_session(resource_id: str) -> Any:
-    # billing's open-sessions queryset (the reconciler reads it the same way).
-    from billing.models import UsageSession  # billing.services exports no fetcher for one session
-
-    return (
-        UsageSession.objects.open()
-        .filter(resource_kind=STORAGE_RESOURCE, resource_id=resource_id)
-        .first()
-    )
+    return billing.get_open_session(STORAGE_RESOURCE, resource_id)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,23 +216,9 @@ def _check_size(size_gb: Any) -> int:
 
 
 def _check_funds(user: Any, added_gb: int) -> None:
-    """Refuse a disk whose first day of storage the balance cannot pay."""
+    """Refuse a disk whose first day of storage the balance cannot pay (billing decides)."""
     disks, system = storage_gb(user)
-    price = storage_price()
-    per_day = price.per_day(disks + system + added_gb)
-    if (
-        per_day > price.per_day(disks + system)
-        and billing.get_wallet_summary(user).spendable < per_day
-    ):
-        raise billing.InsufficientFunds(
-            gettext_noop(
-                "Storage beyond the free %(free)d GB costs %(per_day)s 元 a day with this disk; "
-                "please top up first."
-            ),
-            free=price.free_gb,
-            per_day=per_day,
-            top_up_url="/billing/",
-        )
+    billing.ensure_storage_affordable(user, disks + system, added_gb)
 
 
 @transaction.atomic
@@ -440,9 +409,6 @@ def attach_for_order(instance: Instance, disks: list[tuple[Disk, str]]) -> None:
 
 
 def _event(instance: Instance, code: str, disk: Disk, **params: Any) -> None:
-    # Imported here: slices.services.instances imports this module for the order hook.
-    from slices.services.instances import record_event
-
     record_event(
         instance,
         EventKind.STATE,

@@ -25,26 +25,28 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from billing import services as billing
+from billing.choices import BillingMode
 from console import services as console_services
 from console.errors import ErrorCode
 from console.ids import parse_uuid
 from console.names import NameRefused, clean_name
 from marketplace import services as marketplace
 from slices import envpolicy, events, lifecycle, topology
-from slices.choices import AllocationKind, BillingMode, EventKind, EventLevel, InstanceState
+from slices.choices import AllocationKind, EventKind, EventLevel, InstanceState
 from slices.errors import OrderRefused, quota_exceeded
 from slices.models import (
     Allocation,
     GpuModel,
     GpuQuota,
     Instance,
-    InstanceEvent,
     InstanceNode,
     Region,
 )
 from slices.services import access, ports
 from slices.services import disks as disk_service
 from slices.services.allocation import allocate, release_allocation
+from slices.services.history import record_event, record_logs  # noqa: F401 (re-exported)
+from slices.services.jobs import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -85,51 +87,6 @@ def get_instance_for_operator(public_id: Any) -> Instance:
 # ---------------------------------------------------------------------------------------------
 # Events and transitions
 # ---------------------------------------------------------------------------------------------
-
-
-def record_event(
-    instance: Instance,
-    kind: str,
-    *,
-    code: str = "",
-    params: dict[str, Any] | None = None,
-    text: str = "",
-    step: str = "",
-    node: str = "",
-    level: str = EventLevel.INFO,
-    at: datetime | None = None,
-) -> InstanceEvent:
-    """Append one event (never updated) and broadcast it once the transaction commits."""
-    event = InstanceEvent.objects.create(
-        instance=instance,
-        at=at or timezone.now(),
-        kind=kind,
-        code=code,
-        params=params or {},
-        text=text[:4000],
-        step=step,
-        node=node,
-        level=level,
-    )
-    events.broadcast_event_on_commit(instance, event)
-    return event
-
-
-def record_logs(instance: Instance, lines: list[tuple[str, str, str]]) -> None:
-    """Append node log lines (node, step, text) in one INSERT and broadcast them on commit, in
-    one message."""
-    if not lines:
-        return
-    now = timezone.now()
-    rows = InstanceEvent.objects.bulk_create(
-        [
-            InstanceEvent(
-                instance=instance, at=now, kind=EventKind.LOG, node=n, step=s, text=t[:4000]
-            )
-            for n, s, t in lines
-        ]
-    )
-    events.broadcast_logs_on_commit(instance, rows)
 
 
 def transition(
@@ -623,16 +580,6 @@ def _reserve(instance: Instance, user: Any, c: _CheckedOrder) -> None:
         region=allocation.cluster.region,
         partition_key=pkey,
     )
-
-
-def enqueue_on_commit(task_name: str, instance_id: int) -> None:
-    def send() -> None:
-        # Imported here: slices.tasks imports these services (a cycle at module level).
-        from slices import tasks
-
-        getattr(tasks, task_name.rsplit(".", 1)[1]).delay(instance_id)
-
-    transaction.on_commit(send)
 
 
 def instance_costs(instances: Iterable[Instance]) -> dict[int, Decimal]:

@@ -12,11 +12,11 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from billing import services as billing
+from billing.choices import BillingMode
 from console.models import SshKey
 from marketplace import recipes
 from marketplace import services as marketplace
 from slices import topology
-from slices.choices import BillingMode
 from slices.models import Cluster, Instance
 from slices.services.allocation import NoCapacity, Preview, preview_allocation
 from slices.services.eta import instance_eta

@@ -7,7 +7,7 @@ URLs, who may open them, share links, and where the proxy's tunnel goes.
   ``/instances/<id>/ports/<port>/``; subdomain mode at ``https://<id>-<port>.<APPS_DOMAIN>/``,
   where the console's session cookie is never sent: the console hands the browser over with a
   short-lived signed token (``handoff_token``) that the app host turns into a cookie of its own.
-- Access (``resolve_access``): the owner of a running instance, or a share link's holder for its
+- Access (``proxy.resolve_access``): the owner of a running instance, or a share link's holder for its
   one port until revoked. Anyone else, and every port of an instance that is not running, gets
   404: the same answer as for an instance that does not exist.
 - The share link's secret is only in its URL; the database keeps its sha256.
@@ -26,7 +26,6 @@ from typing import Any
 from django.conf import settings
 from django.core import signing
 from django.db import transaction
-from django.db.models import Q
 from django.http import Http404
 from django.urls import reverse
 from django.utils import timezone
@@ -36,9 +35,8 @@ from console.names import NameRefused, clean_name
 from marketplace import aiapps
 from marketplace import services as marketplace
 from slices.choices import InstanceState
-from slices.drivers.base import InstanceSpec, NodeTarget
 from slices.errors import OrderRefused
-from slices.models import Instance, InstanceNode, ShareLink
+from slices.models import Instance, ShareLink
 
 MAX_WEB_PORTS = 10
 PORT_MIN, PORT_MAX = 1024, 65535
@@ -360,30 +358,24 @@ def share_link_for_secret(secret: str) -> ShareLink | None:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Access:
-    """Who opened which port, and where the tunnel goes."""
-
-    instance: Instance
-    port: int
-    via: str  # "owner" or "share"
-    share_link_id: int | None
-    spec: InstanceSpec
-    node: NodeTarget
-    node_port: int  # the port on the node: the published host port on a shared node
-    keep_prefix: bool  # the app knows its base URL (JupyterLab): forward the full path
-    prefix: str  # where the port is mounted (path mode) or "" (its own host)
+def _running(public_id: Any) -> Instance | None:
+    try:
+        pid = uuid.UUID(str(public_id))
+    except ValueError:
+        return None
+    return (
+        Instance.objects.select_related("owner")
+        .filter(public_id=pid, state=InstanceState.RUNNING)
+        .first()
+    )
 
 
-@dataclass(frozen=True)
-class Credentials:
-    """What a request brings: the console session's user (path mode only), the share cookie's
-    secret (path mode) and the app host's cookie (subdomain mode)."""
-
-    user: Any = None
-    share_secret: str = ""
-    app_cookie: str = ""
-    app_host: bool = False
+def live_link(link_id: Any, instance: Instance, port: int) -> ShareLink | None:
+    if not isinstance(link_id, int):
+        return None
+    return ShareLink.objects.filter(
+        pk=link_id, instance=instance, port=port, revoked_at__isnull=True
+    ).first()
 
 
 def running_instance(public_id: Any) -> Instance | None:
@@ -400,89 +392,7 @@ def grant_allows(grant: dict[str, Any], instance: Instance, port: int) -> bool:
     """A hand-off's or app cookie's grant still holds: the owner's, or a live share link's."""
     if "u" in grant:
         return bool(grant["u"] == instance.owner_id)
-    return "s" in grant and _live_link(grant["s"], instance, port) is not None
-
-
-def _running(public_id: Any) -> Instance | None:
-    try:
-        pid = uuid.UUID(str(public_id))
-    except ValueError:
-        return None
-    return (
-        Instance.objects.select_related("owner")
-        .filter(public_id=pid, state=InstanceState.RUNNING)
-        .first()
-    )
-
-
-def _owner_may(user: Any, instance: Instance) -> bool:
-    return bool(user is not None and getattr(user, "is_authenticated", False)) and (
-        instance.owner_id == user.pk
-    )
-
-
-def _live_link(link_id: Any, instance: Instance, port: int) -> ShareLink | None:
-    if not isinstance(link_id, int):
-        return None
-    return ShareLink.objects.filter(
-        pk=link_id, instance=instance, port=port, revoked_at__isnull=True
-    ).first()
-
-
-def resolve_access(public_id: Any, port: int, creds: Credentials) -> Access:
-    """The access to ``port`` of instance ``public_id`` these credentials give, or 404."""
-    instance = _running(public_id)
-    if instance is None or port not in {p.port for p in web_ports(instance)}:
-        raise Http404
-    via, link_id = "", None
-    if creds.app_host:
-        grant = read_app_cookie(creds.app_cookie, instance, port)
-        if grant is not None and grant_allows(grant, instance, port):
-            via = "owner" if "u" in grant else "share"
-            link_id = None if "u" in grant else int(grant["s"])
-    else:
-        if _owner_may(creds.user, instance):
-            via = "owner"
-        elif creds.share_secret:
-            link = share_link_for_secret(creds.share_secret)
-            if link is not None and link.instance_id == instance.pk and link.port == port:
-                via, link_id = "share", link.pk
-    if not via:
-        raise Http404
-    if link_id is not None:
-        # Every proxied request of a shared app passes here (JupyterLab loads dozens of files):
-        # the time it was last used is written at most once a minute, not once a request.
-        now = timezone.now()
-        ShareLink.objects.filter(pk=link_id).filter(
-            Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - LAST_USED_RESOLUTION)
-        ).update(last_used_at=now)
-    spec, node, node_port = tunnel_target(instance, port)
-    return Access(
-        instance=instance,
-        port=port,
-        via=via,
-        share_link_id=link_id,
-        spec=spec,
-        node=node,
-        node_port=node_port,
-        keep_prefix=port in BASE_URL_PORTS or creds.app_host,
-        prefix="" if creds.app_host else port_path(instance, port).rstrip("/"),
-    )
-
-
-def tunnel_target(instance: Instance, port: int) -> tuple[InstanceSpec, NodeTarget, int]:
-    """Rank 0's node (where a web app of a slice runs) and the port there: the host port docker
-    published on a shared node, else the port itself (host networking, a bare process)."""
-    # Imported here: provisioning imports this module (the launch template's variables).
-    from slices.services.provisioning import build_spec
-
-    part = InstanceNode.objects.filter(instance=instance).order_by("rank").first()
-    if part is None:
-        raise Http404
-    spec = build_spec(instance)
-    node = spec.nodes[0]
-    published = (part.published_ports or {}).get(str(port))
-    return spec, node, int(published) if published else port
+    return "s" in grant and live_link(grant["s"], instance, port) is not None
 
 
 # -- subdomain mode: the hand-off and the app host's cookie ------------------------------------

@@ -26,11 +26,10 @@ from django.db.models import F
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
-from billing.choices import CloseReason
+from billing.choices import BillingMode, CloseReason
 from slices import lifecycle
 from slices.choices import (
     AllocationKind,
-    BillingMode,
     EventKind,
     EventLevel,
     InstanceState,
@@ -253,6 +252,7 @@ def start_instance(instance: Instance, *, by: str, mode: str = StartMode.AUTO) -
         },
         allocation=allocation,
         gpuless=gpuless,
+        disk_move_from=moved_from,
         stopped_at=None,
         stop_warnings=0,
     )
@@ -273,10 +273,8 @@ def drive_start(instance_id: int, driver: NodeDriver | None = None) -> str:
     instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
     if instance is None or instance.state != InstanceState.PROVISIONING:
         return "nothing to do"
-    placed = instance.events.filter(code="start_placed").order_by("-id").first()
-    src_host = str((placed.params or {}).get("moved_from") or "") if placed else ""
-    moved = placed is not None and instance.events.filter(code="disk_moved", id__gt=placed.id)
-    if src_host and not (moved and moved.exists()):
+    src_host = instance.disk_move_from  # cleared with the disk_moved event
+    if src_host:
         driver = driver or get_driver(instance.driver or None)
         spec = build_spec(instance)
         src = Node.objects.filter(hostname=src_host).first()
@@ -291,12 +289,14 @@ def drive_start(instance_id: int, driver: NodeDriver | None = None) -> str:
             fail_instance(instance, "disk_move_failed", {"error": exc.detail or exc.code})
             return "failed"
         record_logs(instance, logs.drain())
-        record_event(
-            instance,
-            EventKind.STATE,
-            code="disk_moved",
-            params={"from": src_host, "to": dst.hostname, "gb": instance.system_disk_gb},
-        )
+        with transaction.atomic():
+            Instance.objects.filter(pk=instance.pk).update(disk_move_from="")
+            record_event(
+                instance,
+                EventKind.STATE,
+                code="disk_moved",
+                params={"from": src_host, "to": dst.hostname, "gb": instance.system_disk_gb},
+            )
     return provision_instance(instance_id, driver)
 
 

@@ -27,10 +27,11 @@ from django.http import Http404
 from django.utils import timezone
 
 from billing import services as billing
+from billing.choices import BillingMode
 from console.retries import TRANSIENT_ERRORS, close_connections, retry_transient
 from marketplace import services as marketplace
 from slices import events, lifecycle
-from slices.choices import BillingMode, EventKind, EventLevel, InstanceState, NodeHealth
+from slices.choices import EventKind, EventLevel, InstanceState, NodeHealth
 from slices.drivers import DriverError, InstanceSpec, Mount, NodeDriver, NodeTarget, get_driver
 from slices.drivers.base import DiskMount
 from slices.messages import FAILURE_TEXT
@@ -658,7 +659,7 @@ def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
         if instance.gpuless:
             # 无卡模式: no GPU charge; the system disk stays billed as storage.
             record_event(instance, EventKind.STATE, code="gpuless_running")
-        elif instance.events.filter(code="term_started").exists():
+        elif instance.term_paid_until is not None:
             pass  # restarted after a migration: the term was paid once, up front
         elif instance.billing_mode == BillingMode.TERM and instance.term_days:
             try:
@@ -675,8 +676,9 @@ def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
             except billing.BillingError:
                 unpaid = True
             else:
+                until = now + timedelta(days=instance.term_days)
                 Instance.objects.filter(pk=instance.pk).update(
-                    auto_release_at=now + timedelta(days=instance.term_days)
+                    auto_release_at=until, term_paid_until=until
                 )
                 record_event(
                     instance,

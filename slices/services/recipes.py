@@ -44,7 +44,7 @@ from slices.drivers import DriverError, get_driver
 from slices.errors import InstanceConflict, OrderRefused
 from slices.lifecycle import LIVE
 from slices.models import Instance, InstanceEvent
-from slices.services import storage
+from slices.services import jobs, storage
 from slices.services.allocation import NoCapacity, preview_allocation
 from slices.services.instances import (
     OrderRequest,
@@ -539,14 +539,12 @@ def _finish(instance: Instance, run: progress.RunProgress, running: bool) -> str
 
 def follow_running_recipes() -> int:
     """Beat: a running recipe whose follower is gone (its worker died) gets one again."""
-    from slices import tasks  # tasks imports the services
-
     started = 0
     running = Instance.objects.filter(state=InstanceState.RUNNING, env__has_key=RECIPE_ENV)
     for instance in running.only("pk", "public_id"):
         pk = instance.pk
         if cache.get(_followed_key(instance)) is None and cache.get(f"recipe-follow:{pk}") is None:
-            tasks.follow_recipe_task.delay(pk)
+            jobs.enqueue("slices.tasks.follow_recipe_task", pk)
             started += 1
     return started
 
@@ -556,6 +554,4 @@ def on_running(instance_id: int) -> None:
     instance = Instance.objects.filter(pk=instance_id).only("env", "state").first()
     if instance is None or not (instance.env or {}).get(RECIPE_ENV):
         return
-    from slices import tasks  # tasks imports the services
-
-    tasks.follow_recipe_task.delay(instance_id)
+    jobs.enqueue("slices.tasks.follow_recipe_task", instance_id)

@@ -26,12 +26,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from billing.models import UsageSession  # through billing's queryset (open sessions)
+from billing import services as billing
+from billing.choices import BillingMode
 from console.retries import retry_transient
 from slices import lifecycle
-from slices.choices import AllocationState, BillingMode, EventKind, EventLevel, InstanceState
+from slices.choices import AllocationState, EventKind, EventLevel, InstanceState
 from slices.models import Allocation, Instance
-from slices.services import migration, power
+from slices.services import jobs, migration, power
 from slices.services.allocation import release_allocation
 from slices.services.instances import (
     INSTANCE_RESOURCE,
@@ -173,9 +174,7 @@ def _redrive_one(
 
 def _send(task_name: str, instance_id: int) -> None:
     """Queue a lifecycle task now (a broker error goes up: the pass is retried)."""
-    from slices import tasks  # tasks imports the services
-
-    getattr(tasks, task_name).delay(instance_id)
+    jobs.enqueue(f"slices.tasks.{task_name}", instance_id)
 
 
 def _auto_release(now: datetime, report: ReconcileReport) -> None:
@@ -209,11 +208,7 @@ def _billing_closed(report: ReconcileReport) -> None:
     ids = [str(i.public_id) for i in running]
     if not ids:
         return
-    open_ids = set(
-        UsageSession.objects.open()
-        .filter(resource_kind=INSTANCE_RESOURCE, resource_id__in=ids)
-        .values_list("resource_id", flat=True)
-    )
+    open_ids = billing.open_resource_ids(INSTANCE_RESOURCE, ids)
     for instance in running:
         if str(instance.public_id) not in open_ids and release_instance(
             instance, by="billing", code="billing_stopped"

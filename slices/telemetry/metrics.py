@@ -13,8 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.cache import cache
-from django.db.models import Count, Min
-from django.db.models.functions import Coalesce
+from django.db.models import Count
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -25,7 +24,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from billing.models import UsageSession
+from billing import services as billing
 from slices.choices import InstanceState
 from slices.models import Instance
 
@@ -133,9 +132,7 @@ class ConsoleCollector(Collector):
             sum_value=sum(durations),
         )
         # A session never settled yet counts from its start.
-        oldest = UsageSession.objects.filter(state="open").aggregate(
-            oldest=Min(Coalesce("settled_at", "started_at"))
-        )["oldest"]
+        oldest = billing.oldest_unsettled_at()
         settlement = GaugeMetricFamily(
             "gpu_console_settlement_lag_seconds",
             "Seconds since the least recently settled open usage session was settled.",
