@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 from rest_framework.request import Request
 
-from console.api.exceptions import ApiError, ErrorCode
+from console.errors import DomainError
 
 
 def idempotency_key(request: Request, max_length: int) -> str | None:
@@ -16,8 +16,9 @@ def idempotency_key(request: Request, max_length: int) -> str | None:
     """
     key = (request.headers.get("Idempotency-Key") or "").strip() or None
     if key is not None and len(key) > max_length:
-        raise ApiError(
-            ErrorCode.INVALID,
-            _("The Idempotency-Key is longer than %(max)d characters.") % {"max": max_length},
+        raise DomainError(
+            gettext_noop("The Idempotency-Key is longer than %(max)d characters."),
+            field="Idempotency-Key",
+            max=max_length,
         )
     return key

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from django.utils.translation import gettext_noop
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import status, viewsets
+from rest_framework import viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from console.api.exceptions import ApiError, ErrorCode
 from console.api.viewsets import ListRetrieveViewSet
+from console.errors import DomainError, ErrorCode
 from marketplace import services
 from marketplace.api.serializers import (
     AssetDetailSerializer,
@@ -77,12 +79,7 @@ class _AssetViewSet(viewsets.ReadOnlyModelViewSet):
             return qs.select_related("license")
         form = AssetFilterForm(self.request.query_params)
         if not form.is_valid():
-            errors = {k: [str(m) for m in v] for k, v in form.errors.items()}
-            raise ApiError(
-                ErrorCode.INVALID,
-                "; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()),
-                extra={"fields": errors},
-            )
+            raise ValidationError({k: [str(m) for m in v] for k, v in form.errors.items()})
         return form.apply(qs.for_list())
 
 
@@ -132,14 +129,20 @@ class ImageViewSet(viewsets.ViewSet):
         raw = request.query_params.get("gpu", "")
         gpu = gpu_code(raw)
         if raw and not gpu:
-            raise ApiError(ErrorCode.INVALID, f"gpu must be one of {', '.join(GPU_MODELS)}.")
+            raise DomainError(
+                gettext_noop("gpu must be one of %(models)s."),
+                field="gpu",
+                models=", ".join(GPU_MODELS),
+            )
         images = services.list_images(gpu=gpu)
         return Response(ImageSerializer(images, many=True).data)
 
     def retrieve(self, request: Request, slug: str) -> Response:
         image = next((i for i in services.list_images() if i.slug == slug), None)
         if image is None:
-            raise ApiError(ErrorCode.NOT_FOUND, "No such image.", status.HTTP_404_NOT_FOUND)
+            raise DomainError(
+                gettext_noop("No such image."), code=ErrorCode.NOT_FOUND, http_status=404
+            )
         return Response(ImageSerializer(image).data)
 
 
@@ -192,6 +195,8 @@ class MountPlanView(APIView):
     def get(self, request: Request) -> Response:
         ids = [a for raw in request.query_params.getlist("assets") for a in raw.split(",") if a]
         if not ids:
-            raise ApiError(ErrorCode.INVALID, "Name at least one asset id in ?assets=.")
+            raise DomainError(
+                gettext_noop("Name at least one asset id in ?assets=."), field="assets"
+            )
         specs = services.build_mount_specs(request.user, ids)  # MountRefused: 400/403 with "assets"
         return Response({"mounts": [s.as_dict() for s in specs]})
