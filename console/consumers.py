@@ -93,6 +93,14 @@ class LayerConsumer(AsyncJsonWebsocketConsumer):
         self.closing = True
         await super().close(code=code, reason=reason)
 
+    async def signed_in_user(self) -> Any:
+        """The signed-in user, or None after closing with 4401 (every console socket needs one)."""
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return None
+        return user
+
     async def join(self, group: str) -> None:
         """Receive the group's messages from now on; an outage raises (and closes with 1013)."""
         async with asyncio.timeout(LAYER_TIMEOUT_SECONDS):
@@ -182,9 +190,8 @@ class NotificationsConsumer(ForwardingJsonConsumer):
     """Per-user notifications (worker results, low balance, instance ready). Forwards only."""
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+        user = await self.signed_in_user()
+        if user is None:
             return
         await self.join(user_group(user.public_id))
         await self.accept()

@@ -17,7 +17,6 @@ from console.consumers import (
     CLOSE_BAD_REQUEST,
     CLOSE_MESSAGE_TOO_BIG,
     CLOSE_NOT_FOUND,
-    CLOSE_UNAUTHENTICATED,
     MAX_FRAME_CHARS,
     OUTAGE_ERRORS,
     ForwardingJsonConsumer,
@@ -52,9 +51,8 @@ class InstanceConsumer(LayerConsumer):
     outage closes it with 1013 (``LayerConsumer``); the page polls meanwhile and reconnects."""
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+        user = await self.signed_in_user()
+        if user is None:
             return
         public_id = self.scope["url_route"]["kwargs"]["public_id"]
         if not await _may_see_instance(user, public_id):
@@ -93,9 +91,8 @@ class TelemetryConsumer(ForwardingJsonConsumer):
     counted = False  # this connection is in the open-websockets gauge
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+        user = await self.signed_in_user()
+        if user is None:
             return
         kwargs = self.scope["url_route"]["kwargs"]
         if "code" in kwargs:
@@ -214,9 +211,8 @@ class TerminalConsumer(LayerConsumer):
     reason = "closed"
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+        user = await self.signed_in_user()
+        if user is None:
             return
         rank = _query_int(self.scope, "rank", 0)
         if rank is None:
