@@ -16,6 +16,7 @@ from console.consumers import (
     CLOSE_BAD_REQUEST,
     CLOSE_MESSAGE_TOO_BIG,
     CLOSE_NOT_FOUND,
+    CLOSE_UNAUTHENTICATED,
     CLOSE_UNSUPPORTED_DATA,
 )
 from console.routing import websocket_router
@@ -84,3 +85,28 @@ def test_a_well_formed_object_keeps_the_socket_open(alice) -> None:
         await communicator.wait(timeout=5)
 
     run_async(run())
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/ws/notifications/",
+        "/ws/instances/00000000-0000-4000-8000-000000000000/",
+        "/ws/instances/00000000-0000-4000-8000-000000000000/terminal/",
+        "/ws/telemetry/instances/00000000-0000-4000-8000-000000000000/",
+        "/ws/telemetry/clusters/yinchuan-a800/",
+    ],
+)
+def test_every_console_socket_refuses_a_visitor_with_4401(path: str) -> None:
+    """One login check (``LayerConsumer.signed_in_user``) guards every socket of the console."""
+    from django.contrib.auth.models import AnonymousUser
+
+    async def handshake() -> int:
+        communicator, first = await open_websocket(
+            websocket_router(), websocket_scope(path, user=AnonymousUser())
+        )
+        assert first["type"] == "websocket.close", first
+        await communicator.wait(timeout=5)
+        return first["code"]
+
+    assert run_async(handshake()) == CLOSE_UNAUTHENTICATED
