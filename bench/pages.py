@@ -31,6 +31,12 @@ every customer page ≤ 100 ms p95; pages above it are marked ``over``. The thre
 statement shapes (literals replaced by ``?``, long column lists by ``…``) of the slowest page are
 printed, and of every other page over the target, to point at N+1s.
 
+The pages that show the fleet (the dashboard, the order form and its preview) read a view of it
+shared by the process until the fleet changes (``slices.services.fleet.fleet_view``); the table
+is their steady state. After it, the same pages measured right after each change of the fleet
+(a new fleet token before every request, as a claim committed elsewhere gives): what the first
+reader after a change pays, and the view's build on its own.
+
 Exit status 0 unless a page answered other than 200 or the set-up failed.
 """
 
@@ -402,6 +408,41 @@ def report(results: list[Result], requests: int, warmup: int, width: int = 34) -
     return not over
 
 
+# The pages that read the fleet: each pays for a new view of it once the fleet has changed.
+FLEET_PAGES = ("dashboard", "order form 128 × A800 (page)", "order preview 128 × A800 (htmx)")
+
+
+def report_after_change(client: Any, all_pages: list[Page], requests: int) -> None:
+    """The fleet pages when every request follows a change of the fleet (a claim or release
+    committed by another process): what the first reader after a change pays to rebuild the
+    shared fleet view (``slices.services.fleet.fleet_view``), and that rebuild on its own."""
+    from slices.services.fleet import FleetView, new_fleet_token
+
+    chosen = [p for p in all_pages if p.label in FLEET_PAGES]
+    results = [Result(page) for page in chosen]
+    build: list[float] = []
+    for _ in range(requests):
+        for result in results:
+            new_fleet_token()  # as a claim elsewhere does: no process's view is current now
+            start = time.perf_counter()
+            _get(client, result.page)
+            result.ms.append((time.perf_counter() - start) * 1000)
+        start = time.perf_counter()
+        FleetView(None)
+        build.append((time.perf_counter() - start) * 1000)
+    print(
+        f"\nthe same pages right after each change of the fleet ({requests} requests each): the "
+        f"first reader of a new fleet token rebuilds the view the others then share"
+    )
+    print(f"   {'page':<34} {'p50 ms':>8} {'p95 ms':>8}")
+    for result in results:
+        print(f"   {result.page.label:<34} {result.p50:8.1f} {result.p95:8.1f}")
+    print(
+        f"   {'fleet view build alone':<34} {statistics.median(build):8.1f} "
+        f"{percentile(build, 95):8.1f}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-n", "--requests", type=int, default=30, help="timed per page (30)")
@@ -458,7 +499,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
     load_before = os.getloadavg()[0]
     with override_settings(ROOT_URLCONF=__name__):
         results = measure(client, pages(world), args.requests, args.warmup)
-    met = report(results, args.requests, args.warmup)
+        met = report(results, args.requests, args.warmup)
+        report_after_change(client, pages(world), max(3, args.requests // 3))
     print(
         f"\n(one process on this machine's {os.cpu_count()} cores, shared with whatever else runs: "
         f"load average {load_before:.1f} before the requests, {os.getloadavg()[0]:.1f} after)"

@@ -37,6 +37,9 @@ class Dashboard:
     models: int
     datasets: int
     images: int
+    # On-demand 元 per card-hour by GPU model key (published prices only): the apps strip's
+    # rates, from the same look at the price book as the offers.
+    app_rates: dict[str, Decimal]
 
 
 def build_dashboard(user: User) -> Dashboard:
@@ -58,6 +61,9 @@ def build_dashboard(user: User) -> Dashboard:
         models=counts["models"],
         datasets=counts["datasets"],
         images=counts["images"],
+        app_rates={
+            key: p.on_demand_per_card_hour for key, p in prices.items() if not p.is_placeholder
+        },
     )
 
 

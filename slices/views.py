@@ -129,7 +129,7 @@ def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
     order_form = OrderForm(
         data,
         ssh_keys=keys.choices,
-        terms=services.term_days_for(data.get("gpu_model", "")),
+        terms=services.term_days_for(data.get("gpu_model", ""), choices.prices),
         disks=[
             (str(d.public_id), f"{d.name} · {d.size_gb} GB · {d.region.display_name}")
             for d in Disk.objects.for_owner(request.user).live().select_related("region")

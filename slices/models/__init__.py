@@ -7,6 +7,7 @@ from slices.models.disks import Disk, DiskAttachment, NodeWatch, PfsUsage
 from slices.models.fleet import (
     GPU,
     Cluster,
+    FleetVersion,
     Gateway,
     GpuModel,
     Node,
@@ -30,6 +31,7 @@ __all__ = [
     "Cluster",
     "Disk",
     "DiskAttachment",
+    "FleetVersion",
     "Gateway",
     "GpuModel",
     "GpuQuota",

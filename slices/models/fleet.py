@@ -258,3 +258,22 @@ class GPU(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.hostname}:{self.index}"
+
+
+class FleetVersion(models.Model):
+    """One row (pk 1): the fleet's change token. Every committed change of what the fleet can place
+    (a claim or release of GPUs, a node's state, the fleet file) gives it a new random ``token``;
+    the pages' cached view of the fleet is keyed on it (``slices.services.fleet.fleet_view``).
+    Random, not a counter, so a change that was rolled back (a test's transaction) can never
+    reuse a token a cache already holds."""
+
+    token = models.BigIntegerField(default=0)
+    changes = models.PositiveBigIntegerField(_("committed changes"), default=0)
+    changed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("fleet version")
+        verbose_name_plural = _("fleet versions")
+
+    def __str__(self) -> str:
+        return f"fleet version {self.changes}"

@@ -18,7 +18,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
@@ -44,7 +44,7 @@ from slices.models import (
     Region,
 )
 from slices.perf import Performance, expected_performance
-from slices.services.fleet import _ts, build_fleet
+from slices.services.fleet import FleetView, _ts, build_fleet, fleet_changed, fleet_view
 
 MAX_PLAN_ATTEMPTS = 12
 
@@ -149,12 +149,22 @@ def _plan(
     fleet, nodes = build_fleet(req.gpu_model)
     planned = fleet.plan(req)
     if isinstance(planned, topology.Unplaceable):
-        # Alternatives may be other GPU models: ask a snapshot of the whole fleet.
-        whole, _nodes = build_fleet(None)
-        why = whole.explain(req) or planned
-        earliest = datetime.fromtimestamp(why.earliest, tz=now.tzinfo) if why.earliest else None
-        raise NoCapacity(why, earliest, gpu_model=req.gpu_model, cards=req.gpus, region=req.region)
+        _refuse(req, planned, now)
     return fleet, nodes, planned
+
+
+def _refuse(
+    req: topology.Request,
+    planned: topology.Unplaceable,
+    now: datetime,
+    view: FleetView | None = None,
+) -> NoReturn:
+    """Raise NoCapacity for ``req``: why, when it could start, what fits instead (alternatives
+    may be other GPU models, so the whole fleet is asked: the pages' shared view of it)."""
+    with (view or fleet_view()).planning() as whole:
+        why = whole.explain(req) or planned
+    earliest = datetime.fromtimestamp(why.earliest, tz=now.tzinfo) if why.earliest else None
+    raise NoCapacity(why, earliest, gpu_model=req.gpu_model, cards=req.gpus, region=req.region)
 
 
 def allocate(
@@ -226,14 +236,21 @@ def _placement_performance(placement: topology.Placement) -> tuple[Cluster, Perf
 def preview_allocation(
     gpus: int, gpu_model: str, region: str | None = None, *, ends_at: datetime | None = None
 ) -> Preview:
-    """Plan without reserving; raises NoCapacity like `allocate` when nothing fits now."""
+    """Plan without reserving; raises NoCapacity like `allocate` when nothing fits now.
+
+    On the pages' shared view of the fleet (`fleet_view`: rebuilt only when the fleet changed),
+    which answers as a fresh read would: nothing is taken here, and an order plans afresh."""
     now = timezone.now()
     req = topology.Request("preview", gpus, gpu_model, region, now.timestamp(), _ts(ends_at))
-    fleet, _nodes, planned = _plan(req, now)
     structural = None
-    if not planned.at_structural_minimum:
-        t = fleet.earliest_start(req, structural=True)
-        structural = datetime.fromtimestamp(t, tz=now.tzinfo) if t else None
+    view = fleet_view()
+    with view.planning() as fleet:
+        planned = fleet.plan(req)
+        if isinstance(planned, topology.Placement) and not planned.at_structural_minimum:
+            t = fleet.earliest_start(req, structural=True)
+            structural = datetime.fromtimestamp(t, tz=now.tzinfo) if t else None
+    if isinstance(planned, topology.Unplaceable):
+        _refuse(req, planned, now, view)
     _cluster, perf = _placement_performance(planned)
     return Preview(
         gpus,
@@ -268,6 +285,7 @@ def _take(claims: list[tuple[Node, int]]) -> None:
         ).update(free_mask=node.free_mask & ~mask, state=NodeState.ALLOCATED)
         if won != 1:
             raise _LostRace(node.hostname)
+    fleet_changed()  # the pages' cached view of the fleet is out of date once this commits
 
 
 @transaction.atomic
@@ -329,6 +347,7 @@ def release_allocation(allocation: Allocation) -> bool:
             state=NodeState.READY
         )
     GPU.objects.filter(allocation=allocation).update(allocation=None)
+    fleet_changed()
     allocation.refresh_from_db()
     return True
 
@@ -411,8 +430,8 @@ def claim_replacement(
                 _take([(node, mask)])
         except _LostRace:
             continue  # another claim took this node first: plan again on the new state
-        node.refresh_from_db()
-        return node, mask
+        # The whole row as it is now (the plan read only what placing needs).
+        return Node.objects.select_related("su").get(pk=node.pk), mask
     return None
 
 
@@ -429,6 +448,7 @@ def move_part(allocation: Allocation, old: Node, new: Node, mask: int) -> None:
     GPU.objects.filter(node=new, index__in=taken, allocation__isnull=True).update(
         allocation=allocation
     )
+    fleet_changed()  # the lease moved (its GPUs on the failed node are back in its mask)
 
 
 # Usage sessions that bill an allocation carry this kind and the allocation's public id.

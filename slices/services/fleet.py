@@ -1,17 +1,23 @@
-"""The fleet inventory: loading the fleet file, the allocator's view of the database, availability,
-operator actions on nodes and the fabric map."""
+"""The fleet inventory: loading the fleet file, the allocator's view of the database, the pages'
+cached view of it (keyed on the fleet's change token), availability, operator actions on nodes and
+the fabric map."""
 
 from __future__ import annotations
 
 import logging
+import secrets
+import threading
+import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import DEFERRED, F
 from django.utils import timezone
 
 from console import loading
@@ -28,6 +34,7 @@ from slices.models import (
     Allocation,
     AllocationNode,
     Cluster,
+    FleetVersion,
     Gateway,
     GpuModel,
     Node,
@@ -112,6 +119,7 @@ def load_fleet(spec: topology.FleetSpec) -> LoadReport:
         _load_nodes(cs, cluster, models_[cs.gpu_model], existing_nodes, report)
         _load_gpus(cs, cluster, report)
     _flag_missing_nodes([h for h in existing_nodes if h not in seen_hosts], report)
+    fleet_changed()  # clusters, nodes or their layout may have changed: a new token on commit
     return report
 
 
@@ -262,18 +270,39 @@ def _ts(dt: datetime | None) -> float | None:
     return dt.timestamp() if dt else None
 
 
-def build_fleet(gpu_model: str | None = None) -> tuple[topology.Fleet, dict[str, Node]]:
-    """A `topology.Fleet` mirroring the database now (optionally one GPU model only)."""
+# The node columns `build_fleet` reads: what the allocator plans on and a claim's compare-and-set
+# compares (a node's layout, keys and timestamps cost more to load than the rest of the view).
+NODE_COLUMNS = (
+    "id",
+    "hostname",
+    "address",
+    "cluster_id",
+    "gpus_per_node",
+    "state",
+    "health",
+    "free_mask",
+)
+
+
+def build_fleet(
+    gpu_model: str | None = None, *, with_nodes: bool = True
+) -> tuple[topology.Fleet, dict[str, Node]]:
+    """A `topology.Fleet` mirroring the database now (optionally one GPU model only), and the
+    nodes by hostname as read (`NODE_COLUMNS`; other fields load when read) for a claim's
+    compare-and-set; ``with_nodes=False``: no nodes (the pages' view plans, never claims)."""
     clusters = Cluster.objects.select_related("region", "gpu_model").order_by("position", "code")
-    nodes_qs = Node.objects.select_related("su").order_by("cluster__position", "su__index", "index")
+    nodes_qs = Node.objects.order_by("cluster__position", "su__index", "index")
     if gpu_model:
         clusters = clusters.filter(gpu_model__code=gpu_model)
         nodes_qs = nodes_qs.filter(gpu_model__code=gpu_model)
-    nodes_by_cluster: dict[int, dict[int, list[Node]]] = defaultdict(lambda: defaultdict(list))
-    by_host: dict[str, Node] = {}
-    for n in nodes_qs:
-        nodes_by_cluster[n.cluster_id][n.su.index].append(n)
-        by_host[n.hostname] = n
+    nodes_by_cluster: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    rows = []
+    for *values, su_index in nodes_qs.values_list(*NODE_COLUMNS, "su__index"):
+        n = dict(zip(NODE_COLUMNS, values, strict=True))
+        nodes_by_cluster[n["cluster_id"]][su_index].append(n)
+        rows.append(n)
     cluster_specs = []
     region_specs: dict[str, topology.RegionSpec] = {}
     model_specs: dict[str, topology.GpuModelSpec] = {}
@@ -286,7 +315,7 @@ def build_fleet(gpu_model: str | None = None) -> tuple[topology.Fleet, dict[str,
             topology.ScalableUnitSpec(
                 idx,
                 f"su{idx:02d}",
-                tuple(topology.NodeSpec(n.hostname, n.address) for n in nodes),
+                tuple(topology.NodeSpec(n["hostname"], n["address"]) for n in nodes),
             )
             for idx, nodes in sorted(nodes_by_cluster[c.id].items())
             if nodes
@@ -332,14 +361,23 @@ def build_fleet(gpu_model: str | None = None) -> tuple[topology.Fleet, dict[str,
             for h, idxs in gpus.items():
                 for i in idxs:
                     accounted[h] |= 1 << i
-    for n in by_host.values():
+    for n in rows:
         # GPUs the mask says are taken but no lease explains (e.g. a half-written row elsewhere)
         # are held back too: the mask in the database is what the commit compares against.
-        stray = n.full_mask & ~n.free_mask & ~accounted[n.hostname]
+        hostname, full = n["hostname"], (1 << n["gpus_per_node"]) - 1
+        stray = full & ~n["free_mask"] & ~accounted[hostname]
         if stray:
-            fleet.occupy(f"stray:{n.hostname}", {n.hostname: topology.gpu_indexes(stray)})
-        if n.state not in SCHEDULABLE_STATES or n.health != NodeHealth.OK:
-            fleet.set_schedulable(n.hostname, False)
+            fleet.occupy(f"stray:{hostname}", {hostname: topology.gpu_indexes(stray)})
+        if n["state"] not in SCHEDULABLE_STATES or n["health"] != NodeHealth.OK:
+            fleet.set_schedulable(hostname, False)
+    if not with_nodes:
+        return fleet, {}
+    # Model instances made from the same rows (the snapshot the plan saw), the rest deferred.
+    fields = [f.attname for f in Node._meta.concrete_fields]
+    by_host = {
+        n["hostname"]: Node.from_db(nodes_qs.db, fields, [n.get(f, DEFERRED) for f in fields])
+        for n in rows
+    }
     return fleet, by_host
 
 
@@ -384,6 +422,8 @@ def change_node_state(node: Node, action: str, note: str = "") -> bool:
             qs.exclude(free_mask=node.full_mask).update(state=NodeState.ALLOCATED)
     else:
         raise ValueError(f"unknown node action {action!r}")
+    if won:
+        fleet_changed()  # the node takes no new leases (or takes them again)
     node.refresh_from_db()
     return won == 1
 
@@ -414,18 +454,57 @@ class Availability:
         return self.used_gpus / self.total_gpus if self.total_gpus else 0.0
 
 
-def availability() -> list[Availability]:
-    """What can be ordered now, per region and GPU model."""
-    fleet, _nodes = build_fleet()
-    regions = {r.code: r for r in Region.objects.all()}
+def availability(view: FleetView | None = None) -> list[Availability]:
+    """What can be ordered now, per region and GPU model (from the shared view: `fleet_view`)."""
+    view = view or fleet_view()
+    return [
+        Availability(
+            o.region,
+            view.regions[o.region].display_name if o.region in view.regions else o.region,
+            o.gpu_model,
+            o.total_gpus,
+            o.free_gpus,
+            o.out_of_service_gpus,
+            o.host_sizes,
+            o.largest_slice,
+            o.slices,
+        )
+        for o in view.offers
+    ]
+
+
+@dataclass(frozen=True)
+class ClusterSize:
+    """A cluster as the order form sizes its card choices."""
+
+    code: str
+    region: str
+    gpu_model: str
+    gpus_per_node: int
+    gpus: int
+    slices: bool  # an InfiniBand cluster of 8-GPU nodes: it takes slices
+
+
+@dataclass(frozen=True)
+class _Offer:
+    """An `Availability` without the region's name (which is in the reader's language)."""
+
+    region: str
+    gpu_model: str
+    total_gpus: int
+    free_gpus: int
+    out_of_service_gpus: int
+    host_sizes: tuple[int, ...]
+    largest_slice: int
+    slices: bool
+
+
+def _offers(fleet: topology.Fleet, region_order: list[str]) -> tuple[_Offer, ...]:
     out = []
     seen = sorted({(c.region, c.model) for c in fleet.clusters})
-    order = {code: i for i, code in enumerate(regions)}
+    order = {code: i for i, code in enumerate(region_order)}
     for region, model in sorted(seen, key=lambda rm: (order.get(rm[0], 99), rm[1])):
         cls = fleet.candidates(model, region)
-        total = sum(c.spec.gpu_count for c in cls)
-        free = fleet.free_gpus(model, region)
-        out_of_service = fleet.out_of_service_gpus(model, region)
         hosts = tuple(
             s
             for s in topology.HOST_SIZES
@@ -443,21 +522,164 @@ def availability() -> list[Availability]:
             if has_slices
             else 0
         )
-        r = regions.get(region)
         out.append(
-            Availability(
+            _Offer(
                 region,
-                r.display_name if r else region,
                 model,
-                total,
-                free,
-                out_of_service,
+                sum(c.spec.gpu_count for c in cls),
+                fleet.free_gpus(model, region),
+                fleet.out_of_service_gpus(model, region),
                 hosts,
                 largest,
                 has_slices,
             )
         )
-    return out
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fleet's change token and the pages' shared view of the fleet
+# ---------------------------------------------------------------------------------------------
+
+# A view is rebuilt after this long even when its key still matches: the bound on how long a
+# change that reached neither the token nor the node aggregate of the key (a token lost to a
+# crash between a commit and its callback; a region renamed in the admin) can go unseen.
+FLEET_VIEW_MAX_AGE_SECONDS = 30.0
+
+
+class _NewTokenOnCommit:
+    """The on-commit callback of a transaction that changed the fleet (one per transaction)."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def __call__(self) -> None:
+        self.done = True
+        new_fleet_token()
+
+
+def fleet_changed() -> None:
+    """This transaction changed what the fleet can place: a node's free mask, state or health, a
+    lease, the fleet file. The fleet's token changes when it commits (at once outside a
+    transaction), so no process's cached view (`fleet_view`) is used past that moment.
+
+    On commit rather than inside the transaction: a row every claim updated would stay locked
+    from the claim to the order's commit, queueing every order of the fleet behind it on
+    PostgreSQL and taking locks in an order (node, token, wallet) that other transactions take
+    the other way round. Until the commit this connection reads the fleet afresh
+    (`_changed_here`), so a transaction sees its own claims; other connections see the fleet
+    as it was, as they would without a cache, and the new token before the writer's caller
+    gets its answer (Django runs on-commit callbacks before ``atomic`` returns).
+    """
+    if not _changed_here():
+        transaction.on_commit(_NewTokenOnCommit(), robust=True)
+
+
+def _changed_here() -> bool:
+    """Whether this connection's open transaction changed the fleet (its new token is due)."""
+    pending = transaction.get_connection().run_on_commit
+    return any(isinstance(f, _NewTokenOnCommit) and not f.done for _sids, f, _robust in pending)
+
+
+def new_fleet_token() -> None:
+    """Give the fleet a new random token (the row is made again if a test's flush removed it)."""
+    now = timezone.now()
+    if not FleetVersion.objects.filter(pk=1).update(
+        token=secrets.randbits(62), changes=F("changes") + 1, changed_at=now
+    ):
+        FleetVersion.objects.get_or_create(
+            pk=1, defaults={"token": secrets.randbits(62), "changes": 1, "changed_at": now}
+        )
+
+
+def _fleet_key() -> tuple[Any, ...] | None:
+    """What the shared view is keyed on, read in one statement: the token, and an aggregate of
+    the node rows (count, the free masks plain and weighted by id, the out-of-service nodes'
+    count and ids) that moves when a node is changed by a writer outside this module and the
+    allocator (a health check marking a node degraded, an operator in the admin). None: the
+    view must not be shared now (this transaction changed the fleet, or there is no token)."""
+    if _changed_here():
+        return None
+    connection = transaction.get_connection()
+    with connection.cursor() as cursor:
+        in_service = [*(str(s) for s in SCHEDULABLE_STATES), str(NodeHealth.OK)]
+        cursor.execute(_key_sql(connection), in_service * 3)  # one set per CASE
+        row = cursor.fetchone()
+    if row is None or row[0] is None:
+        return None
+    return tuple(row)
+
+
+def _key_sql(connection: Any) -> str:
+    """The key's statement (plain SQL: the ORM took ten times as long to build it as the
+    database to run it; pages read it on every request). Identifiers come from the models'
+    metadata and every value is a parameter (hence the S608 waiver)."""
+    q = connection.ops.quote_name
+    node, version = q(Node._meta.db_table), q(FleetVersion._meta.db_table)
+    column = {f.name: q(f.column) for f in Node._meta.concrete_fields}
+    nid, free, state, health = (column[f] for f in ("id", "free_mask", "state", "health"))
+    states = ", ".join(["%s"] * len(SCHEDULABLE_STATES))
+    ok = f"{state} IN ({states}) AND {health} = %s"
+    return (
+        f"SELECT (SELECT {q('token')} FROM {version} WHERE {q('id')} = 1), COUNT(*), "  # noqa: S608
+        f"SUM({free}), SUM({free} * {nid}), "
+        f"SUM(CASE WHEN {ok} THEN 0 ELSE 1 END), "
+        f"SUM(CASE WHEN {ok} THEN 0 ELSE {nid} END), "
+        f"SUM(CASE WHEN {ok} THEN 0 ELSE {nid} * {nid} END) "
+        f"FROM {node}"
+    )
+
+
+class FleetView:
+    """The allocator's view of the whole fleet at one key, shared by this process's requests:
+    what the pages show (availability, the order form's preview) without rebuilding 6,080 GPUs
+    each time. Orders never plan on it: `allocation.allocate` reads the database afresh and
+    commits with compare-and-set."""
+
+    def __init__(self, key: tuple[Any, ...] | None) -> None:
+        # The key is read before the rows: rows newer than their key only cost a rebuild.
+        self.key = key
+        self.made_at = time.monotonic()
+        self._fleet, _nodes = build_fleet(with_nodes=False)
+        self.regions = {r.code: r for r in Region.objects.all()}
+        self._lock = threading.Lock()
+        with self.planning() as fleet:
+            self.offers = _offers(fleet, list(self.regions))
+            self.clusters = tuple(
+                ClusterSize(c.code, c.region, c.model, c.gpn, c.spec.gpu_count, c.slices_ok)
+                for c in fleet.clusters
+            )
+
+    def matches(self, key: tuple[Any, ...]) -> bool:
+        return key == self.key and time.monotonic() - self.made_at < FLEET_VIEW_MAX_AGE_SECONDS
+
+    @contextmanager
+    def planning(self) -> Iterator[topology.Fleet]:
+        """The fleet, to plan on without taking (``plan``, ``explain``, ``earliest_start``), one
+        thread at a time: reading, the allocator tidies its heaps and memos."""
+        with self._lock:
+            yield self._fleet
+
+
+_shared: FleetView | None = None
+_building = threading.Lock()
+
+
+def fleet_view() -> FleetView:
+    """The fleet as the database has it now: the shared view while its key is the database's,
+    else a new one (shared from then on, unless this transaction changed the fleet)."""
+    global _shared
+    key = _fleet_key()
+    if key is None:
+        return FleetView(None)
+    view = _shared
+    if view is not None and view.matches(key):
+        return view
+    with _building:  # one build for the requests that all found it out of date
+        view = _shared
+        if view is None or not view.matches(key):
+            view = _shared = FleetView(key)
+        return view
 
 
 def cluster_map(cluster: Cluster) -> list[dict[str, Any]]:

@@ -17,10 +17,10 @@ from console.models import SshKey
 from marketplace import recipes
 from marketplace import services as marketplace
 from slices import topology
-from slices.models import Cluster, Instance
+from slices.models import Instance
 from slices.services.allocation import NoCapacity, Preview, preview_allocation
 from slices.services.eta import instance_eta
-from slices.services.fleet import Availability, availability
+from slices.services.fleet import Availability, ClusterSize, availability, fleet_view
 from slices.services.instances import OrderRequest, check_funds, order_instance, price_name
 
 # ---------------------------------------------------------------------------------------------
@@ -78,16 +78,20 @@ def resolve_order_template(name: str) -> tuple[dict[str, str], list[str]]:
 
 @dataclass(frozen=True)
 class OrderChoices:
-    """What the order form offers now: regions and GPU models with capacity, listed images."""
+    """What the order form offers now: regions and GPU models with capacity, listed images; the
+    clusters' sizes and the current price list, read once for the form's other choices."""
 
     availability: list[Availability]
     regions: list[tuple[str, str]]  # (code, display name)
     gpu_models: list[str]
     images: list[tuple[str, str]]  # (version slug, label)
+    clusters: tuple[ClusterSize, ...] = ()
+    prices: list[tuple[Any, list[Any]]] | None = None  # billing.price_list(); None: not read
 
 
 def order_choices() -> OrderChoices:
-    rows = availability()
+    view = fleet_view()
+    rows = availability(view)
     return OrderChoices(
         availability=rows,
         regions=list(dict.fromkeys((r.region, r.region_name) for r in rows)),
@@ -97,6 +101,8 @@ def order_choices() -> OrderChoices:
             for i in marketplace.list_images()
             for v in i.shown_versions  # type: ignore[attr-defined]  # set by list_images()
         ],
+        clusters=view.clusters,
+        prices=billing.price_list(),
     )
 
 
@@ -128,11 +134,15 @@ def preview_order(
             "model": gpu_model
         }
     else:
-        quote = billing.quote_for(user, book_name, cards, disk_gb)
         try:
-            check_funds(user, book_name, OrderRequest(gpu_model=gpu_model, cards=cards))
+            quote, _rate = check_funds(
+                user, book_name, OrderRequest(gpu_model=gpu_model, cards=cards)
+            )
         except billing.InsufficientFunds as exc:
             insufficient = exc.message()
+        if quote is None or disk_gb:
+            # The affordability check quotes the cards alone: a disk, or a refusal, asks again.
+            quote = billing.quote_for(user, book_name, cards, disk_gb)
 
     version, image_warning = None, ""
     if image:
@@ -169,10 +179,11 @@ def preview_order(
 # ---------------------------------------------------------------------------------------------
 
 
-def priced_models() -> dict[str, Any]:
-    """Fleet GPU model code → its GpuPrice, for models with a real (non-placeholder) price."""
+def priced_models(prices: list[tuple[Any, list[Any]]] | None = None) -> dict[str, Any]:
+    """Fleet GPU model code → its GpuPrice, for models with a real (non-placeholder) price
+    (``prices``: the price list when already read)."""
     out = {}
-    for price, _terms in billing.price_list():
+    for price, _terms in billing.price_list() if prices is None else prices:
         if getattr(price, "is_placeholder", False):
             continue
         out[billing.gpu_model_key(price.gpu_model)] = price
@@ -182,7 +193,7 @@ def priced_models() -> dict[str, Any]:
 def default_order(choices: OrderChoices) -> dict[str, str]:
     """Open the form on a sensible, cheap, available configuration: the cheapest priced model
     that can start a host now, with the smallest host."""
-    prices = priced_models()
+    prices = priced_models(choices.prices)
     best: tuple[Any, str, int] | None = None
     for row in choices.availability:
         price = prices.get(billing.gpu_model_key(row.gpu_model))
@@ -204,18 +215,16 @@ def card_choices(choices: OrderChoices, gpu_model: str, region: str) -> list[tup
         for r in choices.availability
         if r.gpu_model == gpu_model and (not region or r.region == region)
     ]
-    gpn = 8
-    clusters = Cluster.objects.filter(gpu_model__code=gpu_model)
-    if region:
-        clusters = clusters.filter(region__code=region)
-    gpns = list(clusters.values_list("gpus_per_node", flat=True))
-    if gpns:
-        gpn = max(gpns)
+    # The clusters' sizes as the fleet view has them (no look-up of its own).
+    clusters = [
+        c
+        for c in choices.clusters or fleet_view().clusters
+        if c.gpu_model == gpu_model and (not region or c.region == region)
+    ]
+    gpn = max((c.gpus_per_node for c in clusters), default=8)
     out = [(n, str(n)) for n in topology.HOST_SIZES if n <= gpn]
     if any(r.slices for r in rows):
-        biggest = max(
-            (c.nodes.count() * c.gpus_per_node for c in clusters if c.slices_allowed), default=0
-        )
+        biggest = max((c.gpus for c in clusters if c.slices), default=0)
         out += [
             (n, str(n))
             for n in range(topology.SLICE_UNIT_GPUS, biggest + 1, topology.SLICE_UNIT_GPUS)
@@ -235,12 +244,14 @@ def ssh_key_choices(user: Any) -> SshKeyChoices:
     return SshKeyChoices([(str(k.public_id), k.name) for k in keys], default)
 
 
-def term_days_for(gpu_model: str) -> list[int]:
+def term_days_for(gpu_model: str, prices: list[tuple[Any, list[Any]]] | None = None) -> list[int]:
+    """The term lengths (days) the price list offers for the model (``prices``: the price
+    list when already read)."""
     key = billing.gpu_model_key(gpu_model or "")
     return sorted(
         {
             t.days
-            for p, terms in billing.price_list()
+            for p, terms in (billing.price_list() if prices is None else prices)
             if billing.gpu_model_key(p.gpu_model) == key
             for t in terms
         }

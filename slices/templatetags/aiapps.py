@@ -20,14 +20,16 @@ register = template.Library()
 
 
 @register.inclusion_tag("slices/_featured_apps.html")
-def featured_apps() -> dict[str, Any]:
+def featured_apps(rates: dict[str, Decimal] | None = None) -> dict[str, Any]:
+    """``rates``: on-demand 元 per card-hour by GPU model key, when the page has read the price
+    book already (the dashboard); else one look at it for every app (not a quote each)."""
     language = get_language() or "zh-hans"
-    # One look at the price book for every app (not a quote each: the dashboard stays cheap).
-    rates = {
-        gpu_model_key(p.gpu_model): p.on_demand_per_card_hour
-        for p, _terms in billing.price_list()
-        if not p.is_placeholder
-    }
+    if rates is None:
+        rates = {
+            gpu_model_key(p.gpu_model): p.on_demand_per_card_hour
+            for p, _terms in billing.price_list()
+            if not p.is_placeholder
+        }
     rows = []
     for app in aiapps.shipped_apps():
         option = app.recommended
