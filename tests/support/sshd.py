@@ -189,6 +189,16 @@ def stop_processes_under(path: Path, grace: float = 3.0) -> int:
     return len(stop_pids(processes_under(path), grace))
 
 
+def _execed(pid: int) -> bool:
+    """Whether ``pid`` runs the workload itself: between the launcher's fork and the exec of its
+    command (through ``env -i``) the child still shows the launcher's environment."""
+    try:
+        exe = Path(os.readlink(f"/proc/{pid}/exe")).name
+    except OSError:
+        return False
+    return exe not in {"xargs", "env"}
+
+
 def workload_pid(pid: int, timeout: float = 5.0) -> int:
     """The instance's own process under a bare-process launch's recorded ``pid`` (the driver's
     ``xargs -0`` launcher, which runs it as its one child with exactly the instance's
@@ -199,7 +209,7 @@ def workload_pid(pid: int, timeout: float = 5.0) -> int:
             children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except FileNotFoundError:
             children = []
-        if children:
+        if children and _execed(int(children[0])):
             return int(children[0])
         if time.monotonic() > deadline:
             raise AssertionError(f"process {pid} started no workload")
