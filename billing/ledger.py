@@ -10,7 +10,7 @@ and used by every charge: settlement, long-term rentals.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -204,10 +204,18 @@ def get_wallet_summary(user: User | AnonymousUser) -> WalletSummary:
     if user.is_anonymous or not user.pk:
         return WalletSummary()
     user = cast("User", user)
-    now = clock.now()
+    return summarize(
+        Account.objects.filter(wallet__owner=user).spendable(clock.now()),
+        UsageSession.objects.for_owner(user).open().only("rate", "cards", "meter"),
+    )
+
+
+def summarize(spendable: Iterable[Account], open_sessions: Iterable[UsageSession]) -> WalletSummary:
+    """The summary of a wallet from its spendable accounts and its open sessions (however they
+    were read: ``get_wallet_summary`` here, the wallet API with SQL built once)."""
     cash = trial = vouchers = ZERO
     next_expiry: datetime | None = None
-    for account in Account.objects.filter(wallet__owner=user).spendable(now):
+    for account in spendable:
         if account.kind == AccountKind.CASH:
             cash += account.balance
         elif account.kind == AccountKind.TRIAL:
@@ -218,9 +226,8 @@ def get_wallet_summary(user: User | AnonymousUser) -> WalletSummary:
             if expires is not None and (next_expiry is None or expires < next_expiry):
                 next_expiry = expires
     burn = ZERO
-    sessions = UsageSession.objects.for_owner(user).open().only("rate", "cards", "meter")
     count = 0
-    for session in sessions:
+    for session in open_sessions:
         burn += session.burn_per_hour
         count += 1
     return WalletSummary(cash, trial, vouchers, burn, next_expiry, count)

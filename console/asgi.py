@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
+
+from console.api.handler import ConsoleASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)  # as get_asgi_application() does, with the console's handler
+django_asgi_app = ConsoleASGIHandler()  # the API's requests in one thread hop
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app registry)
 from channels.routing import ProtocolTypeRouter  # noqa: E402

@@ -7,9 +7,10 @@ from rest_framework import serializers
 from billing.errors import BillingError
 from billing.models import LedgerTransaction, Payment, UsageSession
 from billing.providers import get_provider
+from console.api.serializers import FieldsBoundOnce
 
 
-class VoucherSerializer(serializers.Serializer):
+class VoucherSerializer(FieldsBoundOnce, serializers.Serializer):
     id = serializers.UUIDField(source="public_id")
     balance = serializers.DecimalField(max_digits=18, decimal_places=2)
     granted = serializers.DecimalField(source="granted_amount", max_digits=18, decimal_places=2)
@@ -17,7 +18,7 @@ class VoucherSerializer(serializers.Serializer):
     reason = serializers.CharField()
 
 
-class WalletSerializer(serializers.Serializer):
+class WalletSerializer(FieldsBoundOnce, serializers.Serializer):
     cash = serializers.DecimalField(max_digits=18, decimal_places=2)
     trial = serializers.DecimalField(max_digits=18, decimal_places=2)
     vouchers = serializers.DecimalField(max_digits=18, decimal_places=2)

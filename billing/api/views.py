@@ -21,7 +21,10 @@ from billing.api.serializers import (
     UsageSessionSerializer,
     WalletSerializer,
 )
+from billing.choices import AccountKind
+from billing.ledger import WalletSummary, summarize
 from billing.models import Account, LedgerTransaction, Payment, UsageSession, Wallet
+from console.api.compiled import CompiledQuery
 from console.api.idempotency import idempotency_key
 from console.api.viewsets import ListRetrieveViewSet
 
@@ -37,6 +40,33 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
 )
 
 
+# What the wallet endpoint reads, polled by every client: the owner's spendable accounts once
+# (the balances and the voucher list both come from them) and the open sessions' rates, with SQL
+# built once per process (console/api/compiled.py).
+SPENDABLE_ACCOUNTS = CompiledQuery(
+    lambda owner, at: (
+        Account.objects.filter(wallet__owner=owner).spendable(at).order_by("expires_at", "id")
+    ),
+    owner=Wallet._meta.get_field("owner"),
+    at=Account._meta.get_field("expires_at"),
+)
+OPEN_SESSIONS = CompiledQuery(
+    lambda owner: (
+        UsageSession.objects.for_owner(owner).open().only("rate", "cards", "meter").order_by()
+    ),
+    owner=Wallet._meta.get_field("owner"),
+)
+
+
+def wallet_summary(user: Any) -> tuple[WalletSummary, list[Account]]:
+    """``services.get_wallet_summary(user)`` and the spendable vouchers (the soonest expiring
+    first) from one read of the accounts: the same figures, one query fewer and none built."""
+    accounts = SPENDABLE_ACCOUNTS.all(owner=user.pk, at=clock.now())
+    summary = summarize(accounts, OPEN_SESSIONS.all(owner=user.pk))
+    vouchers = [a for a in accounts if a.kind == AccountKind.VOUCHER]
+    return summary, vouchers
+
+
 class WalletView(APIView):
     @extend_schema(
         summary="Your balances by kind, burn rate and runway",
@@ -44,12 +74,7 @@ class WalletView(APIView):
         tags=["billing"],
     )
     def get(self, request: Request) -> Response:
-        summary = services.get_wallet_summary(request.user)
-        vouchers = (
-            Account.objects.filter(wallet__owner=request.user, kind="voucher")
-            .spendable(clock.now())
-            .order_by("expires_at")
-        )
+        summary, vouchers = wallet_summary(request.user)
         data = {
             "cash": summary.cash,
             "trial": summary.trial,
@@ -58,7 +83,7 @@ class WalletView(APIView):
             "burn_per_hour": summary.burn_per_hour,
             "runway_seconds": summary.runway_seconds,
             "open_sessions": summary.open_sessions,
-            "voucher_list": list(vouchers),
+            "voucher_list": vouchers,
         }
         return Response(WalletSerializer(data).data)
 

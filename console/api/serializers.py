@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
+from typing import Any
 
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from rest_framework import serializers
 
 from console.models import ApiToken, SshKey
+
+
+# For a serializer the API writes out on every poll: its fields copied and bound once per class,
+# not once per serializer (DRF deep-copies the declared fields for every serializer it makes, about
+# 1 ms for 30 fields). Output only (``.data``; reading input still uses each serializer's own
+# fields), and only for fields that read nothing from ``context``: the shared fields belong to a
+# serializer of their own, with no request. No docstring: drf-spectacular would print it as the
+# description of every serializer that mixes it in.
+class FieldsBoundOnce:
+    @property
+    def _readable_fields(self) -> Iterator[Any]:
+        cls = type(self)
+        fields = cls.__dict__.get("_fields_bound_once")
+        if fields is None:  # two threads may both make it: the same fields either way
+            template: Any = cls()
+            fields = [f for f in template.fields.values() if not f.write_only]
+            cls._fields_bound_once = fields  # type: ignore[attr-defined]
+        return iter(fields)
 
 
 class SshKeySerializer(serializers.ModelSerializer):

@@ -1,6 +1,21 @@
 from __future__ import annotations
 
+from collections.abc import Iterable
+from decimal import Decimal
+from typing import Any
+
+from django.db.models.manager import BaseManager
 from rest_framework import serializers
+
+from console.api.serializers import FieldsBoundOnce
+from slices import lifecycle
+from slices.messages import failure_text
+from slices.models import DiskAttachment, Instance
+from slices.services import apps, ports
+from slices.services import disks as disk_service
+from slices.services.access import ssh_access
+from slices.services.eta import instance_eta
+from slices.services.instances import instance_cost, instance_costs
 
 
 class AvailabilitySerializer(serializers.Serializer):
@@ -26,7 +41,7 @@ class AvailabilitySerializer(serializers.Serializer):
     )
 
 
-class InstanceNodeSerializer(serializers.Serializer):
+class InstanceNodeSerializer(FieldsBoundOnce, serializers.Serializer):
     rank = serializers.IntegerField()
     hostname = serializers.CharField()
     step = serializers.CharField(help_text="The last provisioning step done on this node.")
@@ -34,7 +49,141 @@ class InstanceNodeSerializer(serializers.Serializer):
     failed = serializers.BooleanField()
 
 
-class InstanceSerializer(serializers.Serializer):
+class InstanceView:
+    """An instance as ``InstanceSerializer`` reads it: the model's own fields, and the values
+    derived from it and its rows (cost, access, progress, nodes, disks, ports, the app).
+
+    ``cost`` and ``disks`` come from the caller when it looked them up for a whole page at once
+    (``InstanceListSerializer``); the nodes from the queryset's prefetch when there is one.
+    """
+
+    def __init__(
+        self,
+        instance: Instance,
+        *,
+        cost: Decimal | None = None,
+        disks: list[DiskAttachment] | None = None,
+    ) -> None:
+        self.instance = instance
+        self._cost = cost
+        self._disks = disks
+        self._nodes = sorted(instance.nodes.all(), key=lambda n: n.rank)
+        self._ssh = ssh_access(instance)
+        self._estimate = instance_eta(instance, self._nodes)
+
+    def __getattr__(self, name: str) -> Any:  # the model's fields (name, state, gpu_model...)
+        if name in _DERIVED:  # one of ours raised AttributeError: not the model's same name
+            raise TypeError(f"InstanceView.{name} raised AttributeError")
+        if name.startswith("_") or name == "instance":
+            raise AttributeError(name)  # not set yet (or a copy probing): never the model's
+        return getattr(self.instance, name)
+
+    @property
+    def cost_so_far(self) -> Decimal:
+        return instance_cost(self.instance) if self._cost is None else self._cost
+
+    @property
+    def ssh(self) -> dict[str, object] | None:
+        return self._ssh.as_dict() if self._ssh else None
+
+    @property
+    def ssh_config(self) -> str:
+        return self._ssh.ssh_config if self._ssh else ""
+
+    @property
+    def progress(self) -> int:
+        return lifecycle.instance_progress([n.step or None for n in self._nodes])
+
+    @property
+    def eta_seconds(self) -> int | None:
+        return self._estimate.seconds if self._estimate else None
+
+    @property
+    def current_step(self) -> str:
+        return self._estimate.current_step if self._estimate else ""
+
+    @property
+    def nodes(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "rank": n.rank,
+                "hostname": n.hostname,
+                "step": n.step,
+                "progress": lifecycle.node_progress(n.step or None),
+                "failed": n.failed,
+            }
+            for n in self._nodes
+        ]
+
+    @property
+    def expected_performance(self) -> dict[str, Any]:
+        allocation = self.instance.allocation
+        return allocation.performance if allocation else {}
+
+    @property
+    def failure(self) -> dict[str, str] | None:
+        code = self.instance.failure_code
+        if not code:
+            return None
+        return {"code": code, "detail": failure_text(code, self.instance.failure_params)}
+
+    @property
+    def simulated(self) -> bool:
+        return self.instance.driver == "sim"
+
+    @property
+    def checkpoint(self) -> dict[str, Any]:
+        return self.instance.checkpoint or {}
+
+    @property
+    def disks(self) -> list[dict[str, Any]]:
+        attached = (
+            disk_service.instance_disks(self.instance) if self._disks is None else self._disks
+        )
+        return [
+            {"id": a.disk.public_id, "name": a.disk.name, "path": a.disk.mount_path, "mode": a.mode}
+            for a in attached
+        ]
+
+    @property
+    def ports(self) -> list[dict[str, Any]]:
+        return ports.ports_data(self.instance, owner_view=True)
+
+    @property
+    def app(self) -> dict[str, Any] | None:
+        status = apps.app_status(self.instance)
+        if status is None:
+            return None
+        return {
+            "slug": status.app.slug,
+            "model": status.model,
+            "state": status.state,
+            "open_url": status.open_url if status.state == "ready" else None,
+            "api_base_path": status.api_path or None,
+            "api_key": status.api_key,
+        }
+
+
+_DERIVED = frozenset(n for n, v in vars(InstanceView).items() if isinstance(v, property))
+
+
+class InstanceListSerializer(serializers.ListSerializer):
+    """A page of instances: their costs and disks looked up for the whole page, one query each,
+    so a list costs the same few queries however long it is."""
+
+    def to_representation(self, data: Iterable[Instance]) -> list[dict[str, Any]]:
+        instances = list(data.all() if isinstance(data, BaseManager) else data)
+        costs = instance_costs(instances)
+        disks = disk_service.instances_disks(instances)
+        return [
+            self.child.to_representation(InstanceView(i, cost=costs[i.pk], disks=disks[i.pk]))
+            for i in instances
+        ]
+
+
+# The API's view of an instance: the one list of its fields, read from the model through
+# ``InstanceView`` (no docstring: the schema would print it).
+class InstanceSerializer(FieldsBoundOnce, serializers.Serializer):
     id = serializers.UUIDField(source="public_id")
     name = serializers.CharField()
     kind = serializers.CharField(help_text="host (one node) or slice (64 cards and up).")
@@ -44,7 +193,9 @@ class InstanceSerializer(serializers.Serializer):
     gpu_model = serializers.CharField(
         source="gpu_model.code", help_text='The fleet code, e.g. "RTX4090".'
     )
-    gpu_model_name = serializers.CharField(help_text='The product name, e.g. "RTX 4090".')
+    gpu_model_name = serializers.CharField(
+        source="gpu_model.product_name", help_text='The product name, e.g. "RTX 4090".'
+    )
     cards = serializers.IntegerField()
     region = serializers.CharField(source="region.code", allow_null=True, default=None)
     image = serializers.CharField(
@@ -112,6 +263,13 @@ class InstanceSerializer(serializers.Serializer):
         "api_base_path (/apps/<id>/v1 on this console; null without an API) and api_key (send "
         "it as Authorization: Bearer <key>).",
     )
+
+    class Meta:
+        list_serializer_class = InstanceListSerializer
+
+    def to_representation(self, instance: Instance | InstanceView) -> dict[str, Any]:
+        view = instance if isinstance(instance, InstanceView) else InstanceView(instance)
+        return super().to_representation(view)
 
 
 class DiskRefSerializer(serializers.Serializer):

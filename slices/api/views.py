@@ -6,6 +6,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.db.models import Prefetch, QuerySet
+from django.http import Http404
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -17,12 +18,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.api.compiled import CompiledQuery, Many, prefetched, prefetched_many
 from console.api.exceptions import ApiError
 from console.api.idempotency import idempotency_key
 from console.api.viewsets import PublicIdViewSet
 from console.errors import DomainError, ErrorCode
+from console.ids import parse_uuid
 from marketplace import aiapps
-from slices import lifecycle, services
+from slices import services
 from slices.api.serializers import (
     AppLaunchSerializer,
     AppSerializer,
@@ -40,14 +43,11 @@ from slices.api.serializers import (
 )
 from slices.choices import EventKind
 from slices.forms import InstanceListFilter, filter_instances
-from slices.messages import event_text, failure_text
-from slices.models import Cluster, Disk, DiskAttachment, Instance
+from slices.messages import event_text
+from slices.models import Cluster, Disk, DiskAttachment, Instance, InstanceNode, ShareLink
 from slices.perf import expected_performance
-from slices.services import apps, ports, power, storage
+from slices.services import apps, power, storage
 from slices.services import disks as disk_service
-from slices.services.access import ssh_access
-from slices.services.eta import instance_eta
-from slices.services.instances import instance_cost, instance_costs
 
 
 class AvailabilityView(APIView):
@@ -121,94 +121,58 @@ INSTANCE_STATE_FILTER = OpenApiParameter(
 )
 
 
-def instance_data(
-    instance: Instance,
-    *,
-    cost: Decimal | None = None,
-    disks: list[DiskAttachment] | None = None,
-) -> dict[str, Any]:
-    """The API's view of one instance. A page passes ``cost`` and ``disks`` looked up for all its
-    instances at once (``_page_data``), so a list costs the same few queries however long it is;
-    the nodes come from the queryset's prefetch when there is one."""
-    nodes = sorted(instance.nodes.all(), key=lambda n: n.rank)
-    steps = [n.step or None for n in nodes]
-    estimate = instance_eta(instance, nodes)
-    return {
-        "public_id": instance.public_id,
-        "name": instance.name,
-        "kind": instance.kind,
-        "state": instance.state,
-        "gpu_model": instance.gpu_model,
-        "gpu_model_name": instance.gpu_model.product_name,
-        "cards": instance.cards,
-        "region": instance.region,
-        "image": instance.image,
-        "mounts": instance.mounts,
-        "billing_mode": instance.billing_mode,
-        "term_days": instance.term_days,
-        "quoted_per_hour": instance.quoted_per_hour,
-        "cost_so_far": instance_cost(instance) if cost is None else cost,
-        "auto_release_at": instance.auto_release_at,
-        "ssh": ssh.as_dict() if (ssh := ssh_access(instance)) else None,
-        "ssh_config": ssh.ssh_config if ssh else "",
-        "progress": lifecycle.instance_progress(steps),
-        "eta_seconds": estimate.seconds if estimate else None,
-        "current_step": estimate.current_step if estimate else "",
-        "nodes": [
-            {
-                "rank": n.rank,
-                "hostname": n.hostname,
-                "step": n.step,
-                "progress": lifecycle.node_progress(n.step or None),
-                "failed": n.failed,
-            }
-            for n in nodes
-        ],
-        "partition_key": instance.partition_key,
-        "allreduce": instance.allreduce,
-        "expected_performance": instance.allocation.performance if instance.allocation else {},
-        "failure": {
-            "code": instance.failure_code,
-            "detail": failure_text(instance.failure_code, instance.failure_params),
-        }
-        if instance.failure_code
-        else None,
-        "simulated": instance.driver == "sim",
-        "created_at": instance.created_at,
-        "running_at": instance.running_at,
-        "ended_at": instance.ended_at,
-        "system_disk_gb": instance.system_disk_gb,
-        "gpuless": instance.gpuless,
-        "checkpoint": instance.checkpoint or {},
-        "disks": [
-            {"id": a.disk.public_id, "name": a.disk.name, "path": a.disk.mount_path, "mode": a.mode}
-            for a in (disk_service.instance_disks(instance) if disks is None else disks)
-        ],
-        "ports": ports.ports_data(instance, owner_view=True),
-        "app": app_data(instance),
-    }
+# The instance as the API reads it (the list, one instance): its rows joined, its nodes (and on a
+# list its share links) in one query each, the SQL built once per process (console/api/compiled.py).
+# Scoped to the owner like every fetch of the API.
+_RELATED = ("gpu_model", "region", "region__gateway", "allocation")
+OWNED_INSTANCE = CompiledQuery(
+    lambda owner, public_id: (
+        Instance.objects.filter(owner=owner, public_id=public_id)
+        .select_related(*_RELATED)
+        .order_by()
+    ),
+    owner=Instance._meta.get_field("owner"),
+    public_id=Instance._meta.get_field("public_id"),
+)
+OWNED_PAGE = CompiledQuery(
+    lambda state, offset, limit, owner: (
+        filter_instances(Instance.objects.filter(owner=owner), state)
+        .select_related(*_RELATED)
+        .order_by("-created_at", "-id")[offset : offset + limit]
+    ),
+    owner=Instance._meta.get_field("owner"),
+)
+NODES_OF = CompiledQuery(
+    lambda ids: InstanceNode.objects.filter(instance__in=ids),
+    ids=Many(InstanceNode._meta.get_field("instance")),
+)
+SHARE_LINKS_OF = CompiledQuery(
+    lambda ids: ShareLink.objects.filter(instance__in=ids),
+    ids=Many(ShareLink._meta.get_field("instance")),
+)
 
 
-def app_data(instance: Instance) -> dict[str, Any] | None:
-    status_ = apps.app_status(instance)
-    if status_ is None:
-        return None
-    return {
-        "slug": status_.app.slug,
-        "model": status_.model,
-        "state": status_.state,
-        "open_url": status_.open_url if status_.state == "ready" else None,
-        "api_base_path": status_.api_path or None,
-        "api_key": status_.api_key,
-    }
+def owned_instance(user: Any, public_id: Any) -> Instance:
+    """``services.get_instance_for_user`` for the API's reads: the caller's instance or 404, with
+    its GPU model, region, gateway, allocation and nodes, in two queries built once."""
+    pid = parse_uuid(public_id)
+    if pid is None or not getattr(user, "is_authenticated", False):
+        raise Http404
+    instance = OWNED_INSTANCE.first(owner=user.pk, public_id=pid)
+    if instance is None:
+        raise Http404
+    prefetched(instance, "nodes", NODES_OF.all(ids=[instance.pk]))
+    return instance
 
 
-def _page_data(instances: list[Instance]) -> list[dict[str, Any]]:
-    """``instance_data`` for a page: the costs and the disks of all its instances in one query
-    each, instead of two and one per instance."""
-    costs = instance_costs(instances)
-    disks = disk_service.instances_disks(instances)
-    return [instance_data(i, cost=costs[i.pk], disks=disks[i.pk]) for i in instances]
+def owned_page(user: Any, state: str, offset: int, limit: int) -> list[Instance]:
+    """A page of the caller's instances (newest first) as ``owned_instance`` reads one, with the
+    share links their ports list: three queries however long the page."""
+    page = OWNED_PAGE.all(state, offset, limit, owner=user.pk)
+    ids = [i.pk for i in page]
+    prefetched_many(page, "nodes", NODES_OF.all(ids=ids))
+    prefetched_many(page, "share_links", SHARE_LINKS_OF.all(ids=ids))
+    return page
 
 
 class InstanceViewSet(PublicIdViewSet):
@@ -229,7 +193,7 @@ class InstanceViewSet(PublicIdViewSet):
     def _answer(self, instance: Instance, code: int = status.HTTP_202_ACCEPTED) -> Response:
         """The instance as the service left it (202: the work goes on in a worker)."""
         instance.refresh_from_db()
-        return Response(InstanceSerializer(instance_data(instance)).data, status=code)
+        return Response(InstanceSerializer(instance).data, status=code)
 
     @extend_schema(
         summary="Your instances, newest first (?state=active|all|released; default active)",
@@ -244,15 +208,16 @@ class InstanceViewSet(PublicIdViewSet):
                 field="state",
                 choices=", ".join(InstanceListFilter.values()),
             )
-        qs = filter_instances(self.get_queryset(), state)
-        page = self.paginate_queryset(qs.order_by("-created_at", "-id"))
-        rows = _page_data(list(page) if page is not None else [])
-        data = InstanceSerializer(rows, many=True).data
-        return self.get_paginated_response(data) if page is not None else Response(data)
+        page = self.paginator.paginate(
+            request,
+            lambda offset, limit: owned_page(request.user, state, offset, limit),
+            lambda: filter_instances(self.get_queryset(), state).count(),
+        )
+        return self.get_paginated_response(InstanceSerializer(page, many=True).data)
 
     @extend_schema(summary="One instance", tags=["instances"])
     def retrieve(self, request: Request, public_id: str) -> Response:
-        return Response(InstanceSerializer(instance_data(self._get())).data)
+        return Response(InstanceSerializer(owned_instance(request.user, public_id)).data)
 
     @extend_schema(
         summary="Order a host or a slice; provisioning starts at once (202)",
@@ -645,4 +610,4 @@ class AppViewSet(viewsets.ViewSet):
         )
         instance.refresh_from_db()
         code = status.HTTP_200_OK if existing else status.HTTP_202_ACCEPTED
-        return Response(InstanceSerializer(instance_data(instance)).data, status=code)
+        return Response(InstanceSerializer(instance).data, status=code)

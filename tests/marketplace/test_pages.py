@@ -171,13 +171,14 @@ def test_list_page_queries_do_not_grow_with_rows(
 
 @pytest.mark.parametrize("rows", [3, PAGE_SIZE + 5])
 def test_list_api_queries_do_not_grow_with_rows(
-    rows: int, alice_client: Client, django_assert_num_queries
+    rows: int, alice_client: Client, django_assert_max_num_queries
 ) -> None:
     _shelf(rows)
-    # session + user, count, one page of rows with their licenses joined
-    with django_assert_num_queries(4):
+    # session + user, one page of rows with their licenses joined, and the count only when the
+    # page cannot tell it (the pagination skips it when a first page is not full)
+    with django_assert_max_num_queries(4):
         assert alice_client.get("/api/v1/models/?q=acme&sort=name").status_code == 200
-    with django_assert_num_queries(4):
+    with django_assert_max_num_queries(4):
         assert alice_client.get("/api/v1/datasets/?gated=yes").status_code == 200
 
 
@@ -311,7 +312,7 @@ def test_the_order_form_includes_the_whole_picker(alice) -> None:
 
 
 def test_license_list_api_queries_do_not_grow_with_rows(
-    alice, alice_client: Client, django_assert_num_queries
+    alice, alice_client: Client, django_assert_max_num_queries
 ) -> None:
     from marketplace import services
 
@@ -319,8 +320,8 @@ def test_license_list_api_queries_do_not_grow_with_rows(
         lic = LicenseFactory(key=f"many-{i}", requires_acceptance=i % 2 == 0)
         if i % 4 == 0:
             services.accept_license(alice, lic)
-    # session + user, the caller's acceptances, count, one page
-    with django_assert_num_queries(5):
+    # session + user, the caller's acceptances, one page (and the count unless the page tells it)
+    with django_assert_max_num_queries(5):
         body = alice_client.get("/api/v1/licenses/").json()
     accepted = {r["key"]: r["accepted"] for r in body["results"]}
     assert accepted["many-0"] is True and accepted["many-2"] is False and accepted["many-1"] is True
