@@ -12,13 +12,26 @@ compares decisions, not data structures.
                    with the least free capacity that fits, else domains sorted by free capacity
                    descending with the last one chosen as the tightest fit for the remainder.
 Hosts of the SU-aware baselines take the first aligned block on the first node that has one.
+
+None of them has a rule for a failed node's part (the project's is `Fleet.plan_replacement`). In the
+replay a baseline replaces a part as it would place a one-node order (a slice's part) or a host of
+the part's GPUs (a host's part) inside the failed node's cluster: `one_node_replacement`, what a
+scheduler without a replacement rule does when it reschedules the failed node's share of a job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from slices.topology import OURS, ClusterState, Fleet, Request, buddy_tables
+from slices.topology import (
+    OURS,
+    ClusterState,
+    Fleet,
+    HostChoice,
+    Request,
+    SlicePolicy,
+    buddy_tables,
+)
 
 
 def _first_fit_host(
@@ -153,6 +166,23 @@ class KueueTas(FirstSuFit):
                     need -= d[0]
             return cl, take
         return None
+
+
+def one_node_replacement(
+    policy: SlicePolicy, fleet: Fleet, failed: int, gpus: int, *, whole: bool, req: Request
+) -> HostChoice | None:
+    """A baseline's replacement for the part of failed node `failed` (node id), inside its
+    cluster: the node `policy` picks for a one-node order when `whole` (a slice's part), else the
+    GPUs it picks for a host of `gpus` GPUs. (gid, GPU mask), or None when nothing fits."""
+    cl = fleet.cluster_of(failed)
+    if not whole:
+        return policy.choose_host(fleet, [cl], gpus, req)
+    got = policy.choose_slice(fleet, [cl], 1, req)
+    if got is None:
+        return None
+    chosen, take = got
+    [su] = take
+    return chosen.su_free[su][0], chosen.full_mask
 
 
 POLICIES = {p.name: p for p in (OURS, FirstFit(), FirstSuFit(), SlurmTree(), KueueTas())}
