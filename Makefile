@@ -31,10 +31,10 @@ demo: $(VENV)/.synced
 	@echo "  Log in as  demo / demo-password-2026  (operator: ops / ops-password-2026)"
 	@echo "  Data, mail (var/mail/) and this install's secret key live in var/"
 	@echo
-	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off
+	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-per-message-deflate false
 
 serve: $(VENV)/.synced
-	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off
+	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-per-message-deflate false
 
 # Browser journeys need Debian's Chromium; the SSH tests need openssh-server.
 system-deps:
@@ -72,8 +72,14 @@ $(JUPYTER_VENV)/.requirements: $(JUPYTER_REQS)
 
 jupyter-env: $(JUPYTER_VENV)/.requirements
 
+# The suite on TEST_WORKERS pytest-xdist workers (README "Tests and CI"): a test module runs on one
+# worker, the modules on the SSH test hosts one after another (tests/conftest.py HOST_MODULES);
+# TEST_WORKERS=0 runs it in this one process. It prints its 20 slowest steps and its wall time.
+TEST_WORKERS ?= 3
 test: $(VENV)/.synced system-deps recipe-env jupyter-env
-	$(VENV)/bin/pytest -m "not integration" -q
+	@started=$$(date +%s); rc=0; \
+	  $(VENV)/bin/pytest -m "not integration" -q -n $(TEST_WORKERS) --dist loadfile --durations=20 || rc=$$?; \
+	  echo "make test: $$(( $$(date +%s) - started )) s wall time (TEST_WORKERS=$(TEST_WORKERS))"; exit $$rc
 
 test-integration: $(VENV)/.synced system-deps
 	DATABASE_URL=$(IT_DATABASE_URL) REDIS_URL=$(IT_REDIS_URL) SECRET_KEY=$${SECRET_KEY:-integration-$$(head -c 48 /dev/urandom | base64 | tr -d '/+=')} \

@@ -9,16 +9,19 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from console import layer_loop
 from console.events import notify_user
 
 if TYPE_CHECKING:
     from slices.models import Instance, InstanceEvent
 
 logger = logging.getLogger(__name__)
+
+# A broadcast is best effort: one that the channel layer has not taken within this is dropped.
+SEND_TIMEOUT_SECONDS = 5.0
 
 
 def instance_group(public_id: object) -> str:
@@ -30,7 +33,15 @@ def _send(group: str, message: dict[str, Any]) -> None:
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send)(group, message)
+        # Queued on the process's one layer loop, in order (console.layer_loop): neither a new
+        # thread, loop and Redis connection for each message, nor the caller (the thread that
+        # records every node's steps) waiting for the channel layer. A message the layer drops
+        # is logged there; pages reload from the database.
+        layer_loop.post(
+            layer.group_send(group, message),
+            timeout=SEND_TIMEOUT_SECONDS,
+            what=f"broadcast to {group}",
+        )
     except Exception:  # the channel layer may drop messages; pages reload from the database
         logger.debug("broadcast to %s dropped", group, exc_info=True)
 

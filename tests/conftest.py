@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -26,6 +27,34 @@ expect.set_options(timeout=20_000)
 
 __all__ = ["PASSWORD"]  # tests log in with it (tests/console/factories.py)
 
+# `make test` runs the suite on several pytest-xdist workers (``-n``, ``--dist loadfile``). Each
+# test module runs on one worker from start to end (its module-scoped servers start once); the
+# modules below run one after another on one worker (the scope "host"), as in a serial run: the
+# instances they start on the SSH test hosts bind fixed ports of this machine (an app's 8000,
+# JupyterLab's 8888, an instance's own sshd in SLICES_INSTANCE_SSH_PORTS, drawn per database, not
+# per machine). A module that uses the ``ssh_hosts`` fixture must be listed (checked below).
+HOST_GROUP = "host"
+HOST_MODULES = frozenset(
+    {
+        "tests/e2e/test_app_chat.py",
+        "tests/e2e/test_jupyterlab.py",
+        "tests/slices/test_bench_provisioning.py",
+        "tests/slices/test_hostile_tenant.py",
+        "tests/slices/test_migration_ssh.py",
+        "tests/slices/test_ports.py",
+        "tests/slices/test_process_stop_ssh.py",
+        "tests/slices/test_recipe_runs.py",
+        "tests/slices/test_ssh_driver.py",
+        "tests/slices/test_ssh_gateway.py",
+        "tests/slices/test_ssh_provisioning.py",
+        "tests/slices/test_stop_start_ssh.py",
+        "tests/slices/test_telemetry_ssh.py",
+        "tests/slices/test_terminal_ssh.py",
+        "tests/test_bench_access.py",
+        "tests/test_bench_apps.py",
+    }
+)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Serve static files from the source folders in tests, in both modes.
@@ -42,6 +71,91 @@ def pytest_configure(config: pytest.Config) -> None:
     }
     settings.WHITENOISE_USE_FINDERS = True
     settings.STATIC_ROOT = None  # nothing is collected in-process; whitenoise serves the finders
+    # PBKDF2 at one iteration (tests/support/hashers.py): the same algorithm and format, without
+    # 0.25 s of CPU for every user a test creates or logs in.
+    settings.PASSWORD_HASHERS = ["tests.support.hashers.OneIterationPBKDF2PasswordHasher"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A module on the SSH test hosts that HOST_MODULES does not list would run beside the others."""
+    unlisted = {
+        item.nodeid.split("::", 1)[0]
+        for item in items
+        if "ssh_hosts" in getattr(item, "fixturenames", ())
+    } - HOST_MODULES
+    if unlisted:
+        raise pytest.UsageError(f"add {', '.join(sorted(unlisted))} to HOST_MODULES in {__file__}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the modules of HOST_MODULES as one scope. (pytest-xdist's own
+    ``loadgroup`` relies on rewriting test ids, which this pytest no longer allows.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return HOST_GROUP if module in HOST_MODULES else module
+
+    return ModuleScheduling(config, log)
+
+
+_db_blocker_key = pytest.StashKey[Any]()
+# pytest-django's fixture that gives a test its database (and flushes it after a transactional one).
+DJANGO_DB_FIXTURE = "_django_db_helper"
+
+
+def _transactional(item: pytest.Item) -> bool:
+    """What pytest-django flushes the database after (its own test ordering's rule)."""
+    marker = item.get_closest_marker("django_db")
+    if marker is not None and (
+        marker.kwargs.get("transaction") or marker.kwargs.get("reset_sequences")
+    ):
+        return True
+    return bool({"transactional_db", "live_server"} & set(getattr(item, "fixturenames", ())))
+
+
+def pytest_fixture_post_finalizer(fixturedef: Any, request: pytest.FixtureRequest) -> None:
+    """After a transactional test's flush, put back the rows the migrations wrote.
+
+    Serially, pytest-django runs every test in a transaction before the transactional ones, so none
+    of them meets a flushed database; on an xdist worker a module of transactional tests may come
+    before another module's tests, which read the seed prices (billing 0002) and the fleet's
+    version row (slices 0008) as every database has them after ``migrate``. A migration that writes
+    rows adds them here. Called after pytest-django's per-test database fixture (its flush) ends."""
+    if fixturedef.argname == DJANGO_DB_FIXTURE and _transactional(request.node):
+        with request.config.stash[_db_blocker_key].unblock():
+            _reseed_migration_rows()
+
+
+def _reseed_migration_rows() -> None:
+    import secrets
+
+    from django.apps import apps
+
+    from billing.seed import seed_default_prices
+
+    seed_default_prices()  # idempotent: only when no price book / bonus rule exists
+    try:
+        fleet_version = apps.get_model("slices", "FleetVersion")
+    except LookupError:
+        return
+    fleet_version.objects.get_or_create(pk=1, defaults={"token": secrets.randbits(62)})
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _db_blocker_for_hooks(request: pytest.FixtureRequest, django_db_blocker: Any) -> None:
+    """pytest-django's database blocker, for the hook above (hooks get no fixtures)."""
+    import pytest_django.fixtures
+
+    if not hasattr(pytest_django.fixtures, DJANGO_DB_FIXTURE):  # renamed in a new pytest-django
+        raise pytest.UsageError(
+            f"pytest-django has no {DJANGO_DB_FIXTURE}: update tests/conftest.py"
+        )
+    request.config.stash[_db_blocker_key] = django_db_blocker
 
 
 @pytest.fixture(autouse=True, scope="session")

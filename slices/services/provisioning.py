@@ -445,8 +445,10 @@ class _NodeSteps:
         return self.failure
 
     def _loop(self, pool: ThreadPoolExecutor) -> None:
-        for rank in sorted(self.runs):
-            self.submit(pool, rank)
+        # Every node's first step on its way before anything is recorded.
+        skipped = [(rank, self._submit_next(pool, rank)) for rank in sorted(self.runs)]
+        for rank, steps in skipped:
+            self._record_skipped(rank, steps)
         while self.pending:
             done, _ = wait(
                 list(self.pending), timeout=LOG_FLUSH_SECONDS, return_when=FIRST_COMPLETED
@@ -465,14 +467,26 @@ class _NodeSteps:
                     self.succeeded(pool, rank, step)
 
     def submit(self, pool: ThreadPoolExecutor, rank: int, delay: float = 0.0) -> None:
+        self._record_skipped(rank, self._submit_next(pool, rank, delay))
+
+    def _record_skipped(self, rank: int, steps: list[lifecycle.Step]) -> None:
+        for step in steps:
+            _record_step(self.instance, self.runs[rank], step)
+
+    def _submit_next(
+        self, pool: ThreadPoolExecutor, rank: int, delay: float = 0.0
+    ) -> list[lifecycle.Step]:
+        """Submit the node's next step with work; the steps before it without any ("isolate",
+        the instance's and done; "ready") are returned, to be recorded once it is on its way:
+        recorded first, node after node, they made a slice's nodes start one after another."""
         run = self.runs[rank]
+        skipped: list[lifecycle.Step] = []
         step = lifecycle.next_step(run.part.step)
         while step is not None and step not in self.ops:
-            # "ready" has no node work: record it with the last real step
-            _record_step(self.instance, run, step)
-            step = lifecycle.next_step(run.part.step)
+            skipped.append(step)
+            step = lifecycle.next_step(step)
         if step is None:
-            return
+            return skipped
         op, sink, target, spec = (
             self.ops[step],
             self.logs.sink(run.target.hostname, step),
@@ -486,6 +500,7 @@ class _NodeSteps:
             return op(spec, target, sink)
 
         self.pending[pool.submit(call)] = (rank, step)
+        return skipped
 
     def succeeded(self, pool: ThreadPoolExecutor, rank: int, step: lifecycle.Step) -> None:
         run = self.runs[rank]

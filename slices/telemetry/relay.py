@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections
 
+from console import layer_loop
 from console.retries import TRANSIENT_ERRORS
 from slices.choices import InstanceState
 from slices.drivers import get_driver
@@ -291,7 +291,12 @@ class Relay:
         # being away loses this second's live point and ring entry, never the rollups.
         failure: BaseException | None = None
         if sends and self.layer is not None:
-            failure = async_to_sync(self._send_all)(sends)
+            # On the process's one layer loop (console.layer_loop): no new thread, event loop
+            # and Redis connection every second. _send_all bounds itself; the margin is ours.
+            try:
+                failure = layer_loop.run(self._send_all(sends), timeout=REDIS_TIMEOUT_SECONDS + 1)
+            except TimeoutError as exc:
+                failure = exc
         stats.sent_at = time.time()
         t3 = time.perf_counter()
         stages["send"] = t3 - t2

@@ -41,7 +41,8 @@ def eight_keys(alice) -> None:  # noqa: ANN001
 @pytest.mark.parametrize(
     ("text", "key_type", "bits"),
     [
-        (ed25519_public_key("alice@laptop"), "ssh-ed25519", 256),
+        # Generated keys: a fixed id each (pytest-xdist's workers must collect the same ids).
+        pytest.param(ed25519_public_key("alice@laptop"), "ssh-ed25519", 256, id="ed25519"),
         (ecdsa_public_key(ec.SECP256R1()), "ecdsa-sha2-nistp256", 256),
         (ecdsa_public_key(ec.SECP384R1()), "ecdsa-sha2-nistp384", 384),
         (ecdsa_public_key(ec.SECP521R1()), "ecdsa-sha2-nistp521", 521),
@@ -106,10 +107,12 @@ def test_fingerprint_and_comment_match_ssh_keygen(tmp_path: Path) -> None:
             f"ecdsa-sha2-nistp256 {_blob(b'ecdsa-sha2-nistp256', b'nistp384', _BAD_POINT)}",
             "type_mismatch",
         ),
-        (rsa_public_key(1024), "rsa_too_short"),
-        (ed25519_public_key() + "\n" + ed25519_public_key(), "multiple_lines"),
-        (ed25519_public_key("evil\x1b[31m"), "comment_characters"),
-        (ed25519_public_key("x" * 300), "comment_too_long"),
+        pytest.param(rsa_public_key(1024), "rsa_too_short", id="rsa-1024"),
+        pytest.param(
+            ed25519_public_key() + "\n" + ed25519_public_key(), "multiple_lines", id="two-keys"
+        ),
+        pytest.param(ed25519_public_key("evil\x1b[31m"), "comment_characters", id="escape"),
+        pytest.param(ed25519_public_key("x" * 300), "comment_too_long", id="long-comment"),
         ("ssh-ed25519 " + "A" * 9000, "too_long"),
     ],
 )

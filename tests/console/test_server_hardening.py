@@ -34,7 +34,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Stack]:
     tmp = tmp_path_factory.mktemp("hardening")
     env = servers.embedded_env(tmp)
     env["STATE_DIR"] = str(tmp / "state")
-    servers.manage(env, "migrate", "--noinput", "-v", "0")
+    servers.migrate(env)
     servers.create_superuser(env, "ops", OPS_PASSWORD)
     web = servers.Stack(env=env, port=servers.free_port(), tmp=tmp)
     try:

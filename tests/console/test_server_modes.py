@@ -24,7 +24,7 @@ OPS_PASSWORD = "ops-password-for-tests-1"
 
 
 def _prepare(env: dict[str, str]) -> str:
-    servers.manage(env, "migrate", "--noinput", "-v", "0")
+    servers.migrate(env)
     servers.create_superuser(env, "ops", OPS_PASSWORD)
     out = servers.manage(
         env,

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def fleet() -> None:
+def fleet(sim_driver) -> None:
+    """The small fleet on the simulated driver with instant steps (an order provisions at once)."""
     load_small_fleet()
 
 

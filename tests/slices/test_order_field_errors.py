@@ -89,7 +89,10 @@ def _assert_field_error(response, field: str, code: str = "invalid") -> dict:
 
 
 # --- bad references ------------------------------------------------------------------------------
-@pytest.mark.parametrize("image", ["no-such-image", str(uuid.uuid4()), "empty", "PYTORCH "])
+@pytest.mark.parametrize(
+    "image",
+    ["no-such-image", pytest.param(str(uuid.uuid4()), id="random-uuid"), "empty", "PYTORCH "],
+)
 def test_an_unknown_image_is_a_400_naming_the_field(sim_fleet, funded, pytorch, image) -> None:
     response = _api(funded).post(URL, {**ORDER, "image": image}, format="json")
     body = _assert_field_error(response, "image")

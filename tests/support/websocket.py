@@ -24,12 +24,27 @@ def websocket_scope(
     }
 
 
+class WebsocketCommunicator(ApplicationCommunicator):
+    """An ``ApplicationCommunicator`` that, like an ASGI server, answers the application's
+    ``websocket.close`` with ``websocket.disconnect``: the connection is gone, so the application
+    returns. Without it a refused handshake's consumer waits for a message that never comes, and
+    ``wait()`` gives up only at its timeout (5 s per refusal), silently."""
+
+    async def receive_output(self, timeout: float = 1) -> dict[str, Any]:
+        message = await super().receive_output(timeout)
+        if message.get("type") == "websocket.close" and not self.future.done():
+            await self.send_input(
+                {"type": "websocket.disconnect", "code": message.get("code", 1000)}
+            )
+        return message
+
+
 async def open_websocket(
     app: Any, scope: dict[str, Any]
 ) -> tuple[ApplicationCommunicator, dict[str, Any]]:
     """Send the handshake to ``app``; the communicator and the first message back (an accept, or
     the close of a refusal)."""
-    communicator = ApplicationCommunicator(app, scope)
+    communicator = WebsocketCommunicator(app, scope)
     await communicator.send_input({"type": "websocket.connect"})
     first = await communicator.receive_output(timeout=5)
     return communicator, first
