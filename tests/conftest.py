@@ -228,6 +228,16 @@ def alice_client(alice) -> Client:
 
 
 @pytest.fixture
+def alice_api(alice):
+    """A DRF client signed in as alice (the API's views, without a token)."""
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.force_authenticate(alice)
+    return client
+
+
+@pytest.fixture
 def bob_client(bob) -> Client:
     return _client_for(bob)
 

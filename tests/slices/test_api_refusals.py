@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from rest_framework.test import APIClient
 
 from slices.models import Instance
 from tests.support.api import assert_error
@@ -11,18 +10,11 @@ from tests.support.api import assert_error
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def api(alice) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(alice)
-    return client
-
-
 @pytest.mark.parametrize(("lang", "text"), [("en", "longer than"), ("zh-hans", "个字符")])
 def test_an_idempotency_key_too_long_is_refused_and_orders_nothing(
-    sim_fleet, alice, api, lang: str, text: str
+    sim_fleet, alice, alice_api, lang: str, text: str
 ) -> None:
-    r = api.post(
+    r = alice_api.post(
         "/api/v1/instances/",
         {"gpu_model": "RTX4090", "cards": 1},
         format="json",
