@@ -129,6 +129,7 @@ from billing.settlement import (
     settle_usage,
     settlement_window,
 )
+from console.api.compiled import CompiledQuery, Many
 from console.errors import ErrorCode
 
 if TYPE_CHECKING:
@@ -666,6 +667,37 @@ def get_open_session(resource_kind: str, resource_id: str) -> UsageSession | Non
     )
 
 
+# What costs_so_far reads on every poll of an instance, its SQL built once per process
+# (console/api/compiled.py).
+_GPU_SESSIONS_OF = CompiledQuery(
+    lambda kind, ids: (
+        UsageSession.objects.filter(resource_kind=kind, resource_id__in=ids, meter=Meter.GPU)
+        .only(
+            "resource_id",
+            "state",
+            "started_at",
+            "settled_seconds",
+            "rate",
+            "cards",
+            "charged",
+            "meter",
+        )
+        .order_by()
+    ),
+    kind=UsageSession._meta.get_field("resource_kind"),
+    ids=Many(UsageSession._meta.get_field("resource_id")),
+)
+_TERMS_OF = CompiledQuery(
+    lambda kind, ids: (
+        TermRental.objects.filter(resource_kind=kind, resource_id__in=ids)
+        .only("resource_id", "total")
+        .order_by()
+    ),
+    kind=TermRental._meta.get_field("resource_kind"),
+    ids=Many(TermRental._meta.get_field("resource_id")),
+)
+
+
 def costs_so_far(resource_kind: str, resource_ids: Iterable[str]) -> dict[str, Decimal]:
     """What each resource's GPUs have cost so far, as billing counts it (two queries).
 
@@ -678,12 +710,7 @@ def costs_so_far(resource_kind: str, resource_ids: Iterable[str]) -> dict[str, D
     ids = [str(r) for r in resource_ids]
     costs = dict.fromkeys(ids, ZERO)
     now = clock.now()
-    sessions = UsageSession.objects.filter(
-        resource_kind=resource_kind, resource_id__in=ids, meter=Meter.GPU
-    ).only(
-        "resource_id", "state", "started_at", "settled_seconds", "rate", "cards", "charged", "meter"
-    )
-    for session in sessions:
+    for session in _GPU_SESSIONS_OF.all(kind=resource_kind, ids=ids):
         if session.state == UsageState.OPEN:
             seconds = max(int((now - session.started_at).total_seconds()), session.settled_seconds)
             costs[session.resource_id] += charge_for(
@@ -691,9 +718,8 @@ def costs_so_far(resource_kind: str, resource_ids: Iterable[str]) -> dict[str, D
             )
         else:
             costs[session.resource_id] += session.charged
-    terms = TermRental.objects.filter(resource_kind=resource_kind, resource_id__in=ids)
-    for resource_id, total in terms.values_list("resource_id", "total"):
-        costs[resource_id] += total
+    for term in _TERMS_OF.all(kind=resource_kind, ids=ids):
+        costs[term.resource_id] += term.total
     return {r: round_cents(cost) for r, cost in costs.items()}
 
 

@@ -263,6 +263,11 @@ else:
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Threads of a web process that serve API requests (console/api/handler.py): as many as its pool
+# lends connections, so none waits on another's; more requests queue for a thread.
+API_THREADS: int = _get("API_THREADS", env.int, DB_POOL_MAX_SIZE if PRODUCTION and DB_POOL else 8)
+if not 1 <= API_THREADS <= 256:
+    raise ConfigError(f"API_THREADS={API_THREADS} must be 1 to 256")
 
 # --- Channels -----------------------------------------------------------------------------------
 if PRODUCTION:

@@ -1,24 +1,51 @@
-"""Django's ASGI handler, with an API request's middleware and view run in one thread hop (issue 22).
+"""Django's ASGI handler, with an API request served in one hop to a long-lived thread (issue 22).
 
-Under ASGI, Django runs the middleware chain in async mode and adapts each piece that is not: the
-chain enters a thread (the console's sync-only middleware), comes back to the event loop for the
-async-capable ones below it, where Django's ``MiddlewareMixin`` sends each ``process_request`` and
-``process_response`` to a thread again, then the CSRF check and the view go to a thread once more:
-about ten hops per request, 1-2 ms of CPU, for views that are all synchronous. The API's views
-(``/api/``: DRF, every one synchronous) are served instead by the same middleware, loaded in
-synchronous mode, and the view, all in one hop to the request's thread: the same code in the same
-order, the database connection of the same thread. Every other path (pages, the port proxy's
-asynchronous views, static files) keeps Django's own handling.
+Under ASGI, Django gives every request a thread of its own (``ThreadSensitiveContext``: a new
+executor, so a thread started and joined per request), sends the ``request_started`` signal to
+it, runs the middleware chain in async mode (adapting each sync-only piece with another hop),
+runs the view, then closes the response in a last hop: about ten thread hops and one thread start
+per request, 1-2 ms of CPU, for views that are all synchronous. The API's requests (``/api/``:
+DRF, every view synchronous) are served instead by the same middleware, loaded in synchronous
+mode, and the view, all in one call on a thread of a fixed pool, as a WSGI server would run them:
+the started signal, the request, the middleware and view, then the response closed (the finished
+signal, which hands the thread's database connection back to the pool) before its bytes are sent.
+The same code runs in the same order; the thread's database connection is its own
+(``connections`` is thread-local), as under WSGI.
+
+The pool has ``API_THREADS`` threads (by default ``DB_POOL_MAX_SIZE``: a thread never waits for a
+pooled connection another of this process's API threads holds); more requests queue for a thread.
+Every other path (pages, the port proxy's asynchronous views, static files) keeps Django's own
+handling.
 """
 
 from __future__ import annotations
 
-from asgiref.sync import sync_to_async
-from django.core.handlers.asgi import ASGIHandler
+import asyncio
+import contextlib
+import contextvars
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from django.conf import settings
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpResponse, HttpResponseBase
+from django.urls import set_script_prefix
 
 API_PREFIX = "/api/"
+
+
+def is_api_scope(scope: dict[str, Any]) -> bool:
+    """Whether an ASGI scope is an HTTP request for the API (its path below the root path)."""
+    if scope["type"] != "http":
+        return False
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path.startswith(API_PREFIX)
 
 
 class ConsoleASGIHandler(ASGIHandler):
@@ -26,10 +53,47 @@ class ConsoleASGIHandler(ASGIHandler):
         super().__init__()
         self._sync = BaseHandler()
         self._sync.load_middleware(is_async=False)
+        self._threads = ThreadPoolExecutor(
+            max_workers=settings.API_THREADS, thread_name_prefix="api"
+        )
 
-    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
-        if request.path_info.startswith(API_PREFIX):
-            # thread_sensitive: the request's own thread (ASGIHandler gives each request one),
-            # where the started signal ran and the response will be closed.
-            return await sync_to_async(self._sync.get_response, thread_sensitive=True)(request)
-        return await super().get_response_async(request)
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if not is_api_scope(scope):
+            await super().__call__(scope, receive, send)
+            return
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+            context = contextvars.copy_context()
+            response = await loop.run_in_executor(
+                self._threads, context.run, self._serve, scope, body_file
+            )
+        finally:
+            body_file.close()
+        # As Django's handler: a client gone meanwhile leaves nothing to do (the response is closed).
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.send_response(response, send)
+
+    def _serve(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
+        """On an API thread: the whole request, as Django's handlers run it, response closed."""
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            response = self._sync.get_response(request)
+            response._handler_class = self.__class__  # type: ignore[attr-defined]
+        assert response is not None
+        if response.streaming:  # no API view streams; were one to, its body is read here
+            streamed = response
+            response = HttpResponse(b"".join(streamed), status=streamed.status_code)
+            for header, value in streamed.items():
+                response[header] = value
+            response.cookies = streamed.cookies
+            streamed.close()
+        # Closing sends request_finished here, on the thread that used the database: its
+        # connection goes back to the pool before the bytes go out.
+        response.close()
+        return response
