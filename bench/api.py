@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 from bench.load import Plan, _check_services, _run, _setup, _wait_running  # noqa: E402
 from bench.support.production import (  # noqa: E402
     ProductionStack,
+    database_cpu_seconds,
     procfile,
     production_stack,
     tree_cpu_seconds,
@@ -69,6 +70,7 @@ class Server:
     latency: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     cpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    db_cpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     errors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
@@ -98,7 +100,12 @@ def _start_web(prod: ProductionStack, name: str, tree: Path) -> Server:
 
 
 async def _round(
-    server: Server, route: str, paths: list[tuple[str, str]], seconds: float, warmup: float
+    server: Server,
+    route: str,
+    paths: list[tuple[str, str]],
+    seconds: float,
+    warmup: float,
+    database_url: str,
 ) -> None:
     """``len(paths)`` clients (token, path) asking one route as fast as it answers."""
     import httpx
@@ -124,8 +131,10 @@ async def _round(
     async def measure() -> None:
         await asyncio.sleep(max(0.0, start - time.monotonic()))
         cpu = tree_cpu_seconds(server.pid)
+        db_cpu = await asyncio.to_thread(database_cpu_seconds, database_url)
         await asyncio.sleep(max(0.0, end - time.monotonic()))
         server.cpu[route] += tree_cpu_seconds(server.pid) - cpu
+        server.db_cpu[route] += await asyncio.to_thread(database_cpu_seconds, database_url) - db_cpu
 
     await asyncio.gather(measure(), *(client(token, path) for token, path in paths))
     server.seconds[route] += seconds
@@ -150,6 +159,7 @@ def _rows(server: Server, routes: list[str]) -> list[dict[str, Any]]:
                 "p50_ms": _pct(values, 0.5),
                 "p99_ms": _pct(values, 0.99),
                 "cpu_ms": server.cpu[route] * 1000 / n if n else math.nan,
+                "db_cpu_ms": server.db_cpu[route] * 1000 / n if n else math.nan,
                 "errors": server.errors[route],
             }
         )
@@ -190,7 +200,11 @@ def bench(args: argparse.Namespace) -> int:
                         paths = [
                             (c["tokens"][t], _routes(c["instance"])[index][1]) for c, t in pairs
                         ]
-                        _run(_round(server, route, paths, args.seconds, args.warmup))
+                        _run(
+                            _round(
+                                server, route, paths, args.seconds, args.warmup, prod.database_url
+                            )
+                        )
             gone = prod.exited()
             rows = [row for server in targets for row in _rows(server, route_names)]
     finally:
@@ -201,24 +215,27 @@ def bench(args: argparse.Namespace) -> int:
 def report(rows: list[dict[str, Any]], gone: list[str]) -> int:
     print(
         f"\n{'server':<14} {'route':<20} {'requests':>8} {'req/s':>7} {'p50 ms':>7} "
-        f"{'p99 ms':>7} {'CPU ms/req':>10} {'errors':>6}"
+        f"{'p99 ms':>7} {'CPU ms/req':>10} {'DB CPU ms/req':>13} {'errors':>6}"
     )
     for r in rows:
         print(
             f"{r['server']:<14} {r['route']:<20} {r['requests']:>8} {r['rps']:>7.1f} "
-            f"{r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['cpu_ms']:>10.2f} {r['errors']:>6}"
+            f"{r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['cpu_ms']:>10.2f} "
+            f"{r['db_cpu_ms']:>13.2f} {r['errors']:>6}"
         )
     by = {(r["server"], r["route"]): r for r in rows}
     if any(server == "baseline tree" for server, _ in by):
-        print("\nthis tree against the baseline tree (CPU per request, requests/s):")
+        print(
+            "\nthis tree against the baseline tree (web and database CPU per request, requests/s):"
+        )
         for (server, route), r in by.items():
             if server != "this tree":
                 continue
             before = by[("baseline tree", route)]
             print(
                 f"   {route:<20} CPU {before['cpu_ms']:.2f} -> {r['cpu_ms']:.2f} ms "
-                f"({r['cpu_ms'] / before['cpu_ms']:.2f}x), {before['rps']:.0f} -> "
-                f"{r['rps']:.0f} req/s"
+                f"({r['cpu_ms'] / before['cpu_ms']:.2f}x), database {before['db_cpu_ms']:.2f} -> "
+                f"{r['db_cpu_ms']:.2f} ms, {before['rps']:.0f} -> {r['rps']:.0f} req/s"
             )
     errors = sum(r["errors"] for r in rows)
     print(f"errors: {errors}" + (f"; exited: {', '.join(gone)}" if gone else ""))

@@ -698,8 +698,11 @@ _TERMS_OF = CompiledQuery(
 )
 
 
-def costs_so_far(resource_kind: str, resource_ids: Iterable[str]) -> dict[str, Decimal]:
-    """What each resource's GPUs have cost so far, as billing counts it (two queries).
+def costs_so_far(
+    resource_kind: str, resource_ids: Iterable[str], *, termed: Iterable[str] | None = None
+) -> dict[str, Decimal]:
+    """What each resource's GPUs have cost so far, as billing counts it (two queries; one when
+    ``termed``, the resources that can hold a term, is given and empty).
 
     Every usage session of the resource counts (a stop, a start or a migration closes one and
     opens the next): a closed one what it was charged, the open one up to this second on billing's
@@ -718,7 +721,7 @@ def costs_so_far(resource_kind: str, resource_ids: Iterable[str]) -> dict[str, D
             )
         else:
             costs[session.resource_id] += session.charged
-    for term in _TERMS_OF.all(kind=resource_kind, ids=ids):
+    for term in _TERMS_OF.all(kind=resource_kind, ids=ids if termed is None else list(termed)):
         costs[term.resource_id] += term.total
     return {r: round_cents(cost) for r, cost in costs.items()}
 

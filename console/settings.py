@@ -218,6 +218,14 @@ if PRODUCTION:
     DB_POOL_MAX_SIZE: int = _get("DB_POOL_MAX_SIZE", env.int, 10)
     DB_POOL_TIMEOUT: float = _get("DB_POOL_TIMEOUT", env.float, 10.0)
     DB_CONN_MAX_AGE: int = _get("DB_CONN_MAX_AGE", env.int, 0 if DB_POOL else 60)
+    # The reads every API poll makes run as prepared statements (console/api/compiled.py): parsed
+    # and planned once per connection. false behind a pooler in transaction mode that cannot
+    # keep them (PgBouncer before 1.21, or without max_prepared_statements).
+    DB_PREPARED: bool = _get("DB_PREPARED", _strict_bool, True)
+    if DB_PREPARED:
+        # psycopg prepares nothing on a connection whose threshold is None (Django's default);
+        # Django's own cursors bind on the client and never prepare, whatever the threshold.
+        DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 2**31 - 1
     if DB_POOL:
         if not 1 <= DB_POOL_MAX_SIZE <= 1000 or not 0 <= DB_POOL_MIN_SIZE <= DB_POOL_MAX_SIZE:
             raise ConfigError(

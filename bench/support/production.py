@@ -9,6 +9,7 @@ also stops the workers it forked, and its CPU time is summed over its descendant
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from tests.support import servers
 
@@ -67,6 +69,30 @@ def tree_cpu_seconds(pid: int) -> float:
         total += _cpu(current)
         todo.extend(tree.get(current, []))
     return total
+
+
+def database_cpu_seconds(database_url: str) -> float:
+    """CPU seconds of the PostgreSQL backends serving ``database_url``'s database now (this machine's
+    server only: NaN when its processes cannot be read here). Backends the pools keep open live
+    through a measurement, so the difference of two readings is what serving it cost the server."""
+    import psycopg
+
+    parts = urlsplit(database_url)
+    try:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            own = conn.info.backend_pid
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> %s",
+                (parts.path.lstrip("/"), own),
+            ).fetchall()
+    except psycopg.Error:
+        return math.nan
+    if parts.hostname not in (None, "", "127.0.0.1", "localhost", "::1"):
+        return math.nan
+    pids = [int(row[0]) for row in rows]
+    if pids and not Path(f"/proc/{pids[0]}").exists():
+        return math.nan
+    return sum(_cpu(pid) for pid in pids)
 
 
 def machine_busy_seconds() -> float:

@@ -589,8 +589,11 @@ def instance_costs(instances: Iterable[Instance]) -> dict[int, Decimal]:
     second on billing's clock, so a stopped and restarted instance shows all its runs and a
     无卡模式 run (no GPU session) adds nothing. A locked-price term: what was paid for it up front.
     """
+    instances = list(instances)
     by_id = {str(i.public_id): i.pk for i in instances}
-    costs = billing.costs_so_far(INSTANCE_RESOURCE, by_id)
+    # Only an instance ordered on a term holds one (its billing mode never changes).
+    termed = [str(i.public_id) for i in instances if i.billing_mode == BillingMode.TERM]
+    costs = billing.costs_so_far(INSTANCE_RESOURCE, by_id, termed=termed)
     return {pk: costs[public_id] for public_id, pk in by_id.items()}
 
 

@@ -160,3 +160,40 @@ def test_prefetched_rows_answer_all_without_a_query_and_filter_stays_scoped() ->
     assert [t.name for t in users[1].api_tokens.filter(name__startswith="b")] == ["b1"]
     prefetched(users[0], "api_tokens", [])
     assert list(users[0].api_tokens.all()) == []
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_a_kept_statement_runs_prepared_and_answers_as_the_orm(settings) -> None:
+    """DB_PREPARED: the server parses and plans the statement once per connection; the rows, the
+    related rows and the captured queries are the ORM's; DB_PREPARED=false binds on the client."""
+    assert connection.vendor == "postgresql", "run with DATABASE_URL (make test-integration)"
+    settings.DB_PREPARED = True
+    alice, bob = UserFactory(), UserFactory()
+    keys = [make_ssh_key(alice, name="a"), make_ssh_key(bob, name="b")]
+    mine, _ = make_api_token(alice)
+
+    def prepared() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            return [row[0] for row in cursor.fetchall()]
+
+    with CaptureQueriesContext(connection) as ctx:
+        for _ in range(3):
+            token = TOKEN.first(prefix=mine.prefix)
+            listed = KEYS_OF.all(owners=[alice.pk, bob.pk, alice.pk])
+    assert token is not None and token.owner == alice and token.owner.username == alice.username
+    assert _fields(token) == _fields(ApiToken.objects.get(pk=mine.pk))
+    assert [k.pk for k in listed] == [k.pk for k in keys]
+    assert [_fields(k) for k in listed] == [_fields(k) for k in SshKey.objects.order_by("id")]
+    assert len(ctx.captured_queries) == 6  # logged as any query is
+    tokens, keys_table = ApiToken._meta.db_table, SshKey._meta.db_table
+    statements = prepared()
+    assert sum(f'FROM "{tokens}"' in s for s in statements) == 1  # prepared once, run 3 times
+    assert sum(f'FROM "{keys_table}"' in s for s in statements) == 1
+
+    settings.DB_PREPARED = False
+    connection.close()  # a fresh connection: nothing prepared on it yet
+    assert TOKEN.first(prefix=mine.prefix) == token
+    assert KEYS_OF.all(owners=[bob.pk]) == [keys[1]]
+    assert not [s for s in prepared() if tokens in s or keys_table in s]

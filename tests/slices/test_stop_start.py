@@ -7,10 +7,12 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from billing import services as billing
-from billing.models import UsageSession
+from billing.models import TermRental, UsageSession
 from slices import services
 from slices.choices import InstanceState
 from slices.errors import InstanceConflict
@@ -230,3 +232,26 @@ def test_cost_so_far_counts_every_run_as_billed_and_nothing_without_gpus(
     assert instance_cost(inst) == both  # 无卡模式: no GPU charge
     costs = instance_costs([inst])  # the list pages' one query gives the same figure
     assert costs == {inst.pk: both}
+
+
+def test_a_term_counts_what_was_paid_and_an_on_demand_read_skips_the_terms(
+    sim_fleet, funded, django_capture_on_commit_callbacks
+):
+    """A locked-price term costs what was paid up front, read beside an on-demand instance in one
+    call; an on-demand instance never holds a term (its billing mode never changes), so reading
+    its cost alone asks billing for its usage sessions only."""
+    term = run_order(
+        funded, django_capture_on_commit_callbacks, cards=1, billing_mode="term", term_days=1
+    )
+    demand = _order(funded, django_capture_on_commit_callbacks)
+    _ran_for(demand, 3600)
+    paid = TermRental.objects.get(resource_id=str(term.public_id)).total
+    assert paid > 0
+    hour = demand.quoted_per_hour.quantize(Decimal("0.01"))
+    assert instance_costs([term, demand]) == {term.pk: paid, demand.pk: hour}
+    with CaptureQueriesContext(connection) as alone:
+        assert instance_cost(demand) == hour
+    assert len(alone.captured_queries) == 1
+    with CaptureQueriesContext(connection) as termed:
+        assert instance_cost(term) == paid
+    assert len(termed.captured_queries) == 2
