@@ -243,6 +243,9 @@ class Recorder:
     reconnects: int = 0
     retried: int = 0  # GETs sent again on a kept-alive connection the server had closed
     orders: Counter[str] = field(default_factory=Counter)
+    # Requests slower than the API's p99 target, by the second of the window they were sent in:
+    # whether the slow ones are spread or bunched (a stall) shows here.
+    slow: Counter[int] = field(default_factory=Counter)
 
     def counting(self, t: float) -> bool:
         return self.start <= t < self.end
@@ -250,7 +253,10 @@ class Recorder:
     def request(self, route: str, t0: float, outcome: int | str, expected: tuple[int, ...]) -> bool:
         ok = outcome in expected
         if self.counting(t0):
-            self.latency[route].append((time.monotonic() - t0) * 1000)
+            ms = (time.monotonic() - t0) * 1000
+            self.latency[route].append(ms)
+            if ms > API_P99_TARGET_MS:
+                self.slow[int(t0 - self.start)] += 1
             if not ok:
                 self.errors[f"{route} {outcome}"] += 1
         return ok
@@ -683,6 +689,13 @@ def report(
     )
     if rec.retried:
         print(f"{rec.retried} GETs sent again after the server closed their kept-alive connection")
+    if rec.slow:
+        slowest = ", ".join(f"{t} s: {n}" for t, n in sorted(rec.slow.most_common(8)))
+        print(
+            f"requests over {API_P99_TARGET_MS:.0f} ms: {sum(rec.slow.values())} in "
+            f"{len(rec.slow)} of the {int(rec.end - rec.start)} seconds; the most at "
+            f"(second of the window: requests) {slowest}"
+        )
     print("orders:", ", ".join(f"{k} {n}" for k, n in rec.orders.items()) or "none")
     peak, peak_active, server_peak = pg.peak(rec.start, rec.end)
     overall = pg.peak(0, math.inf)[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import django
@@ -31,3 +32,8 @@ application = AppHostRouter(
 
 # Embedded default only: the background worker lives in this process.
 start_embedded_worker()
+
+# What start-up made (modules, settings, URL patterns, templates) lives as long as the process:
+# kept out of the collector's full passes, which under load otherwise walk it all again and
+# pause every request and websocket of the process meanwhile.
+gc.freeze()

@@ -271,11 +271,19 @@ else:
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-# Threads of a web process that serve API requests (console/api/handler.py): as many as its pool
-# lends connections, so none waits on another's; more requests queue for a thread.
-API_THREADS: int = _get("API_THREADS", env.int, DB_POOL_MAX_SIZE if PRODUCTION and DB_POOL else 8)
+# Threads of a web process that serve API requests (console/api/handler.py); more requests queue
+# for one. The views are CPU-bound under one GIL, so more threads do not serve more requests but
+# share one core and delay the event loop (websockets, every response's bytes): 3 measured best
+# under bench/load.py (README "Load benchmark"). At most the pool's size, so none waits for a
+# connection another API thread holds.
+API_THREADS: int = _get("API_THREADS", env.int, 3)
 if not 1 <= API_THREADS <= 256:
     raise ConfigError(f"API_THREADS={API_THREADS} must be 1 to 256")
+if PRODUCTION and DB_POOL and API_THREADS > DB_POOL_MAX_SIZE:
+    raise ConfigError(
+        f"API_THREADS={API_THREADS} must not exceed DB_POOL_MAX_SIZE={DB_POOL_MAX_SIZE}: a thread "
+        "would wait for a connection"
+    )
 
 # --- Channels -----------------------------------------------------------------------------------
 if PRODUCTION:

@@ -12,10 +12,11 @@ signal, which hands the thread's database connection back to the pool) before it
 The same code runs in the same order; the thread's database connection is its own
 (``connections`` is thread-local), as under WSGI.
 
-The pool has ``API_THREADS`` threads (by default ``DB_POOL_MAX_SIZE``: a thread never waits for a
-pooled connection another of this process's API threads holds); more requests queue for a thread.
-Every other path (pages, the port proxy's asynchronous views, static files) keeps Django's own
-handling.
+The pool has ``API_THREADS`` threads (3; at most ``DB_POOL_MAX_SIZE``, so a thread never waits for
+a pooled connection another of this process's API threads holds); more requests queue for a
+thread. Under one GIL the views' CPU does not grow with threads, while every runnable thread delays
+the event loop that sends the answers and the websockets' messages. Every other path (pages, the
+port proxy's asynchronous views, static files) keeps Django's own handling.
 """
 
 from __future__ import annotations
