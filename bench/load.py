@@ -246,6 +246,7 @@ class Recorder:
     # Requests slower than the API's p99 target, by the second of the window they were sent in:
     # whether the slow ones are spread or bunched (a stall) shows here.
     slow: Counter[int] = field(default_factory=Counter)
+    order_seconds: list[int] = field(default_factory=list)  # when each order tick began
 
     def counting(self, t: float) -> bool:
         return self.start <= t < self.end
@@ -471,6 +472,8 @@ async def orderer(
             nonlocal n
             token = customers[n % len(customers)]["tokens"][0]
             n += 1
+            if rec.counting(time.monotonic()):
+                rec.order_seconds.append(int(time.monotonic() - rec.start))
             auth = {"Authorization": f"Token {token}"}
             response = await _request(
                 client,
@@ -694,7 +697,8 @@ def report(
         print(
             f"requests over {API_P99_TARGET_MS:.0f} ms: {sum(rec.slow.values())} in "
             f"{len(rec.slow)} of the {int(rec.end - rec.start)} seconds; the most at "
-            f"(second of the window: requests) {slowest}"
+            f"(second of the window: requests) {slowest}; orders placed at seconds "
+            f"{', '.join(map(str, rec.order_seconds)) or 'none'}"
         )
     print("orders:", ", ".join(f"{k} {n}" for k, n in rec.orders.items()) or "none")
     peak, peak_active, server_peak = pg.peak(rec.start, rec.end)

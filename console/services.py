@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import random
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -227,6 +228,12 @@ class TokenCheck:
     failure: str | None  # "invalid", "expired", "revoked", "inactive_user"
 
 
+def _last_used_resolution() -> timedelta:
+    """A minute, up to a half more at random: tokens first used together (a fleet of scripts
+    started at once) do not all write their stamp in the same second of every minute."""
+    return LAST_USED_RESOLUTION + timedelta(seconds=random.uniform(0, 30))
+
+
 def check_api_token(raw: str) -> TokenCheck:
     """Look a presented token up by its prefix and compare hashes in constant time.
 
@@ -246,7 +253,7 @@ def check_api_token(raw: str) -> TokenCheck:
         return TokenCheck(None, "expired")
     if not token.owner.is_active:
         return TokenCheck(None, "inactive_user")
-    if token.last_used_at is None or token.last_used_at < now - LAST_USED_RESOLUTION:
+    if token.last_used_at is None or token.last_used_at < now - _last_used_resolution():
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
     return TokenCheck(token, None)
