@@ -14,9 +14,10 @@ customers (bench/load.py's set-up), each with two API tokens and a running 1-car
 
 Measured: ``--clients`` closed-loop clients (each with its own token and connection; a request
 as soon as the last one answered), one route at a time, in rounds over the routes (so the
-machine's other work falls on every route alike). Per route: requests/s, p50/p99 in ms and the
+machine's other work falls on every route alike). Per route: requests/s, p50/p99 in ms, the
 web process's CPU per request (its utime + stime over the route's requests: the figure least
-moved by what else the machine is doing). The baseline is ``GET /api/v1/ssh-keys/`` (token
+moved by what else the machine is doing) and the database's (the PostgreSQL backends serving
+the bench's database, read from /proc: a server on this machine only, else NaN). The baseline is ``GET /api/v1/ssh-keys/`` (token
 check, middleware, DRF, one empty list): what any API request costs at least. With
 ``--baseline-tree DIR`` a second web process runs DIR's code (another checkout of this project,
 e.g. ``git archive HEAD | tar -x -C DIR`` and ``ln -s $PWD/.venv DIR/.venv``) on the same

@@ -276,10 +276,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # share one core and delay the event loop (websockets, every response's bytes): 3 measured best
 # under bench/load.py (README "Load benchmark"). At most the pool's size, so none waits for a
 # connection another API thread holds.
-API_THREADS: int = _get("API_THREADS", env.int, 3)
+_POOLED = PRODUCTION and DB_POOL
+API_THREADS: int = _get("API_THREADS", env.int, min(3, DB_POOL_MAX_SIZE) if _POOLED else 3)
 if not 1 <= API_THREADS <= 256:
     raise ConfigError(f"API_THREADS={API_THREADS} must be 1 to 256")
-if PRODUCTION and DB_POOL and API_THREADS > DB_POOL_MAX_SIZE:
+if _POOLED and API_THREADS > DB_POOL_MAX_SIZE:
     raise ConfigError(
         f"API_THREADS={API_THREADS} must not exceed DB_POOL_MAX_SIZE={DB_POOL_MAX_SIZE}: a thread "
         "would wait for a connection"

@@ -5,7 +5,9 @@ content-security policies, the language); pages keep Django's own handling."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import uuid
 
 import httpx
@@ -68,3 +70,35 @@ def test_api_and_page_answers_are_the_same_as_djangos_handler(alice) -> None:
     assert refused.headers["www-authenticate"] == "Token"
     assert created.json()["name"] == "child" and created.json()["token"].startswith("gct_")
     assert "<form" in ours[-1].text  # the page, through Django's own path
+
+
+def test_api_requests_share_a_few_long_lived_threads(alice, settings) -> None:
+    """API_THREADS threads serve every API request (none started per request, as Django's own
+    handler does), two rounds of twelve at once."""
+    from django.core import signals
+
+    settings.API_THREADS = 2
+    make_ssh_key(alice, name="laptop")
+    _token, raw = make_api_token(alice)
+    auth = {"Authorization": f"Token {raw}"}
+    seen: list[str] = []
+
+    def started(**kwargs) -> None:  # on the request's thread
+        seen.append(threading.current_thread().name)
+
+    async def concurrently(app: ConsoleASGIHandler) -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            return await asyncio.gather(
+                *(c.get("/api/v1/ssh-keys/", headers=auth) for _ in range(12))
+            )
+
+    signals.request_started.connect(started)
+    try:
+        app = ConsoleASGIHandler()
+        answers = run_async(concurrently(app)) + run_async(concurrently(app))
+    finally:
+        signals.request_started.disconnect(started)
+    assert [a.status_code for a in answers] == [200] * 24
+    names = set(seen)
+    assert len(seen) == 24 and len(names) <= 2 and all(n.startswith("api") for n in names)
