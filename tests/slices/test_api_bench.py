@@ -44,4 +44,5 @@ def test_quick_api_bench_serves_every_polled_route_and_prints_its_figures() -> N
     for route, row in rows.items():
         assert row["requests"] > 0 and row["rps"] > 0, route
         assert row["p99_ms"] >= row["p50_ms"] > 0 and row["cpu_ms"] > 0, route
+        assert row["db_cpu_ms"] is not None and row["db_cpu_ms"] >= 0, route  # a local server
     assert "CPU ms/req" in out and "closed-loop clients" in out
