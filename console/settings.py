@@ -272,19 +272,18 @@ else:
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Threads of a web process that serve API requests (console/api/handler.py); more requests queue
-# for one. The views are CPU-bound under one GIL, so more threads do not serve more requests but
-# share one core and delay the event loop (websockets, every response's bytes): 3 measured best
-# under bench/load.py (README "Load benchmark"). At most the pool's size, so none waits for a
-# connection another API thread holds.
-_POOLED = PRODUCTION and DB_POOL
-API_THREADS: int = _get("API_THREADS", env.int, min(3, DB_POOL_MAX_SIZE) if _POOLED else 3)
+# for one, API_QUEUE_TIMEOUT seconds at most (then 503 with Retry-After). The views are CPU-bound
+# under one GIL, so more threads do not serve more requests but share one core and delay the event
+# loop (websockets, every response's bytes): 3 measured best under bench/load.py (README "Load
+# benchmark").
+API_THREADS: int = _get("API_THREADS", env.int, 3)
 if not 1 <= API_THREADS <= 256:
     raise ConfigError(f"API_THREADS={API_THREADS} must be 1 to 256")
-if _POOLED and API_THREADS > DB_POOL_MAX_SIZE:
-    raise ConfigError(
-        f"API_THREADS={API_THREADS} must not exceed DB_POOL_MAX_SIZE={DB_POOL_MAX_SIZE}: a thread "
-        "would wait for a connection"
-    )
+API_QUEUE_TIMEOUT: float = _get(
+    "API_QUEUE_TIMEOUT", env.float, DB_POOL_TIMEOUT if PRODUCTION and DB_POOL else 10.0
+)
+if not 0.1 <= API_QUEUE_TIMEOUT <= 300:
+    raise ConfigError(f"API_QUEUE_TIMEOUT={API_QUEUE_TIMEOUT} must be 0.1 to 300 seconds")
 
 # --- Channels -----------------------------------------------------------------------------------
 if PRODUCTION:

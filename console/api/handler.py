@@ -12,9 +12,9 @@ signal, which hands the thread's database connection back to the pool) before it
 The same code runs in the same order; the thread's database connection is its own
 (``connections`` is thread-local), as under WSGI.
 
-The pool has ``API_THREADS`` threads (3; at most ``DB_POOL_MAX_SIZE``, so a thread never waits for
-a pooled connection another of this process's API threads holds); more requests queue for a
-thread. Under one GIL the views' CPU does not grow with threads, while every runnable thread delays
+The pool has ``API_THREADS`` threads (3); more requests queue for a thread, ``API_QUEUE_TIMEOUT``
+seconds at most (``DB_POOL_TIMEOUT``'s 10 by default): then 503 with ``Retry-After``, as a request
+that waited that long for a database connection answers. Under one GIL the views' CPU does not grow with threads, while every runnable thread delays
 the event loop that sends the answers and the websockets' messages. Every other path (pages, the
 port proxy's asynchronous views, static files) keeps Django's own handling.
 """
@@ -32,8 +32,10 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.http import HttpResponse, HttpResponseBase
+from django.http import HttpResponse, HttpResponseBase, JsonResponse
 from django.urls import set_script_prefix
+from django.utils import translation
+from django.utils.translation import get_language_from_request
 
 API_PREFIX = "/api/"
 
@@ -67,16 +69,37 @@ class ConsoleASGIHandler(ASGIHandler):
         except RequestAborted:
             return
         try:
-            loop = asyncio.get_running_loop()
             context = contextvars.copy_context()
-            response = await loop.run_in_executor(
-                self._threads, context.run, self._serve, scope, body_file
-            )
+            work = self._threads.submit(context.run, self._serve, scope, body_file)
+            answer = asyncio.wrap_future(work)
+            done, _ = await asyncio.wait({answer}, timeout=settings.API_QUEUE_TIMEOUT)
+            if not done and work.cancel():  # still queued: no thread came free in time
+                response = self._busy(scope, body_file)
+            else:
+                response = await answer
         finally:
             body_file.close()
         # As Django's handler: a client gone meanwhile leaves nothing to do (the response is closed).
         with contextlib.suppress(asyncio.CancelledError):
             await self.send_response(response, send)
+
+    def _busy(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
+        """503 with ``Retry-After`` (the API's transient-error answer, in the caller's language)
+        for a request that waited ``API_QUEUE_TIMEOUT`` for a thread: every API thread is held,
+        e.g. by requests waiting on a lock. Made here, on the event loop, touching no database."""
+        # Imported here: console.asgi imports this module before Django's apps are loaded.
+        from console.api.exceptions import RETRY_AFTER_SECONDS, log_unavailable, unavailable_body
+
+        request, _ = self.create_request(scope, body_file)
+        language = get_language_from_request(request) if request else settings.LANGUAGE_CODE
+        with translation.override(language):
+            response = JsonResponse(unavailable_body(), status=503)
+        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        response["Cache-Control"] = "no-store"
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Content-Language"] = language
+        log_unavailable(scope["method"], scope["path"], TimeoutError("no API thread came free"))
+        return response
 
     def _serve(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
         """On an API thread: the whole request, as Django's handlers run it, response closed."""

@@ -102,3 +102,43 @@ def test_api_requests_share_a_few_long_lived_threads(alice, settings) -> None:
     assert [a.status_code for a in answers] == [200] * 24
     names = set(seen)
     assert len(seen) == 24 and len(names) <= 2 and all(n.startswith("api") for n in names)
+
+
+def test_a_request_that_finds_every_api_thread_held_answers_503_in_time(alice, settings) -> None:
+    """API_QUEUE_TIMEOUT: while the only API thread is held (a request waiting on a lock), the
+    next request waits that long for it, then answers the API's 503 with Retry-After, in the
+    caller's language; the held request still completes, and the next one is served."""
+    from django.core import signals
+
+    settings.API_THREADS = 1
+    settings.API_QUEUE_TIMEOUT = 0.5
+    _token, raw = make_api_token(alice)
+    hold, holding = threading.Event(), threading.Event()
+
+    def started(**kwargs) -> None:
+        if not holding.is_set():
+            holding.set()
+            hold.wait(timeout=30)  # the first request keeps the thread
+
+    async def exchange(app: ConsoleASGIHandler) -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            auth = {"Authorization": f"Token {raw}", "Accept-Language": "en"}
+            held = asyncio.create_task(c.get("/api/v1/ssh-keys/", headers=auth))
+            while not holding.is_set():
+                await asyncio.sleep(0.01)
+            refused = await c.get("/api/v1/ssh-keys/", headers=auth)
+            hold.set()
+            return [refused, await held, await c.get("/api/v1/ssh-keys/", headers=auth)]
+
+    signals.request_started.connect(started)
+    try:
+        refused, held, after = run_async(exchange(ConsoleASGIHandler()))
+    finally:
+        signals.request_started.disconnect(started)
+        hold.set()
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+    body = refused.json()
+    assert body["error"] == "unavailable" and body["retry_after"] == 5
+    assert "retry in 5 seconds" in body["detail"]  # English, as asked
+    assert held.status_code == 200 and after.status_code == 200
