@@ -14,9 +14,10 @@ The same code runs in the same order; the thread's database connection is its ow
 
 The pool has ``API_THREADS`` threads (3); more requests queue for a thread, ``API_QUEUE_TIMEOUT``
 seconds at most (``DB_POOL_TIMEOUT``'s 10 by default): then 503 with ``Retry-After``, as a request
-that waited that long for a database connection answers. Under one GIL the views' CPU does not grow with threads, while every runnable thread delays
-the event loop that sends the answers and the websockets' messages. Every other path (pages, the
-port proxy's asynchronous views, static files) keeps Django's own handling.
+that waited that long for a database connection answers. Under one GIL the views' CPU does not
+grow with threads, while every runnable thread delays the event loop that sends the answers and
+the websockets' messages. Every other path (pages, the port proxy's asynchronous views, static
+files) keeps Django's own handling.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import io
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -68,29 +70,28 @@ class ConsoleASGIHandler(ASGIHandler):
             body_file = await self.read_body(receive)
         except RequestAborted:
             return
-        try:
-            context = contextvars.copy_context()
-            work = self._threads.submit(context.run, self._serve, scope, body_file)
-            answer = asyncio.wrap_future(work)
-            done, _ = await asyncio.wait({answer}, timeout=settings.API_QUEUE_TIMEOUT)
-            if not done and work.cancel():  # still queued: no thread came free in time
-                response = self._busy(scope, body_file)
-            else:
-                response = await answer
-        finally:
-            body_file.close()
+        context = contextvars.copy_context()
+        work = self._threads.submit(context.run, self._serve, scope, body_file)
+        # Closed once the thread is done with it, however this task ends meanwhile.
+        work.add_done_callback(lambda _: body_file.close())
+        answer = asyncio.wrap_future(work)
+        done, _ = await asyncio.wait({answer}, timeout=settings.API_QUEUE_TIMEOUT)
+        if not done and work.cancel():  # still queued: no thread came free in time
+            response = self._busy(scope)
+        else:
+            response = await answer
         # As Django's handler: a client gone meanwhile leaves nothing to do (the response is closed).
         with contextlib.suppress(asyncio.CancelledError):
             await self.send_response(response, send)
 
-    def _busy(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
+    def _busy(self, scope: dict[str, Any]) -> HttpResponseBase:
         """503 with ``Retry-After`` (the API's transient-error answer, in the caller's language)
         for a request that waited ``API_QUEUE_TIMEOUT`` for a thread: every API thread is held,
         e.g. by requests waiting on a lock. Made here, on the event loop, touching no database."""
         # Imported here: console.asgi imports this module before Django's apps are loaded.
         from console.api.exceptions import RETRY_AFTER_SECONDS, log_unavailable, unavailable_body
 
-        request, _ = self.create_request(scope, body_file)
+        request, _ = self.create_request(scope, io.BytesIO())  # its headers only
         language = get_language_from_request(request) if request else settings.LANGUAGE_CODE
         with translation.override(language):
             response = JsonResponse(unavailable_body(), status=503)
