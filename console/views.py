@@ -21,7 +21,7 @@ from console.api.exceptions import (
     RETRY_AFTER_SECONDS,
     TOO_LARGE,
     too_large_body,
-    unavailable_body,
+    unavailable_response,
 )
 from console.auth import staff_required
 from console.dashboard import build_dashboard, build_landing
@@ -183,9 +183,9 @@ def server_error(request: HttpRequest) -> HttpResponse:
     exc = sys.exc_info()[1]
     if exc is not None and is_transient(exc):
         if request.path.startswith("/api/"):
-            response = JsonResponse(unavailable_body(), status=503)
-        else:  # static, like the 500 page: no context processors, no database
-            response = HttpResponse(loader.get_template("503.html").render({}), status=503)
+            return unavailable_response()
+        # Static, like the 500 page: no context processors, no database.
+        response = HttpResponse(loader.get_template("503.html").render({}), status=503)
         response["Retry-After"] = str(RETRY_AFTER_SECONDS)
         return response
     if request.path.startswith("/api/"):

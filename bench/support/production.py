@@ -78,6 +78,8 @@ def database_cpu_seconds(database_url: str) -> float:
     import psycopg
 
     parts = urlsplit(database_url)
+    if parts.hostname not in (None, "", "127.0.0.1", "localhost", "::1"):
+        return math.nan
     try:
         with psycopg.connect(database_url, autocommit=True) as conn:
             own = conn.info.backend_pid
@@ -86,8 +88,6 @@ def database_cpu_seconds(database_url: str) -> float:
                 (parts.path.lstrip("/"), own),
             ).fetchall()
     except psycopg.Error:
-        return math.nan
-    if parts.hostname not in (None, "", "127.0.0.1", "localhost", "::1"):
         return math.nan
     pids = [int(row[0]) for row in rows]
     if pids and not Path(f"/proc/{pids[0]}").exists():

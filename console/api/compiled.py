@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, TypeVar, cast
 
+import psycopg
 from django.conf import settings
 from django.db import connections
 from django.db.models import Field, Model, QuerySet
@@ -151,16 +152,12 @@ class _StatementQuery(Query):
         return compiler
 
 
-def _prepared_cursor_class() -> type:
+class _PreparedCursor(psycopg.Cursor):  # type: ignore[type-arg]
     """A psycopg cursor binding on the server that prepares every statement it runs."""
-    import psycopg
 
-    class PreparedCursor(psycopg.Cursor):  # type: ignore[type-arg]
-        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-            kwargs["prepare"] = True
-            return super().execute(query, params, **kwargs)
-
-    return PreparedCursor
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        kwargs["prepare"] = True
+        return super().execute(query, params, **kwargs)
 
 
 def _execute_prepared(
@@ -184,20 +181,14 @@ def _execute_prepared(
     connection = compiler.connection
     connection.close_if_health_check_failed()
     connection.ensure_connection()
-    global _PREPARED_CURSOR
-    if _PREPARED_CURSOR is None:
-        _PREPARED_CURSOR = _prepared_cursor_class()
     with connection.wrap_database_errors:
-        cursor = connection._prepare_cursor(_PREPARED_CURSOR(connection.connection))
+        cursor = connection._prepare_cursor(_PreparedCursor(connection.connection))
     with cursor:
         cursor.execute(statement.sql, params)
         rows = cursor.fetchall()
     if statement.has_extra_select:
         rows = [row[0 : statement.col_count] for row in rows]
     return [rows]
-
-
-_PREPARED_CURSOR: type | None = None
 
 
 class CompiledQuery(Generic[M]):

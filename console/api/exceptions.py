@@ -19,6 +19,7 @@ from django.core.exceptions import (
     TooManyFilesSent,
 )
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import JsonResponse
 from django.utils.translation import gettext
 from rest_framework import status
 from rest_framework.exceptions import APIException, ValidationError
@@ -37,6 +38,7 @@ __all__ = [
     "log_unavailable",
     "too_large_body",
     "unavailable_body",
+    "unavailable_response",
 ]
 
 logger = logging.getLogger(__name__)
@@ -111,6 +113,14 @@ def unavailable_body() -> dict[str, Any]:
         % {"seconds": RETRY_AFTER_SECONDS},
         "retry_after": RETRY_AFTER_SECONDS,
     }
+
+
+def unavailable_response() -> JsonResponse:
+    """The API's 503 for a transient error met outside a DRF view (a middleware, or no API
+    thread free): ``unavailable_body`` with ``Retry-After``."""
+    response = JsonResponse(unavailable_body(), status=503)
+    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
 
 
 def log_unavailable(method: str, path: str, exc: BaseException) -> None:

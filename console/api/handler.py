@@ -34,7 +34,7 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.http import HttpResponse, HttpResponseBase, JsonResponse
+from django.http import HttpResponse, HttpResponseBase
 from django.urls import set_script_prefix
 from django.utils import translation
 from django.utils.translation import get_language_from_request
@@ -89,13 +89,12 @@ class ConsoleASGIHandler(ASGIHandler):
         for a request that waited ``API_QUEUE_TIMEOUT`` for a thread: every API thread is held,
         e.g. by requests waiting on a lock. Made here, on the event loop, touching no database."""
         # Imported here: console.asgi imports this module before Django's apps are loaded.
-        from console.api.exceptions import RETRY_AFTER_SECONDS, log_unavailable, unavailable_body
+        from console.api.exceptions import log_unavailable, unavailable_response
 
         request, _ = self.create_request(scope, io.BytesIO())  # its headers only
         language = get_language_from_request(request) if request else settings.LANGUAGE_CODE
         with translation.override(language):
-            response = JsonResponse(unavailable_body(), status=503)
-        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+            response = unavailable_response()
         response["Cache-Control"] = "no-store"
         response["X-Content-Type-Options"] = "nosniff"
         response["Content-Language"] = language
