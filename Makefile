@@ -82,7 +82,7 @@ test: $(VENV)/.synced system-deps recipe-env jupyter-env
 	  echo "make test: $$(( $$(date +%s) - started )) s wall time (TEST_WORKERS=$(TEST_WORKERS))"; exit $$rc
 
 test-integration: $(VENV)/.synced system-deps
-	DATABASE_URL=$(IT_DATABASE_URL) REDIS_URL=$(IT_REDIS_URL) SECRET_KEY=$${SECRET_KEY:-integration-$$(head -c 48 /dev/urandom | base64 | tr -d '/+=')} \
+	DATABASE_URL=$(IT_DATABASE_URL) REDIS_URL=$(IT_REDIS_URL) APPS_DOMAIN=$${APPS_DOMAIN:-localhost} SECRET_KEY=$${SECRET_KEY:-integration-$$(head -c 48 /dev/urandom | base64 | tr -d '/+=')} \
 	  SECURE_SSL_REDIRECT=false SESSION_COOKIE_SECURE=false CSRF_COOKIE_SECURE=false \
 	  $(VENV)/bin/pytest -m integration -q
 

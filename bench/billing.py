@@ -1,7 +1,7 @@
 """Billing benchmark: bulk settlement of N open usage sessions, arithmetic in SQL against Python.
 
     uv run python bench/billing.py                           # SQLite (a throw-away test database)
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/gc_bench REDIS_URL=redis://127.0.0.1:6379/9 \\
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/gc_bench REDIS_URL=redis://127.0.0.1:6379/9 APPS_DOMAIN=localhost \\
       SECRET_KEY=$(python3 -c 'import secrets;print(secrets.token_urlsafe(64))') \\
       uv run python bench/billing.py --sessions 10000 50000  # PostgreSQL (creates test_<db>, drops it)
 

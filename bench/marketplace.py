@@ -2,7 +2,7 @@
 requests per second of the list page next to a trivial view, in the same run.
 
     uv run python bench/marketplace.py                      # SQLite (a throw-away test database)
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/gc_bench REDIS_URL=redis://127.0.0.1:6379/9 \\
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/gc_bench REDIS_URL=redis://127.0.0.1:6379/9 APPS_DOMAIN=localhost \\
       SECRET_KEY=$(python3 -c 'import secrets;print(secrets.token_urlsafe(64))') \\
       uv run python bench/marketplace.py                    # PostgreSQL (pg_trgm index)
 

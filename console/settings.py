@@ -21,6 +21,8 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext_lazy as _
 
+from console import sites
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -130,9 +132,9 @@ if PRODUCTION and len(_secret) < 50:
     )
 SECRET_KEY: str = _secret or _install_secret_key(STATE_DIR / "secret_key")
 
-ALLOWED_HOSTS: list[str] = _get(
-    "ALLOWED_HOSTS", env.list, ["127.0.0.1", "localhost", "[::1]", "testserver"]
-)
+# "localhost" is not among them: *.localhost is the embedded default's APPS_DOMAIN (below), and
+# a bare http://localhost:8000/ is sent on to http://127.0.0.1:8000/ (slices.apphosts).
+ALLOWED_HOSTS: list[str] = _get("ALLOWED_HOSTS", env.list, ["127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS: list[str] = _get("CSRF_TRUSTED_ORIGINS", env.list, [])
 
 INSTALLED_APPS = [
@@ -159,6 +161,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # An app host (<id>-<port>.<APPS_DOMAIN>) is answered here, before any of the console's own
+    # middleware, sessions or URLs (issue 29).
+    "slices.apphosts.AppHostMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "console.middleware.StaticFilesMiddleware",  # WhiteNoise, async bodies under ASGI
     "csp.middleware.CSPMiddleware",
@@ -410,15 +415,41 @@ if not 1024 <= _low <= _high <= 65535:
 SLICES_GATEWAY_SYNC_INTERVAL: float = _get("SLICES_GATEWAY_SYNC_INTERVAL", env.float, 300.0)
 if not 10 <= SLICES_GATEWAY_SYNC_INTERVAL <= 86400:
     raise ConfigError("SLICES_GATEWAY_SYNC_INTERVAL is out of range (10-86400 s)")
-# Web ports through the console (issue 19): empty = path mode (/instances/<id>/ports/<port>/);
-# a domain = subdomain mode (https://<id>-<port>.<APPS_DOMAIN>/: wildcard DNS and TLS, and
-# ".<APPS_DOMAIN>" in ALLOWED_HOSTS). The console's session cookie must stay host-only then.
+# Web ports through the console (issues 19, 29): every app is served on its own host
+# <id>-<port>.<APPS_DOMAIN>, never on the console's origin nor its site (console/sites.py). The
+# embedded default uses "localhost": *.localhost resolves to loopback in browsers and each
+# <id>-<port>.localhost is a site apart from the console's 127.0.0.1. Production names a
+# registrable domain of its own (wildcard DNS and TLS); the console refuses to start when it is
+# on the console's site (ALLOWED_HOSTS).
 APPS_DOMAIN: str = _get("APPS_DOMAIN", env.str, "").strip().strip(".").lower()
-if APPS_DOMAIN and _get("SESSION_COOKIE_DOMAIN", env.str, ""):
-    raise ConfigError(
-        "APPS_DOMAIN needs a host-only session cookie: unset SESSION_COOKIE_DOMAIN, or the apps "
-        "on the app hosts would be sent the console's session"
-    )
+if not APPS_DOMAIN:
+    if PRODUCTION:
+        raise ConfigError(
+            "APPS_DOMAIN must be set in production mode: a registrable domain apart from the "
+            "console's (e.g. example-apps.com, with wildcard DNS and TLS for *.example-apps.com), "
+            "where each instance's web ports are served on a host of their own."
+        )
+    APPS_DOMAIN = "localhost"
+_apps_problem = sites.apps_domain_problem(APPS_DOMAIN, ALLOWED_HOSTS)
+if _apps_problem:
+    raise ConfigError(_apps_problem)
+if "." + APPS_DOMAIN not in ALLOWED_HOSTS and "*" not in ALLOWED_HOSTS:
+    ALLOWED_HOSTS = [*ALLOWED_HOSTS, "." + APPS_DOMAIN]
+# The app hosts' scheme and port in the URLs the console gives (the request's when empty: the
+# embedded default's http://<id>-<port>.localhost:8000/). Production: "https" and "" (443).
+APPS_SCHEME: str = _get("APPS_SCHEME", env.str, "").strip().lower()
+if APPS_SCHEME not in ("", "http", "https"):
+    raise ConfigError("APPS_SCHEME must be http or https (or empty: the request's)")
+APPS_PORT: int | None = _get("APPS_PORT", env.int, None)
+if APPS_PORT is not None and not 1 <= APPS_PORT <= 65535:
+    raise ConfigError("APPS_PORT must be a TCP port (1-65535), or unset: the request's")
+# The console's cookies are host-only (an app host can never be sent or set them).
+for _cookie_domain in ("SESSION_COOKIE_DOMAIN", "CSRF_COOKIE_DOMAIN", "LANGUAGE_COOKIE_DOMAIN"):
+    if _get(_cookie_domain, env.str, ""):
+        raise ConfigError(
+            f"{_cookie_domain} must stay unset: the console's cookies are host-only, so no other "
+            "host (an instance's app above all) is ever sent them or can set them"
+        )
 # How the console reaches the nodes (ssh driver): its own key, the user, timeouts.
 SLICES_SSH_USER: str = _get("SLICES_SSH_USER", env.str, "root")
 SLICES_SSH_KEY_FILE: str = _get("SLICES_SSH_KEY_FILE", env.str, "")
@@ -706,6 +737,16 @@ if _get("BEHIND_TLS_PROXY", _strict_bool, PRODUCTION):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 SESSION_COOKIE_HTTPONLY = True
+# Behind TLS the console's cookies carry the __Host- prefix: the browser then keeps them only
+# when set by this very host, Secure, for Path=/ and without a Domain (issue 29).
+LANGUAGE_COOKIE_SECURE = SESSION_COOKIE_SECURE
+LANGUAGE_COOKIE_SAMESITE = "Lax"
+LANGUAGE_COOKIE_HTTPONLY = True
+if SESSION_COOKIE_SECURE:
+    SESSION_COOKIE_NAME = "__Host-sessionid"
+    LANGUAGE_COOKIE_NAME = "__Host-django_language"
+if CSRF_COOKIE_SECURE:
+    CSRF_COOKIE_NAME = "__Host-csrftoken"
 CSRF_FAILURE_VIEW = "console.views.csrf_failure"  # the styled, translated 403 page
 X_FRAME_OPTIONS = "DENY"
 

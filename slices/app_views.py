@@ -157,4 +157,4 @@ async def app_api_proxy(request: HttpRequest, public_id: Any, rest: str = "") ->
     upstream = await relay(request, access, headers_for_api(request))
     if upstream is None:
         return _openai_error(503, "The app is not answering yet.", "app_unavailable")
-    return _response(upstream, access)
+    return _response(upstream, access, request, on_console=True)

@@ -8,10 +8,12 @@ import contextlib
 from collections.abc import AsyncIterator
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.security.websocket import WebsocketDenier
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import (
@@ -24,11 +26,13 @@ from django.http import (
     StreamingHttpResponse,
 )
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.translation import gettext as _
-from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from console import sites
 from slices.drivers import DriverError, get_driver
+from slices.errors import OrderRefused
 from slices.proxy import (
     AsyncTunnel,
     TunnelClosed,
@@ -41,7 +45,8 @@ from slices.services import ports, proxy
 from slices.services.instances import get_instance_for_user
 
 
-# The console's own cookies never reach an app (and an app may not set them).
+# The console's own cookies never reach an app (and an app may not set them); nor does the app
+# host's own grant cookie (the app would learn a visitor's grant).
 def _console_cookies() -> frozenset[str]:
     return frozenset(
         {
@@ -53,16 +58,17 @@ def _console_cookies() -> frozenset[str]:
     )
 
 
-def _scope(request: HttpRequest) -> dict[str, Any]:
-    return dict(getattr(request, "scope", None) or {})
+def _not_forwarded() -> frozenset[str]:
+    return _console_cookies() | {ports.APP_COOKIE}
 
 
-def _app_host(request: HttpRequest) -> bool:
-    return bool(_scope(request).get("gpc_app_host"))
+# Response headers an app may not send through the proxy (issue 29): a service worker's scope
+# beyond its path, wiping the browser's data for the site.
+_DROPPED_HEADERS = frozenset({"service-worker-allowed", "clear-site-data"})
 
 
-def _cookie_flags() -> dict[str, Any]:
-    return {"httponly": True, "samesite": "Lax", "secure": bool(settings.SESSION_COOKIE_SECURE)}
+def _cookie_flags(request: HttpRequest) -> dict[str, Any]:
+    return {"httponly": True, "samesite": "Lax", "secure": request.is_secure()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,11 +84,6 @@ async def _request_body(request: HttpRequest) -> AsyncIterator[bytes]:
 
 
 def _upstream_target(request: HttpRequest, access: proxy.Access) -> str:
-    scope = _scope(request)
-    if scope.get("gpc_app_host"):
-        path = str(scope.get("gpc_app_path") or "/")
-        query = request.META.get("QUERY_STRING", "")
-        return path + (f"?{query}" if query else "")
     full = request.get_full_path()
     if access.keep_prefix:
         return full
@@ -124,12 +125,10 @@ def _headers_for_app(request: HttpRequest, access: proxy.Access) -> list[tuple[s
         ("X-Forwarded-Proto", request.scheme or "http"),
         ("X-Forwarded-Host", request.get_host()),
     ]
-    if not access.keep_prefix:
-        extra.append(("X-Forwarded-Prefix", access.prefix))
     if access.instance.access_token and not request.headers.get("Authorization"):
         # JupyterLab's token (the instance's secret): the console vouches for whoever it let in.
         extra.append(("Authorization", f"token {access.instance.access_token}"))
-    return forward_headers(fixed, drop_cookies=_console_cookies(), extra=extra)
+    return forward_headers(fixed, drop_cookies=_not_forwarded(), extra=extra)
 
 
 def headers_for_api(request: HttpRequest) -> list[tuple[str, str]]:
@@ -140,10 +139,49 @@ def headers_for_api(request: HttpRequest) -> list[tuple[str, str]]:
         ("X-Forwarded-Proto", request.scheme or "http"),
         ("X-Forwarded-Host", request.get_host()),
     ]
-    return forward_headers(raw, drop_cookies=_console_cookies(), extra=extra)
+    return forward_headers(raw, drop_cookies=_not_forwarded(), extra=extra)
 
 
-def _response(upstream: Any, access: proxy.Access) -> StreamingHttpResponse:
+class OffOrigin(Exception):  # noqa: N818 - the event
+    """The app redirected off its own origin."""
+
+
+def app_location(value: str, own_origin: str, port: int) -> str:
+    """An app's ``Location`` on its app host: a path stays, its own origin stays, the app's view
+    of itself (``http://127.0.0.1:<port>/...``) becomes a path; anything else leaves the app's
+    origin through the console's proxy and is refused (``OffOrigin``)."""
+    text = value.strip()
+    if "\\" in text or any(ord(c) < 0x20 for c in text):
+        raise OffOrigin(value)
+    if text.startswith("/") and not text.startswith("//"):
+        return text
+    parts = urlsplit(text)
+    if not parts.scheme and not parts.netloc:
+        return text  # relative to the current path
+    rest = urlunsplit(("", "", parts.path or "/", parts.query, parts.fragment))
+    if f"{parts.scheme}://{parts.netloc}".lower() == own_origin.lower():
+        return rest
+    try:
+        upstream_port = parts.port
+    except ValueError:
+        raise OffOrigin(value) from None
+    if (
+        parts.scheme in ("http", "https")
+        and (parts.hostname or "") in ("127.0.0.1", "localhost")
+        and upstream_port == port
+    ):
+        return rest
+    raise OffOrigin(value)
+
+
+def _response(
+    upstream: Any, access: proxy.Access, request: HttpRequest, *, on_console: bool = False
+) -> HttpResponseBase:
+    """The app's response for the browser. On its app host the app's own headers stand (not the
+    console's CSP or frame policy), less what no app may send through the console: cookies for
+    a wider domain or with the console's names, a service worker's scope, Clear-Site-Data, a
+    redirect off its origin. ``on_console``: an AI app's API answered on the console's origin,
+    sandboxed so that nothing it returns runs there."""
     response = StreamingHttpResponse(upstream.body, status=upstream.status)
     del response["Content-Type"]
     cookies: list[str] = []
@@ -151,24 +189,40 @@ def _response(upstream: Any, access: proxy.Access) -> StreamingHttpResponse:
         low = name.lower()
         if low == "set-cookie":
             cookies.append(value)
-        elif low == "location" and not access.keep_prefix and value.startswith("/"):
-            response[name] = value if value.startswith("//") else access.prefix + value
+        elif low in _DROPPED_HEADERS:
+            continue
+        elif low == "location":
+            if not access.keep_prefix:
+                if value.startswith("/") and not value.startswith("//"):
+                    response[name] = access.prefix + value
+                continue  # the API's redirects stay on its prefix
+            try:
+                response[name] = app_location(value, _own_origin(request), access.port)
+            except OffOrigin:
+                return HttpResponse(
+                    _("The app redirected away from its own address; the console did not follow."),
+                    status=502,
+                    content_type="text/plain; charset=utf-8",
+                )
         elif low in response.headers:
             response[name] = f"{response[name]}, {value}"
         else:
             response[name] = value
-    console = _console_cookies()
-    for line in cookies:
-        jar = SimpleCookie()
-        with contextlib.suppress(CookieError):
-            jar.load(line)
-        for key, morsel in jar.items():
-            if key in console or key.startswith("gpc_"):
-                continue  # an app may not replace the console's cookies
-            response.cookies[key] = morsel
-    # The app's own headers stand: not the console's CSP or frame policy.
-    response._csp_exempt = True  # type: ignore[attr-defined]
-    response.xframe_options_exempt = True  # type: ignore[attr-defined]
+    if not on_console:
+        forbidden = _not_forwarded()
+        for line in cookies:
+            jar = SimpleCookie()
+            with contextlib.suppress(CookieError):
+                jar.load(line)
+            for key, morsel in jar.items():
+                if key in forbidden or key.startswith("gpc_") or morsel["domain"]:
+                    continue  # host-only cookies of the app's own names only
+                response.cookies[key] = morsel
+        response._csp_exempt = True  # type: ignore[attr-defined]
+        response.xframe_options_exempt = True  # type: ignore[attr-defined]
+    else:
+        response["Content-Security-Policy"] = "sandbox; default-src 'none'"
+        response["X-Content-Type-Options"] = "nosniff"
     return response
 
 
@@ -177,36 +231,46 @@ def _unavailable(port: int) -> HttpResponse:
     return HttpResponse(text, status=502, content_type="text/plain; charset=utf-8")
 
 
-async def _credentials(request: HttpRequest, port: int) -> proxy.Credentials:
-    if _app_host(request):
-        return proxy.Credentials(
-            app_host=True, app_cookie=request.COOKIES.get(ports.APP_COOKIE, "")
-        )
-    user = await request.auser()
-    share = request.COOKIES.get(ports.SHARE_COOKIE.format(port=port), "")
-    return proxy.Credentials(user=user, share_secret=share)
+def _not_found() -> HttpResponse:
+    text = _(
+        "Nothing here: this address is not open to you (or no longer is). Open the port again from its instance page in the console."
+    )
+    response = HttpResponse(text, status=404, content_type="text/plain; charset=utf-8")
+    response["Cache-Control"] = "no-store"
+    return response
 
 
-@csrf_exempt
-async def port_proxy(
-    request: HttpRequest, public_id: Any, port: int, rest: str = ""
-) -> HttpResponseBase:
-    """Everything under ``/instances/<id>/ports/<port>/`` (or an app host in subdomain mode).
+async def app_host_proxy(request: HttpRequest, public_id: str, port: int) -> HttpResponseBase:
+    """Every request to an app host ``<id>-<port>.<APPS_DOMAIN>`` (``slices.apphosts`` routes
+    it here, before the console's own middleware and URLs).
 
     Not Django's CSRF token (the app's own requests cannot carry it; the app keeps its own
     XSRF defences): a state-changing request from another site is refused by its Origin (or,
     without one, its Referer) before anything reaches the app, since the proxy authenticates the
     app on the owner's behalf."""
-    if _app_host(request) and _scope(request).get("gpc_app_path") == "/__gpc/auth":
+    if request.path == "/__gpc/auth":
         return await sync_to_async(_app_host_login)(request, public_id, port)
     if request.method not in SAFE_METHODS and not _same_origin(request):
         return HttpResponseForbidden(b"cross-site request refused", content_type="text/plain")
-    creds = await _credentials(request, port)
-    access = await sync_to_async(proxy.resolve_access)(public_id, port, creds)
+    try:
+        access = await sync_to_async(proxy.resolve_access)(
+            public_id, port, request.COOKIES.get(ports.APP_COOKIE, "")
+        )
+    except Http404:
+        return _not_found()
     upstream = await relay(request, access, _headers_for_app(request, access))
     if upstream is None:
         return _unavailable(port)
-    return _response(upstream, access)
+    return _response(upstream, access, request)
+
+
+def port_proxy(request: HttpRequest, public_id: Any, port: int, rest: str = "") -> HttpResponse:
+    """The console's own route of a port: never the app (issue 29), only a redirect to the Open
+    button's hand-off, which takes the owner to the app host (anyone else gets its 404)."""
+    target = reverse("slices:instance-port-open", kwargs={"public_id": public_id, "port": port})
+    path = "/" + rest
+    query = request.META.get("QUERY_STRING", "")
+    return redirect(f"{target}?{urlencode({'next': path + ('?' + query if query else '')})}")
 
 
 async def relay(
@@ -241,23 +305,29 @@ async def relay(
         return None
 
 
+def _safe_next(value: str) -> str:
+    if not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return "/"
+    return value
+
+
 def _app_host_login(request: HttpRequest, public_id: Any, port: int) -> HttpResponseBase:
-    """Subdomain mode: the console's signed hand-off becomes this host's own cookie."""
+    """The app host's half of the hand-off: the console's one-time signed ticket becomes this
+    host's own cookie (host-only: no other host is sent it)."""
     instance = ports.running_instance(public_id)
-    grant = ports.read_handoff(request.GET.get("t", ""), instance, port) if instance else None
-    if instance is None or grant is None or not ports.grant_allows(grant, instance, port):
-        raise Http404
-    target = request.GET.get("next", "/")
-    if not target.startswith("/") or target.startswith("//") or "\\" in target:
-        target = "/"
-    response = HttpResponseRedirect(target)
+    grant = ports.claim_handoff(request.GET.get("t", ""), instance, port) if instance else None
+    if grant is None:
+        return _not_found()
+    response = HttpResponseRedirect(_safe_next(request.GET.get("next", "/")))
     response.set_cookie(
         ports.APP_COOKIE,
         ports.app_cookie_value(grant),
         max_age=ports.APP_COOKIE_SECONDS,
         path="/",
-        **_cookie_flags(),
+        **_cookie_flags(request),
     )
+    response["Referrer-Policy"] = "no-referrer"
+    response["Cache-Control"] = "no-store"
     return response
 
 
@@ -266,48 +336,53 @@ def _app_host_login(request: HttpRequest, public_id: Any, port: int) -> HttpResp
 # ---------------------------------------------------------------------------------------------
 
 
+def _handoff_redirect(request: HttpRequest, instance: Any, port: int, token: str) -> HttpResponse:
+    next_path = _safe_next(request.GET.get("next", "/"))
+    response = redirect(ports.handoff_url(instance, port, token, next_path, request=request))
+    response["Referrer-Policy"] = "no-referrer"
+    response["Cache-Control"] = "no-store"
+    return response
+
+
 @login_required
 @require_GET
 def port_open(request: HttpRequest, public_id: Any, port: int) -> HttpResponse:
-    """The Open button: the port's URL (subdomain mode: through the signed hand-off)."""
+    """The Open button: to the port's own host, through a one-time signed hand-off."""
     instance = get_instance_for_user(request.user, public_id)
     if not ports.is_open(instance, port):
         raise Http404
-    if not ports.apps_domain():
-        return redirect(ports.port_url(instance, port))
     token = ports.handoff_token(instance, port, user_id=request.user.pk, link_id=None)
-    return redirect(ports.handoff_url(instance, port, token))
+    return _handoff_redirect(request, instance, port, token)
 
 
 @require_GET
 def port_share(request: HttpRequest, secret: str) -> HttpResponse:
-    """A share link: whoever holds it opens its one port, until the owner revokes it."""
+    """A share link: whoever holds it opens its one port on the app host, until it expires, the
+    owner revokes it, or the instance stops."""
     link = ports.share_link_for_secret(secret)
     if link is None:
         raise Http404
-    instance, port = link.instance, link.port
-    if ports.apps_domain():
-        token = ports.handoff_token(instance, port, user_id=None, link_id=link.pk)
-        return redirect(ports.handoff_url(instance, port, token))
-    response = redirect(ports.port_url(instance, port))
-    response.set_cookie(
-        ports.SHARE_COOKIE.format(port=port),
-        secret,
-        max_age=ports.APP_COOKIE_SECONDS,
-        path=ports.port_path(instance, port),
-        **_cookie_flags(),
-    )
-    response["Referrer-Policy"] = "no-referrer"
-    return response
+    token = ports.handoff_token(link.instance, link.port, user_id=None, link_id=link.pk)
+    return _handoff_redirect(request, link.instance, link.port, token)
 
 
 def _ports_part(
-    request: HttpRequest, instance: Any, new_share: dict[str, Any] | None = None
+    request: HttpRequest,
+    instance: Any,
+    new_share: dict[str, Any] | None = None,
+    error: str = "",
+    status: int = 200,
 ) -> HttpResponse:
-    context = {"instance": instance, "new_share": new_share}
+    context = {
+        "instance": instance,
+        "new_share": new_share,
+        "share_error": error,
+        "share_lifetimes": ports.SHARE_LIFETIMES,
+        "default_lifetime": ports.DEFAULT_SHARE_LIFETIME,
+    }
     if getattr(request, "htmx", None):
-        return render(request, "slices/_instance_ports.html", context)
-    return render(request, "slices/instance_ports.html", context)
+        return render(request, "slices/_instance_ports.html", context, status=status)
+    return render(request, "slices/instance_ports.html", context, status=status)
 
 
 @login_required
@@ -316,9 +391,15 @@ def share_link_create(request: HttpRequest, public_id: Any, port: int) -> HttpRe
     instance = get_instance_for_user(request.user, public_id)
     if not ports.is_open(instance, port):
         raise Http404
-    link, secret = ports.create_share_link(request.user, instance, port)
+    try:
+        link, secret = ports.create_share_link(
+            request.user, instance, port, request.POST.get("lifetime")
+        )
+    except OrderRefused as exc:
+        return _ports_part(request, instance, error=str(exc), status=400)
     url = request.build_absolute_uri(ports.share_url(secret))
-    return _ports_part(request, instance, {"port": port, "url": url, "id": link.pk})
+    new = {"port": port, "url": url, "id": link.pk, "expires_at": link.expires_at}
+    return _ports_part(request, instance, new)
 
 
 @login_required
@@ -347,10 +428,14 @@ class PortProxyConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         kwargs = self.scope["url_route"]["kwargs"]
         port = int(kwargs["port"])
-        creds = self._credentials(port)
+        if not self.scope.get("gpc_app_host"):
+            # The console's own host never relays an app (issue 29): only its app host does.
+            await self.close(code=4404)
+            return
+        cookie = self.scope.get("cookies", {}).get(ports.APP_COOKIE, "")
         try:
             access = await database_sync_to_async(proxy.resolve_access)(
-                kwargs["public_id"], port, creds
+                kwargs["public_id"], port, cookie
             )
         except Http404:
             await self.close(code=4404)
@@ -380,23 +465,9 @@ class PortProxyConsumer(AsyncWebsocketConsumer):
         await self.accept(subprotocol=upstream.subprotocol)
         self.pump = asyncio.create_task(self._pump())
 
-    def _credentials(self, port: int) -> proxy.Credentials:
-        cookies = self.scope.get("cookies", {})
-        if self.scope.get("gpc_app_host"):
-            return proxy.Credentials(app_host=True, app_cookie=cookies.get(ports.APP_COOKIE, ""))
-        return proxy.Credentials(
-            user=self.scope.get("user"),
-            share_secret=cookies.get(ports.SHARE_COOKIE.format(port=port), ""),
-        )
-
     def _target(self, access: proxy.Access) -> str:
         query = self.scope.get("query_string", b"").decode("latin-1")
-        if self.scope.get("gpc_app_host"):
-            path = str(self.scope.get("gpc_app_path") or "/")
-        else:
-            path = self.scope["path"]
-            if not access.keep_prefix:
-                path = path[len(access.prefix) :] or "/"
+        path = str(self.scope.get("gpc_app_path") or "/")
         return path + (f"?{query}" if query else "")
 
     def _headers(self, access: proxy.Access) -> list[tuple[str, str]]:
@@ -411,7 +482,7 @@ class PortProxyConsumer(AsyncWebsocketConsumer):
         extra = [("Origin", f"http://127.0.0.1:{access.port}")]
         if access.instance.access_token and not any(k.lower() == "authorization" for k, _ in kept):
             extra.append(("Authorization", f"token {access.instance.access_token}"))
-        return forward_headers(kept, drop_cookies=_console_cookies(), extra=extra)
+        return forward_headers(kept, drop_cookies=_not_forwarded(), extra=extra)
 
     async def _pump(self) -> None:
         assert self.upstream is not None
@@ -446,26 +517,39 @@ class PortProxyConsumer(AsyncWebsocketConsumer):
 
 
 class AppHostRouter:
-    """ASGI: a request to ``<id>-<port>.<APPS_DOMAIN>`` (HTTP or websocket) is routed to the
-    proxy's path, marked as coming from an app host (its own cookie; never the console's
-    session, which that host is never sent). Everything else passes through untouched."""
+    """ASGI, in front of everything: a request to a host under ``APPS_DOMAIN`` never reaches the
+    console. HTTP is marked so that the API's own handler leaves it to Django, where
+    ``slices.apphosts.AppHostMiddleware`` answers it first; a websocket to an app host
+    ``<id>-<port>.<APPS_DOMAIN>`` is routed to the port proxy's consumer (its own cookie; never
+    the console's session, which that host is never sent), any other host under the domain is
+    refused."""
 
     def __init__(self, application: Any) -> None:
         self.application = application
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
-        if scope.get("type") in ("http", "websocket") and ports.apps_domain():
+        if scope.get("type") in ("http", "websocket"):
             host = next((v for k, v in scope.get("headers", []) if k == b"host"), b"")
-            found = ports.parse_app_host(host.decode("latin-1"))
-            if found is not None:
-                public_id, port = found
-                path = scope.get("path") or "/"
-                proxied = f"/instances/{public_id}/ports/{port}/{path.lstrip('/')}"
+            name = host.decode("latin-1")
+            if sites.under_apps_domain(name, ports.apps_domain()):
+                if scope["type"] == "http":
+                    scope = {**scope, "gpc_app_host": True}
+                else:
+                    found = ports.parse_app_host(name)
+                    if found is None:
+                        return await WebsocketDenier()(scope, receive, send)
+                    public_id, port = found
+                    path = scope.get("path") or "/"
+                    proxied = f"/instances/{public_id}/ports/{port}/{path.lstrip('/')}"
+                    scope = {
+                        **scope,
+                        "path": proxied,
+                        "raw_path": proxied.encode(),
+                        "gpc_app_host": True,
+                        "gpc_app_path": path,
+                    }
+            elif scope["type"] == "websocket":
                 scope = {
-                    **scope,
-                    "path": proxied,
-                    "raw_path": proxied.encode(),
-                    "gpc_app_host": True,
-                    "gpc_app_path": path,
+                    k: v for k, v in scope.items() if k not in ("gpc_app_host", "gpc_app_path")
                 }
         return await self.application(scope, receive, send)

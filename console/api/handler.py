@@ -44,8 +44,8 @@ API_PREFIX = "/api/"
 
 def is_api_scope(scope: dict[str, Any]) -> bool:
     """Whether an ASGI scope is an HTTP request for the API (its path below the root path)."""
-    if scope["type"] != "http":
-        return False
+    if scope["type"] != "http" or scope.get("gpc_app_host"):
+        return False  # an app host's /api/ is the app's (slices.port_views.AppHostRouter)
     path: str = scope["path"]
     root = scope.get("root_path", "")
     if root and path.startswith(root):

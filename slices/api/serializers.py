@@ -63,8 +63,10 @@ class InstanceView:
         *,
         cost: Decimal | None = None,
         disks: list[DiskAttachment] | None = None,
+        request: Any = None,
     ) -> None:
         self.instance = instance
+        self._request = request  # the app hosts' URLs take its scheme and port
         self._cost = cost
         self._disks = disks
         self._nodes = sorted(instance.nodes.all(), key=lambda n: n.rank)
@@ -147,7 +149,7 @@ class InstanceView:
 
     @property
     def ports(self) -> list[dict[str, Any]]:
-        return ports.ports_data(self.instance, owner_view=True)
+        return ports.ports_data(self.instance, owner_view=True, request=self._request)
 
     @property
     def app(self) -> dict[str, Any] | None:
@@ -176,7 +178,11 @@ class InstanceListSerializer(serializers.ListSerializer):
         costs = instance_costs(instances)
         disks = disk_service.instances_disks(instances)
         return [
-            self.child.to_representation(InstanceView(i, cost=costs[i.pk], disks=disks[i.pk]))
+            self.child.to_representation(
+                InstanceView(
+                    i, cost=costs[i.pk], disks=disks[i.pk], request=self.context.get("request")
+                )
+            )
             for i in instances
         ]
 
@@ -252,9 +258,10 @@ class InstanceSerializer(FieldsBoundOnce, serializers.Serializer):
     ports = serializers.ListField(
         child=serializers.DictField(),
         help_text="Web ports through the console (JupyterLab 8888 first, TensorBoard, the "
-        "declared ones): port, name, kind, url (path mode: /instances/<id>/ports/<port>/; with "
-        "APPS_DOMAIN: https://<id>-<port>.<APPS_DOMAIN>/), and the live share links (id, "
-        "created_at, last_used_at; their secret is shown only when made). Empty unless running.",
+        "declared ones): port, name, kind, url (the port's own host, "
+        "https://<id>-<port>.<APPS_DOMAIN>/, never the console's origin; opened through the "
+        "console's hand-off), and the live share links (id, created_at, expires_at, "
+        "last_used_at; their secret is shown only when made). Empty unless running.",
     )
     app = serializers.DictField(
         allow_null=True,
@@ -268,7 +275,11 @@ class InstanceSerializer(FieldsBoundOnce, serializers.Serializer):
         list_serializer_class = InstanceListSerializer
 
     def to_representation(self, instance: Instance | InstanceView) -> dict[str, Any]:
-        view = instance if isinstance(instance, InstanceView) else InstanceView(instance)
+        view = (
+            instance
+            if isinstance(instance, InstanceView)
+            else InstanceView(instance, request=self.context.get("request"))
+        )
         return super().to_representation(view)
 
 

@@ -20,6 +20,7 @@ from slices.models.instances import (
     Instance,
     InstanceEvent,
     InstanceNode,
+    PortGrant,
     ShareLink,
 )
 from slices.models.telemetry import GpuRollup, IdleWatch
@@ -45,6 +46,7 @@ __all__ = [
     "PfsUsage",
     "Region",
     "ScalableUnit",
+    "PortGrant",
     "ShareLink",
     "SpineGroup",
 ]

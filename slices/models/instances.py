@@ -238,6 +238,9 @@ class ShareLink(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # A link ends at the lifetime its owner picked (24 h unless they chose otherwise), when the
+    # owner revokes it, or when the instance stops or is released, whichever comes first.
+    expires_at = models.DateTimeField(_("expires at"))
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
 
@@ -245,6 +248,41 @@ class ShareLink(models.Model):
         verbose_name = _("share link")
         verbose_name_plural = _("share links")
         ordering = ("-created_at", "-id")
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}:{self.port}"
+
+
+class PortGrant(models.Model):
+    """One browser's access to one web port on its app host (issue 29): made by the console when
+    the owner clicks Open or a visitor follows a share link, claimed once by the app host (the
+    signed hand-off in the URL), then named by the app host's own cookie. The owner's grants end
+    when they log out; every grant ends when its share link does, when the instance stops, and
+    after ``APP_COOKIE_SECONDS``."""
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="port_grants")
+    port = models.PositiveIntegerField(_("port"))
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="+"
+    )
+    share_link = models.ForeignKey(
+        ShareLink, on_delete=models.CASCADE, null=True, blank=True, related_name="grants"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("web port grant")
+        verbose_name_plural = _("web port grants")
+        indexes = (models.Index(fields=("user", "revoked_at"), name="slices_grant_user_live"),)
+        constraints = (
+            models.CheckConstraint(
+                condition=models.Q(user__isnull=False) ^ models.Q(share_link__isnull=False),
+                name="slices_grant_owner_xor_link",
+            ),
+        )
 
     def __str__(self) -> str:
         return f"{self.instance_id}:{self.port}"

@@ -317,11 +317,8 @@ def is_ready(instance: Instance) -> bool:
 
 
 def health_target(instance: Instance, app: AiApp) -> str:
-    """The health check's request target on the node: under the port's base URL when the app
-    knows it (JupyterLab), else the manifest's path."""
-    port = app.health.port
-    if port in ports.BASE_URL_PORTS and not ports.apps_domain():
-        return ports.port_path(instance, port).rstrip("/") + app.health.path
+    """The health check's request target on the node: the manifest's path (every app is served
+    at "/" of its own host, JupyterLab too)."""
     return app.health.path
 
 

@@ -89,6 +89,17 @@ def get_instance_for_operator(public_id: Any) -> Instance:
 # ---------------------------------------------------------------------------------------------
 
 
+_ENDS_WEB_ACCESS = frozenset(
+    {
+        InstanceState.STOPPING,
+        InstanceState.STOPPED,
+        InstanceState.RELEASING,
+        InstanceState.RELEASED,
+        InstanceState.FAILED,
+    }
+)
+
+
 def transition(
     instance: Instance,
     dst: str,
@@ -118,6 +129,9 @@ def transition(
         if dst == InstanceState.RUNNING or InstanceState.RUNNING in lifecycle.sources_of(dst):
             # An SSH endpoint appeared or went: the region gateway's keys follow (issue 19).
             access.sync_on_commit(instance)
+        if dst in _ENDS_WEB_ACCESS:
+            # Share links and every browser's grant to its web ports end with a stop (issue 29).
+            ports.end_web_access(instance)
     return True
 
 

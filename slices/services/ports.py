@@ -1,16 +1,19 @@
-"""An instance's web ports through the console (issue 19): which ports an instance has, their
+"""An instance's web ports through the console (issues 19, 29): which ports an instance has, their
 URLs, who may open them, share links, and where the proxy's tunnel goes.
 
 - Ports: the image's http ports (catalogue data: JupyterLab 8888, TensorBoard 6006) and up to
   ``MAX_WEB_PORTS`` the customer declared at order time (``Instance.web_ports``).
-- URLs: path mode (``APPS_DOMAIN`` empty, the embedded default) serves a port at
-  ``/instances/<id>/ports/<port>/``; subdomain mode at ``https://<id>-<port>.<APPS_DOMAIN>/``,
-  where the console's session cookie is never sent: the console hands the browser over with a
-  short-lived signed token (``handoff_token``) that the app host turns into a cookie of its own.
-- Access (``proxy.resolve_access``): the owner of a running instance, or a share link's holder for its
-  one port until revoked. Anyone else, and every port of an instance that is not running, gets
-  404: the same answer as for an instance that does not exist.
-- The share link's secret is only in its URL; the database keeps its sha256.
+- The origin rule (SECURITY.md): a port is served only on its own host
+  ``<id>-<port>.<APPS_DOMAIN>``, a site apart from the console's (``console.sites``), never on
+  the console's origin. The console's own routes for ports and share links only redirect there.
+- Access: the console hands a browser over to the app host with a one-time, short-lived signed
+  hand-off naming a ``PortGrant`` (the owner's, or a share link's); the app host claims it once
+  and keeps its own cookie naming the grant. Every request checks the grant is live: the owner's
+  end when they log out, a share link's when the link does; all end when the instance stops.
+  Anyone else, and every port of an instance that is not running, gets 404: the same answer as
+  for an instance that does not exist.
+- Share links expire (``SHARE_LIFETIMES``, 24 h by default), end when revoked and when the
+  instance stops or is released. The secret is only in the URL; the database keeps its sha256.
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import get_language, gettext_noop
 
+from console import sites
 from console.names import NameRefused, clean_name
 from marketplace import aiapps
 from marketplace import services as marketplace
 from slices.choices import InstanceState
 from slices.errors import OrderRefused
-from slices.models import Instance, ShareLink
+from slices.models import Instance, PortGrant, ShareLink
 
 MAX_WEB_PORTS = 10
 PORT_MIN, PORT_MAX = 1024, 65535
@@ -51,7 +55,13 @@ HANDOFF_SECONDS = 60
 LAST_USED_RESOLUTION = timedelta(minutes=1)  # a share link's last use, to the minute
 APP_COOKIE_SECONDS = 12 * 3600
 APP_COOKIE = "gpc_app"
-SHARE_COOKIE = "gpc_share_{port}"
+# The lifetimes an owner may give a share link (its select on the page, ``lifetime`` in a form).
+SHARE_LIFETIMES: dict[str, timedelta] = {
+    "1h": timedelta(hours=1),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+}
+DEFAULT_SHARE_LIFETIME = "24h"
 _SALT_HANDOFF = "slices.ports.handoff"
 _SALT_APP = "slices.ports.app"
 
@@ -222,29 +232,43 @@ def apps_domain() -> str:
 
 
 def port_path(instance: Instance, port: int) -> str:
+    """The console's own route for a port: it only ever redirects to the app host."""
     return f"/instances/{instance.public_id}/ports/{port}/"
 
 
-def port_url(instance: Instance, port: int) -> str:
-    """Where the port is served: a path of the console, or its own host in subdomain mode."""
-    domain = apps_domain()
-    if domain:
-        return f"https://{instance.public_id}-{port}.{domain}/"
-    return port_path(instance, port)
+def app_host(instance: Instance, port: int) -> str:
+    return f"{instance.public_id}-{port}.{apps_domain()}"
+
+
+def port_url(instance: Instance, port: int, request: Any = None) -> str:
+    """The port's own origin (``http://<id>-<port>.localhost:8000/`` in the embedded default):
+    ``APPS_SCHEME``/``APPS_PORT`` when set, else the scheme and port the console was reached on."""
+    scheme = str(getattr(settings, "APPS_SCHEME", "") or "")
+    if not scheme:
+        scheme = request.scheme if request is not None else "http"
+        if getattr(settings, "SESSION_COOKIE_SECURE", False):
+            scheme = "https"
+    number = getattr(settings, "APPS_PORT", None)
+    if number is None and request is not None:
+        number = int(request.get_port() or 0) or None
+    default = {"http": 80, "https": 443}[scheme]
+    suffix = f":{number}" if number and number != default else ""
+    return f"{scheme}://{app_host(instance, port)}{suffix}/"
 
 
 def base_url_env(instance: Instance) -> dict[str, str]:
-    """The console's variables for the launch template: JupyterLab's token and base URL, and an
-    AI application's slug and API key (its server accepts the key, or the token the console's
-    proxy adds for the owner)."""
-    base = "/" if apps_domain() else port_path(instance, JUPYTER_PORT)
-    env = {"JUPYTER_TOKEN": instance.access_token, "JUPYTER_BASE_URL": base}
+    """The console's variables for the launch template: JupyterLab's token and base URL (its own
+    host: "/"), and an AI application's slug and API key (its server accepts the key, or the
+    token the console's proxy adds for the owner)."""
+    env = {"JUPYTER_TOKEN": instance.access_token, "JUPYTER_BASE_URL": "/"}
     if instance.app:
         env |= {"GPC_APP": instance.app, "GPC_APP_API_KEY": instance.app_api_key}
     return env
 
 
-def ports_data(instance: Instance, *, owner_view: bool) -> list[dict[str, Any]]:
+def ports_data(
+    instance: Instance, *, owner_view: bool, request: Any = None
+) -> list[dict[str, Any]]:
     """The API's ``ports``: each port's number, name, URL and, for the owner, its share links."""
     if instance.state != InstanceState.RUNNING:
         return []  # opened only while running
@@ -252,17 +276,23 @@ def ports_data(instance: Instance, *, owner_view: bool) -> list[dict[str, Any]]:
     links: dict[int, list[ShareLink]] = {}
     if owner_view and found:
         # .all(): the list's prefetch when there is one
+        now = timezone.now()
         for link in instance.share_links.all():
-            if link.revoked_at is None:
+            if link.revoked_at is None and link.expires_at > now:
                 links.setdefault(link.port, []).append(link)
     return [
         {
             "port": p.port,
             "name": p.name,
             "kind": p.kind,
-            "url": port_url(instance, p.port),
+            "url": port_url(instance, p.port, request),
             "share_links": [
-                {"id": link.pk, "created_at": link.created_at, "last_used_at": link.last_used_at}
+                {
+                    "id": link.pk,
+                    "created_at": link.created_at,
+                    "expires_at": link.expires_at,
+                    "last_used_at": link.last_used_at,
+                }
                 for link in links.get(p.port, [])
             ],
         }
@@ -270,17 +300,18 @@ def ports_data(instance: Instance, *, owner_view: bool) -> list[dict[str, Any]]:
     ]
 
 
-def page_ports(instance: Instance) -> list[dict[str, Any]]:
+def page_ports(instance: Instance, request: Any = None) -> list[dict[str, Any]]:
     """The instance page's rows: each port, the console's Open link and its live share links."""
     links: dict[int, list[ShareLink]] = {}
-    for link in instance.share_links.filter(revoked_at__isnull=True).order_by("created_at"):
+    live = instance.share_links.filter(revoked_at__isnull=True, expires_at__gt=timezone.now())
+    for link in live.order_by("created_at"):
         links.setdefault(link.port, []).append(link)
     return [
         {
             "port": p.port,
             "name": p.name,
             "kind": p.kind,
-            "url": port_url(instance, p.port),
+            "url": port_url(instance, p.port, request),
             "open_url": reverse(
                 "slices:instance-port-open",
                 kwargs={"public_id": instance.public_id, "port": p.port},
@@ -307,14 +338,35 @@ def _owned_port(user: Any, instance: Instance, port: int) -> None:
         raise Http404
 
 
+def share_lifetime(value: Any) -> timedelta:
+    """The lifetime an owner picked (``SHARE_LIFETIMES``), the default when none; any other value
+    is refused naming the ``lifetime`` field."""
+    key = str(value or DEFAULT_SHARE_LIFETIME)
+    if key not in SHARE_LIFETIMES:
+        raise OrderRefused(
+            gettext_noop("A share link lasts %(choices)s; %(value)s is not one of them."),
+            field="lifetime",
+            choices=", ".join(SHARE_LIFETIMES),
+            value=key[:20],
+        )
+    return SHARE_LIFETIMES[key]
+
+
 @transaction.atomic
-def create_share_link(user: Any, instance: Instance, port: int) -> tuple[ShareLink, str]:
-    """A new share link to ``port`` of the owner's instance, and its secret (shown once, in the
-    URL; only its hash is kept)."""
+def create_share_link(
+    user: Any, instance: Instance, port: int, lifetime: Any = None
+) -> tuple[ShareLink, str]:
+    """A new share link to ``port`` of the owner's running instance, and its secret (shown once,
+    in the URL; only its hash is kept). It lasts ``lifetime`` (24 h unless chosen)."""
     _owned_port(user, instance, port)
+    ttl = share_lifetime(lifetime)
     secret = secrets.token_urlsafe(32)
     link = ShareLink.objects.create(
-        instance=instance, port=port, token_hash=_hash(secret), created_by=user
+        instance=instance,
+        port=port,
+        token_hash=_hash(secret),
+        created_by=user,
+        expires_at=timezone.now() + ttl,
     )
     return link, secret
 
@@ -326,11 +378,28 @@ def revoke_share_link(user: Any, instance: Instance, link_id: int) -> bool:
     link = ShareLink.objects.filter(pk=link_id, instance=instance).first()
     if link is None:
         raise Http404
-    return (
-        ShareLink.objects.filter(pk=link.pk, revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
-        )
-        == 1
+    now = timezone.now()
+    done = ShareLink.objects.filter(pk=link.pk, revoked_at__isnull=True).update(revoked_at=now)
+    PortGrant.objects.filter(share_link=link, revoked_at__isnull=True).update(revoked_at=now)
+    return done == 1
+
+
+def end_web_access(instance: Instance) -> int:
+    """The instance stops or is released: its share links and every browser's grant end now
+    (a later start gives no link back). How many links ended."""
+    now = timezone.now()
+    PortGrant.objects.filter(instance=instance, revoked_at__isnull=True).update(revoked_at=now)
+    return ShareLink.objects.filter(instance=instance, revoked_at__isnull=True).update(
+        revoked_at=now
+    )
+
+
+def end_user_grants(user: Any) -> int:
+    """The user logged out: every app host's cookie made from their session ends."""
+    if getattr(user, "pk", None) is None:
+        return 0
+    return PortGrant.objects.filter(user_id=user.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
     )
 
 
@@ -347,6 +416,7 @@ def share_link_for_secret(secret: str) -> ShareLink | None:
         .filter(
             token_hash=_hash(secret),
             revoked_at__isnull=True,
+            expires_at__gt=timezone.now(),
             instance__state=InstanceState.RUNNING,
         )
         .first()
@@ -370,14 +440,6 @@ def _running(public_id: Any) -> Instance | None:
     )
 
 
-def live_link(link_id: Any, instance: Instance, port: int) -> ShareLink | None:
-    if not isinstance(link_id, int):
-        return None
-    return ShareLink.objects.filter(
-        pk=link_id, instance=instance, port=port, revoked_at__isnull=True
-    ).first()
-
-
 def running_instance(public_id: Any) -> Instance | None:
     """The running instance ``public_id`` whoever owns it (callers check access), or None."""
     return _running(public_id)
@@ -388,72 +450,97 @@ def is_open(instance: Instance, port: int) -> bool:
     return instance.state == InstanceState.RUNNING and port in {p.port for p in web_ports(instance)}
 
 
-def grant_allows(grant: dict[str, Any], instance: Instance, port: int) -> bool:
-    """A hand-off's or app cookie's grant still holds: the owner's, or a live share link's."""
-    if "u" in grant:
-        return bool(grant["u"] == instance.owner_id)
-    return "s" in grant and live_link(grant["s"], instance, port) is not None
-
-
-# -- subdomain mode: the hand-off and the app host's cookie ------------------------------------
+# -- the hand-off and the app host's cookie -------------------------------------------------
 
 
 def handoff_token(
     instance: Instance, port: int, *, user_id: int | None, link_id: int | None
 ) -> str:
-    """A signed, short-lived ticket the app host exchanges for its own cookie."""
-    body: dict[str, Any] = {"i": str(instance.public_id), "p": port}
-    if user_id is not None:
-        body["u"] = user_id
-    if link_id is not None:
-        body["s"] = link_id
+    """A signed, short-lived, one-time ticket the app host exchanges for its own cookie: it names
+    a new ``PortGrant`` (the owner's or a share link's)."""
+    grant = PortGrant.objects.create(
+        instance=instance,
+        port=port,
+        user_id=user_id,
+        share_link_id=link_id,
+        expires_at=timezone.now() + timedelta(seconds=APP_COOKIE_SECONDS),
+    )
+    body = {"g": grant.pk, "i": str(instance.public_id), "p": port}
     return signing.dumps(body, salt=_SALT_HANDOFF, compress=True)
 
 
-def handoff_url(instance: Instance, port: int, token: str, next_path: str = "/") -> str:
+def handoff_url(
+    instance: Instance, port: int, token: str, next_path: str = "/", request: Any = None
+) -> str:
     from urllib.parse import urlencode
 
     query = urlencode({"t": token, "next": next_path})
-    return f"{port_url(instance, port)}__gpc/auth?{query}"
+    return f"{port_url(instance, port, request)}__gpc/auth?{query}"
 
 
-def read_handoff(token: str, instance: Instance, port: int) -> dict[str, Any] | None:
-    try:
-        body = signing.loads(token, salt=_SALT_HANDOFF, max_age=HANDOFF_SECONDS)
-    except signing.BadSignature:
-        return None
-    if body.get("i") != str(instance.public_id) or body.get("p") != port:
-        return None
-    return dict(body)
-
-
-def app_cookie_value(grant: dict[str, Any]) -> str:
-    return signing.dumps(grant, salt=_SALT_APP, compress=True)
-
-
-def read_app_cookie(value: str, instance: Instance, port: int) -> dict[str, Any] | None:
-    if not value:
+def _signed(value: str, salt: str, max_age: int, instance: Instance, port: int) -> int | None:
+    if not value or len(value) > 500:
         return None
     try:
-        body = signing.loads(value, salt=_SALT_APP, max_age=APP_COOKIE_SECONDS)
+        body = signing.loads(value, salt=salt, max_age=max_age)
     except signing.BadSignature:
         return None
-    if body.get("i") != str(instance.public_id) or body.get("p") != port:
+    if not isinstance(body, dict) or body.get("i") != str(instance.public_id):
         return None
-    return dict(body)
+    grant_id = body.get("g")
+    if body.get("p") != port or not isinstance(grant_id, int):
+        return None
+    return grant_id
+
+
+def claim_handoff(token: str, instance: Instance, port: int) -> PortGrant | None:
+    """The app host's half of the hand-off: the grant it names, claimed by this call (a token
+    works once, within ``HANDOFF_SECONDS``), if it still holds; else None."""
+    grant_id = _signed(token, _SALT_HANDOFF, HANDOFF_SECONDS, instance, port)
+    if grant_id is None:
+        return None
+    now = timezone.now()
+    claimed = PortGrant.objects.filter(pk=grant_id, claimed_at__isnull=True).update(claimed_at=now)
+    if claimed != 1:
+        return None
+    return live_grant(grant_id, instance, port)
+
+
+def app_cookie_value(grant: PortGrant) -> str:
+    body = {"g": grant.pk, "i": str(grant.instance.public_id), "p": grant.port}
+    return signing.dumps(body, salt=_SALT_APP, compress=True)
+
+
+def live_grant(grant_id: int, instance: Instance, port: int) -> PortGrant | None:
+    """The grant if it still gives access: claimed, not revoked, not expired, and the owner's
+    grant still the owner's, a share link's still live."""
+    grant = (
+        PortGrant.objects.select_related("share_link", "instance")
+        .filter(
+            pk=grant_id,
+            instance=instance,
+            port=port,
+            claimed_at__isnull=False,
+            revoked_at__isnull=True,
+            expires_at__gt=timezone.now(),
+        )
+        .first()
+    )
+    if grant is None:
+        return None
+    if grant.user_id is not None:
+        return grant if grant.user_id == instance.owner_id else None
+    link = grant.share_link
+    if link is None or link.revoked_at is not None or link.expires_at <= timezone.now():
+        return None
+    return grant
+
+
+def grant_from_cookie(value: str, instance: Instance, port: int) -> PortGrant | None:
+    grant_id = _signed(value, _SALT_APP, APP_COOKIE_SECONDS, instance, port)
+    return None if grant_id is None else live_grant(grant_id, instance, port)
 
 
 def parse_app_host(host: str) -> tuple[str, int] | None:
     """``(public_id, port)`` of an app host ``<uuid>-<port>.<APPS_DOMAIN>``, else None."""
-    domain = apps_domain()
-    if not domain:
-        return None
-    name = host.split(":", 1)[0].lower().rstrip(".")
-    suffix = "." + domain
-    if not name.endswith(suffix):
-        return None
-    m = re.fullmatch(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(\d{1,5})",
-                     name[: -len(suffix)])  # fmt: skip
-    if not m:
-        return None
-    return m.group(1), int(m.group(2))
+    return sites.parse_app_host(host, apps_domain())

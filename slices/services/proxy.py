@@ -29,47 +29,20 @@ class Access:
     spec: InstanceSpec
     node: NodeTarget
     node_port: int  # the port on the node: the published host port on a shared node
-    keep_prefix: bool  # the app knows its base URL (JupyterLab): forward the full path
-    prefix: str  # where the port is mounted (path mode) or "" (its own host)
+    keep_prefix: bool  # forward the full path (an app host: the app is at "/" of its own host)
+    prefix: str  # where the console mounts it (an AI app's API) or "" (its own host)
 
 
-@dataclass(frozen=True)
-class Credentials:
-    """What a request brings: the console session's user (path mode only), the share cookie's
-    secret (path mode) and the app host's cookie (subdomain mode)."""
-
-    user: Any = None
-    share_secret: str = ""
-    app_cookie: str = ""
-    app_host: bool = False
-
-
-def _owner_may(user: Any, instance: Instance) -> bool:
-    return bool(user is not None and getattr(user, "is_authenticated", False)) and (
-        instance.owner_id == user.pk
-    )
-
-
-def resolve_access(public_id: Any, port: int, creds: Credentials) -> Access:
-    """The access to ``port`` of instance ``public_id`` these credentials give, or 404."""
+def resolve_access(public_id: Any, port: int, app_cookie: str) -> Access:
+    """The access to ``port`` of instance ``public_id`` that the app host's cookie gives (a live
+    ``PortGrant``: the owner's or a share link's), or 404."""
     instance = ports.running_instance(public_id)
     if instance is None or port not in {p.port for p in ports.web_ports(instance)}:
         raise Http404
-    via, link_id = "", None
-    if creds.app_host:
-        grant = ports.read_app_cookie(creds.app_cookie, instance, port)
-        if grant is not None and ports.grant_allows(grant, instance, port):
-            via = "owner" if "u" in grant else "share"
-            link_id = None if "u" in grant else int(grant["s"])
-    else:
-        if _owner_may(creds.user, instance):
-            via = "owner"
-        elif creds.share_secret:
-            link = ports.share_link_for_secret(creds.share_secret)
-            if link is not None and link.instance_id == instance.pk and link.port == port:
-                via, link_id = "share", link.pk
-    if not via:
+    grant = ports.grant_from_cookie(app_cookie, instance, port)
+    if grant is None:
         raise Http404
+    link_id = grant.share_link_id
     if link_id is not None:
         # Every proxied request of a shared app passes here (JupyterLab loads dozens of files):
         # the time it was last used is written at most once a minute, not once a request.
@@ -81,13 +54,13 @@ def resolve_access(public_id: Any, port: int, creds: Credentials) -> Access:
     return Access(
         instance=instance,
         port=port,
-        via=via,
+        via="owner" if grant.user_id is not None else "share",
         share_link_id=link_id,
         spec=spec,
         node=node,
         node_port=node_port,
-        keep_prefix=port in ports.BASE_URL_PORTS or creds.app_host,
-        prefix="" if creds.app_host else ports.port_path(instance, port).rstrip("/"),
+        keep_prefix=True,
+        prefix="",
     )
 
 

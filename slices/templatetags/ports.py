@@ -12,7 +12,8 @@ from slices.services import ports
 register = template.Library()
 
 
-@register.simple_tag
-def instance_web_ports(instance: Instance) -> list[dict[str, Any]]:
-    """Each web port with its URL, the console's Open link and its live share links."""
-    return ports.page_ports(instance)
+@register.simple_tag(takes_context=True)
+def instance_web_ports(context: template.Context, instance: Instance) -> list[dict[str, Any]]:
+    """Each web port with its URL (its own host), the console's Open link and its live share
+    links."""
+    return ports.page_ports(instance, context.get("request"))

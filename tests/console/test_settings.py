@@ -9,7 +9,12 @@ from console.celery import app as celery_app
 from tests.support.servers import base_env, production_env, run_manage
 
 PG = "postgres://postgres@127.0.0.1:5432/unused"
-PROD = {"DATABASE_URL": PG, "REDIS_URL": "redis://x", "SECRET_KEY": "s" * 60}
+PROD = {
+    "DATABASE_URL": PG,
+    "REDIS_URL": "redis://x",
+    "SECRET_KEY": "s" * 60,
+    "APPS_DOMAIN": "example-apps.com",
+}
 
 
 def test_check_deploy_is_clean_with_production_settings() -> None:

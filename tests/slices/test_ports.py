@@ -1,7 +1,8 @@
-"""Web ports through the console (issue 19) on the simulated fleet: declared at order time, served
-by the proxy in path mode with the sim driver's stand-in app (real HTTP over a socket tunnel:
-a page, a streamed download, Server-Sent Events, an upload, a websocket), owner-only, share
-links that stop working when revoked, and 404 for everyone else."""
+"""Web ports through the console (issues 19, 29) on the simulated fleet: declared at order time,
+served by the proxy on each port's own host (<id>-<port>.localhost, a site apart from the
+console's) with the sim driver's stand-in app (real HTTP over a socket tunnel: a page, a streamed
+download, Server-Sent Events, an upload, a websocket), owner-only through a one-time hand-off,
+share links that stop working when revoked, and 404 for everyone else."""
 
 from __future__ import annotations
 
@@ -10,24 +11,24 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import paramiko
 import pytest
 from asgiref.sync import async_to_sync
 from channels.auth import AuthMiddlewareStack
-from channels.routing import URLRouter
 from django.test import Client
 from rest_framework.test import APIClient
 
-from console.routing import OriginValidator, websocket_urlpatterns
+from console.routing import OriginValidator, websocket_router
 from slices.drivers.base import NodeTarget
 from slices.drivers.ssh import SshDriver, SshSettings, tunnel
 from slices.errors import OrderRefused
-from slices.models import Instance, InstanceNode, Node, ShareLink
+from slices.models import Instance, ShareLink
 from slices.proxy import AsyncTunnel, UpstreamWebsocket
 from slices.services import ports
-from tests.slices.factories import load_small_fleet, make_instance
 from tests.support import servers
+from tests.support.apphosts import app_host, follow_handoff, open_app, running_with_port
 from tests.support.sshd import SshHostPool, ssh_hosts  # noqa: F401
 from tests.support.websocket import open_websocket, websocket_scope
 
@@ -36,21 +37,8 @@ pytestmark = pytest.mark.django_db
 APP_PORT = 7860
 
 
-def running_with_port(owner, port: int = APP_PORT, **fields) -> Instance:
-    """A running sim instance with one declared web port and its node."""
-    if not Node.objects.exists():
-        load_small_fleet()
-    instance = make_instance(
-        owner, web_ports=[{"port": port, "name": "Gradio"}], access_token="tok", **fields
-    )
-    node = Node.objects.order_by("pk").first()
-    InstanceNode.objects.create(
-        instance=instance, node=node, rank=0, hostname=node.hostname, gpu_mask=1, step="ready"
-    )
-    return instance
-
-
 def _url(instance: Instance, rest: str = "", port: int = APP_PORT) -> str:
+    """The console's own route of a port (which only ever redirects)."""
     return f"/instances/{instance.public_id}/ports/{port}/{rest}"
 
 
@@ -130,7 +118,7 @@ def test_the_api_orders_with_web_ports_and_answers_their_urls(
             "port": 7860,
             "name": "Gradio",
             "kind": "declared",
-            "url": f"/instances/{instance.public_id}/ports/7860/",
+            "url": f"http://{instance.public_id}-7860.localhost/",
             "share_links": [],
         }
     ]
@@ -139,20 +127,37 @@ def test_the_api_orders_with_web_ports_and_answers_their_urls(
 # -- the proxy (sim) ---------------------------------------------------------------------------
 
 
-def test_the_owner_opens_the_simulated_app_through_the_proxy(alice, alice_client) -> None:
+def test_the_owner_opens_the_simulated_app_on_its_own_host(alice, alice_client) -> None:
     instance = running_with_port(alice)
-    page = alice_client.get(_url(instance))
+    app = open_app(alice_client, instance)
+    page = app.get("/")
     assert page.status_code == 200
     text = _body(page).decode()
     assert "(simulated)" in text and "port 7860" in text
-    # A declared app sees itself at "/" (the prefix is stripped; X-Forwarded-Prefix says it).
+    # The app is at "/" of its own host.
     assert "Path: <code>/</code>" in text
+
+
+def test_the_console_routes_of_a_port_only_redirect_to_its_host(alice, alice_client) -> None:
+    """Issue 29: the console's origin never serves a tenant's app, only sends the owner on."""
+    instance = running_with_port(alice)
+    for rest in ("", "download?size=10", "sw.js"):
+        answer = alice_client.get(_url(instance, rest))
+        assert answer.status_code == 302
+        assert answer["Location"].startswith(
+            f"/instances/{instance.public_id}/web-ports/{APP_PORT}/open/?next="
+        )
+        assert not answer.streaming and b"simulated" not in answer.content
+    opened = alice_client.get(answer["Location"])
+    assert urlsplit(opened["Location"]).hostname == app_host(instance)
+    assert "next=%2Fsw.js" in opened["Location"]
 
 
 def test_a_download_streams_intact(alice, alice_client) -> None:
     instance = running_with_port(alice)
+    app = open_app(alice_client, instance)
     size = 8 * 1024 * 1024 + 123
-    response = alice_client.get(_url(instance, f"download?size={size}"))
+    response = app.get(f"/download?size={size}")
     assert response.status_code == 200
     assert response.streaming
     assert response["Content-Length"] == str(size)
@@ -171,7 +176,7 @@ def test_a_download_streams_intact(alice, alice_client) -> None:
 
 def test_server_sent_events_arrive_as_events(alice, alice_client) -> None:
     instance = running_with_port(alice)
-    response = alice_client.get(_url(instance, "events"))
+    response = open_app(alice_client, instance).get("/events")
     assert response["Content-Type"] == "text/event-stream"
     chunks = _chunks(response)
     assert len(chunks) >= 5  # one per event: nothing buffered them into one
@@ -181,8 +186,8 @@ def test_server_sent_events_arrive_as_events(alice, alice_client) -> None:
 def test_an_upload_reaches_the_app_whole(alice, alice_client) -> None:
     instance = running_with_port(alice)
     payload = bytes(range(256)) * 4096 + b"end"
-    response = alice_client.post(
-        _url(instance, "upload"), data=payload, content_type="application/octet-stream"
+    response = open_app(alice_client, instance).post(
+        "/upload", data=payload, content_type="application/octet-stream"
     )
     assert response.status_code == 200
     body = _body(response)
@@ -193,43 +198,56 @@ def test_an_upload_reaches_the_app_whole(alice, alice_client) -> None:
 def test_a_cross_site_request_never_reaches_the_app(alice, alice_client) -> None:
     """The proxy answers the app's own authentication for the owner, so another site's page must
     not be able to make the owner's browser change anything through it: refused by Origin (or
-    Referer), whatever the session; the same request from the console's own pages goes through."""
+    Referer), whatever the cookie; the same request from the app's own pages goes through."""
     instance = running_with_port(alice)
+    app = open_app(alice_client, instance)
     payload = b"x" * 100
     for headers in (
         {"HTTP_ORIGIN": "https://evil.example"},
         {"HTTP_REFERER": "https://evil.example/page"},
+        {"HTTP_ORIGIN": "http://testserver"},  # the console itself is another site too
     ):
-        refused = alice_client.post(
-            _url(instance, "upload"), data=payload, content_type="text/plain", **headers
-        )
+        refused = app.post("/upload", data=payload, content_type="text/plain", **headers)
         assert refused.status_code == 403, headers
         assert b"sha256" not in refused.content
-    own = alice_client.post(
-        _url(instance, "upload"),
+    own = app.post(
+        "/upload",
         data=payload,
         content_type="text/plain",
-        HTTP_ORIGIN="http://testserver",
+        HTTP_ORIGIN=f"http://{app_host(instance)}",
     )
     assert own.status_code == 200 and hashlib.sha256(payload).hexdigest().encode() in _body(own)
     # Reading stays open to a link from anywhere (a GET changes nothing).
-    assert (
-        alice_client.get(_url(instance), HTTP_REFERER="https://elsewhere.example/").status_code
-        == 200
-    )
+    assert app.get("/", HTTP_REFERER="https://elsewhere.example/").status_code == 200
 
 
 def test_another_customer_a_visitor_and_a_released_instance_get_404(
     alice, alice_client, bob_client, client
 ) -> None:
     instance = running_with_port(alice)
+    stranger = Client(HTTP_HOST=app_host(instance))
     for method in ("get", "post", "put", "delete"):
-        assert getattr(bob_client, method)(_url(instance)).status_code == 404
-        assert getattr(client, method)(_url(instance)).status_code == 404
-    # A port the instance does not have
-    assert alice_client.get(_url(instance, port=7861)).status_code == 404
+        assert getattr(stranger, method)("/").status_code == 404
+    # Another customer cannot open it; nor can a visitor (sent to log in).
+    assert (
+        bob_client.get(f"/instances/{instance.public_id}/web-ports/{APP_PORT}/open/").status_code
+        == 404
+    )
+    assert (
+        client.get(f"/instances/{instance.public_id}/web-ports/{APP_PORT}/open/").status_code == 302
+    )
+    # A port the instance does not have: neither its host nor its Open link.
+    assert (
+        alice_client.get(f"/instances/{instance.public_id}/web-ports/7861/open/").status_code == 404
+    )
+    app = open_app(alice_client, instance)
+    assert app.get("/").status_code == 200
+    # The owner's cookie is for its one port: another port's host does not take it.
+    other = Client(HTTP_HOST=app_host(instance, 7861))
+    other.cookies = app.cookies
+    assert other.get("/").status_code == 404
     Instance.objects.filter(pk=instance.pk).update(state="released")
-    assert alice_client.get(_url(instance)).status_code == 404
+    assert app.get("/").status_code == 404
     assert (
         alice_client.get(f"/instances/{instance.public_id}/web-ports/7860/open/").status_code == 404
     )
@@ -239,8 +257,8 @@ def test_the_console_cookies_are_not_forwarded() -> None:
     from slices.proxy import forward_headers
 
     out = forward_headers(
-        [("Cookie", "sessionid=s; csrftoken=c; gpc_share_7860=x; _xsrf=j"), ("Connection", "x")],
-        drop_cookies=frozenset({"sessionid", "csrftoken"}),
+        [("Cookie", "sessionid=s; csrftoken=c; gpc_app=x; _xsrf=j"), ("Connection", "x")],
+        drop_cookies=frozenset({"sessionid", "csrftoken", "gpc_app"}),
     )
     assert out == [("Cookie", "_xsrf=j")]
 
@@ -248,15 +266,29 @@ def test_the_console_cookies_are_not_forwarded() -> None:
 # -- share links -------------------------------------------------------------------------------
 
 
+def _make_link(console: Client, instance: Instance, lifetime: str = "") -> str:
+    data = {"lifetime": lifetime} if lifetime else {}
+    made = console.post(
+        f"/instances/{instance.public_id}/web-ports/{APP_PORT}/share-links/",
+        data,
+        HTTP_HX_REQUEST="true",
+    )
+    assert made.status_code == 200, made.content
+    return made.content.decode().split("/shared/ports/")[1].split("/")[0]
+
+
+def _visit(secret: str) -> Client:
+    """A visitor follows a share link: on the console, then on to the app host."""
+    opened = Client().get(f"/shared/ports/{secret}/")
+    assert opened.status_code == 302
+    assert opened["Referrer-Policy"] == "no-referrer"
+    return follow_handoff(opened["Location"])
+
+
 def test_a_share_link_opens_its_port_until_revoked(alice, alice_client, bob_client) -> None:
     instance = running_with_port(alice)
-    made = alice_client.post(
-        f"/instances/{instance.public_id}/web-ports/{APP_PORT}/share-links/", HTTP_HX_REQUEST="true"
-    )
-    assert made.status_code == 200
+    secret = _make_link(alice_client, instance)
     link = ShareLink.objects.get(instance=instance)
-    text = made.content.decode()
-    secret = text.split("/shared/ports/")[1].split("/")[0]
     assert hashlib.sha256(secret.encode()).hexdigest() == link.token_hash
     assert secret not in link.token_hash
     # Another customer cannot make or revoke one.
@@ -273,33 +305,33 @@ def test_a_share_link_opens_its_port_until_revoked(alice, alice_client, bob_clie
         == 404
     )
 
-    visitor = Client()
-    opened = visitor.get(f"/shared/ports/{secret}/")
-    assert opened.status_code == 302 and opened["Location"] == _url(instance)
-    assert visitor.get(_url(instance)).status_code == 200
+    visitor = _visit(secret)
+    assert visitor.get("/").status_code == 200
     ShareLink.objects.filter(pk=link.pk).update(last_used_at=None)
-    assert visitor.get(_url(instance, "download?size=10")).status_code == 200
+    assert visitor.get("/download?size=10").status_code == 200
     assert ShareLink.objects.get(pk=link.pk).last_used_at is not None
-    # The link is for its one port only.
     assert Client().get("/shared/ports/not-a-secret/").status_code == 404
 
     revoked = alice_client.post(f"/instances/{instance.public_id}/share-links/{link.pk}/revoke/")
     assert revoked.status_code == 302
-    assert visitor.get(_url(instance)).status_code == 404
+    assert visitor.get("/").status_code == 404
     assert Client().get(f"/shared/ports/{secret}/").status_code == 404
 
 
 # -- websockets --------------------------------------------------------------------------------
 
 
-def _ws(path: str, cookie: str | None) -> list[str] | None:
-    app = OriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
-    headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
+def _ws(
+    instance: Instance, cookie: str | None, *, host: str | None = None, path: str = "/ws/echo"
+) -> list[str] | None:
+    from slices.port_views import AppHostRouter
+
+    app = AppHostRouter(OriginValidator(AuthMiddlewareStack(websocket_router())))
+    host = host or app_host(instance)
+    headers = [(b"origin", f"http://{host}".encode()), (b"host", host.encode())]
     if cookie:
         headers.append((b"cookie", cookie.encode()))
-    scope = websocket_scope(
-        path, headers=headers, client=("127.0.0.1", 50000), server=("testserver", 80)
-    )
+    scope = websocket_scope(path, headers=headers, client=("127.0.0.1", 50000), server=(host, 80))
 
     async def attempt() -> list[str] | None:
         communicator, first = await open_websocket(app, scope)
@@ -318,11 +350,16 @@ def _ws(path: str, cookie: str | None) -> list[str] | None:
 @pytest.mark.django_db(transaction=True)
 def test_websockets_relay_for_the_owner_only(alice, alice_client, bob_client) -> None:
     instance = running_with_port(alice)
-    path = _url(instance, "ws/echo")
-    own = _ws(path, f"sessionid={alice_client.cookies['sessionid'].value}")
-    assert own == ["simulated echo: 你好 42"]
-    assert _ws(path, f"sessionid={bob_client.cookies['sessionid'].value}") is None
-    assert _ws(path, None) is None
+    app = open_app(alice_client, instance)
+    grant = f"{ports.APP_COOKIE}={app.cookies[ports.APP_COOKIE].value}"
+    assert _ws(instance, grant) == ["simulated echo: 你好 42"]
+    # The console's own session opens nothing on the app host, nor on the console's host.
+    assert _ws(instance, f"sessionid={alice_client.cookies['sessionid'].value}") is None
+    assert _ws(instance, f"sessionid={bob_client.cookies['sessionid'].value}") is None
+    assert _ws(instance, None) is None
+    assert _ws(instance, grant, host="testserver", path=_url(instance, "ws/echo")) is None
+    # Another name under the apps' domain is nobody's.
+    assert _ws(instance, grant, host="evil.localhost") is None
 
 
 # -- the relay over a real SSH tunnel ----------------------------------------------------------

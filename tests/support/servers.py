@@ -110,7 +110,8 @@ def production_env(database_url: str, redis_url: str) -> dict[str, str]:
         SECURE_SSL_REDIRECT="false",
         SESSION_COOKIE_SECURE="false",
         CSRF_COOKIE_SECURE="false",
-        ALLOWED_HOSTS="127.0.0.1,localhost",
+        ALLOWED_HOSTS="127.0.0.1",
+        APPS_DOMAIN="localhost",
     )
     return env
 
