@@ -266,7 +266,13 @@ async def app_host_proxy(request: HttpRequest, public_id: str, port: int) -> Htt
 
 def port_proxy(request: HttpRequest, public_id: Any, port: int, rest: str = "") -> HttpResponse:
     """The console's own route of a port: never the app (issue 29), only a redirect to the Open
-    button's hand-off, which takes the owner to the app host (anyone else gets its 404)."""
+    button's hand-off, which takes the owner to the app host. Anyone else gets 404, as for an
+    instance that does not exist."""
+    if not request.user.is_authenticated:
+        raise Http404
+    instance = get_instance_for_user(request.user, public_id)
+    if not ports.is_open(instance, port):
+        raise Http404
     target = reverse("slices:instance-port-open", kwargs={"public_id": public_id, "port": port})
     path = "/" + rest
     query = request.META.get("QUERY_STRING", "")

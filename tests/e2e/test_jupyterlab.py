@@ -26,12 +26,14 @@ from django.conf import settings as django_settings
 from django.test import Client
 from playwright.sync_api import Browser, expect
 
+from console.models import ApiToken
 from marketplace.catalogue import read_images
 from slices.choices import InstanceState
 from slices.drivers.ssh.commands import NODE_PATH
 from slices.models import Instance, Node
 from tests.marketplace.factories import ImageFactory, ImageVersionFactory
 from tests.slices.factories import load_small_fleet, run_order
+from tests.support.apphosts import app_host_httpx, open_app_httpx
 from tests.support.browser import give_session
 from tests.support.sshd import SshHostPool, configure_ssh_fleet, ssh_hosts  # noqa: F401
 
@@ -112,11 +114,11 @@ def _session_cookie(user: Any) -> dict[str, str]:
     return {name: client.cookies[name].value}
 
 
-def _wait_for_jupyter(http: httpx.Client, base: str) -> None:
+def _wait_for_jupyter(http: httpx.Client) -> None:
     deadline = time.monotonic() + 90
     last = None
     while time.monotonic() < deadline:
-        last = http.get(f"{base}api/status")
+        last = http.get("/api/status")
         if last.status_code == 200:
             return
         time.sleep(0.5)
@@ -128,62 +130,70 @@ def test_jupyterlab_runs_a_cell_through_the_console(
     browser: Browser, console_url: str, jupyter_instance, funded, bob
 ) -> None:
     instance, workdir = jupyter_instance
-    base = f"{console_url}/instances/{instance.public_id}/ports/{JUPYTER_PORT}/"
-    with httpx.Client(cookies=_session_cookie(funded), timeout=60) as owner:
-        _wait_for_jupyter(owner, base)
-        # The image's launch command got the console's token: without the console, no entry.
-        direct = httpx.get(f"http://127.0.0.1:{JUPYTER_PORT}{base[len(console_url) :]}api/contents")
-        assert direct.status_code == 403
+    console = httpx.Client(cookies=_session_cookie(funded), timeout=60)
+    owner = open_app_httpx(console, console_url, instance, JUPYTER_PORT)
+    _wait_for_jupyter(owner)
+    # The image's launch command got the console's token: without the console, no entry.
+    direct = httpx.get(f"http://127.0.0.1:{JUPYTER_PORT}/api/contents")
+    assert direct.status_code == 403
 
-        # An upload (Jupyter's contents API, through the proxy) lands on the node.
-        payload = os.urandom(3 * 1024 * 1024 + 7)
-        put = owner.put(
-            f"{base}api/contents/upload.bin",
-            json={
-                "type": "file",
-                "format": "base64",
-                "content": base64.b64encode(payload).decode(),
-            },
-        )
-        assert put.status_code in (200, 201), put.text
-        assert (workdir / "upload.bin").read_bytes() == payload
+    # An upload (Jupyter's contents API, through the proxy) lands on the node.
+    payload = os.urandom(3 * 1024 * 1024 + 7)
+    put = owner.put(
+        "/api/contents/upload.bin",
+        json={
+            "type": "file",
+            "format": "base64",
+            "content": base64.b64encode(payload).decode(),
+        },
+    )
+    assert put.status_code in (200, 201), put.text
+    assert (workdir / "upload.bin").read_bytes() == payload
 
-        # A 100 MB file streams down intact.
-        digest = hashlib.sha256()
-        with (workdir / "big.bin").open("wb") as f:
-            block = os.urandom(1024 * 1024)
-            for i in range(BIG // len(block)):
-                chunk = block[:-1] + bytes([i % 256])
-                f.write(chunk)
-                digest.update(chunk)
-        got, size = hashlib.sha256(), 0
-        with owner.stream("GET", f"{base}files/big.bin") as response:
-            assert response.status_code == 200
-            for chunk in response.iter_bytes():
-                got.update(chunk)
-                size += len(chunk)
-        assert (size, got.hexdigest()) == (BIG, digest.hexdigest())
+    # A 100 MB file streams down intact.
+    digest = hashlib.sha256()
+    with (workdir / "big.bin").open("wb") as f:
+        block = os.urandom(1024 * 1024)
+        for i in range(BIG // len(block)):
+            chunk = block[:-1] + bytes([i % 256])
+            f.write(chunk)
+            digest.update(chunk)
+    got, size = hashlib.sha256(), 0
+    with owner.stream("GET", "/files/big.bin") as response:
+        assert response.status_code == 200
+        for chunk in response.iter_bytes():
+            got.update(chunk)
+            size += len(chunk)
+    assert (size, got.hexdigest()) == (BIG, digest.hexdigest())
 
-        # A notebook for the browser.
-        notebook = {
-            "cells": [
-                {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                 "source": "print(6*7)"}
-            ],
-            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                        "language": "python"}},
-            "nbformat": 4, "nbformat_minor": 5,
-        }  # fmt: skip
-        made = owner.put(
-            f"{base}api/contents/answer.ipynb",
-            json={"type": "notebook", "format": "json", "content": notebook},
-        )
-        assert made.status_code in (200, 201), made.text
+    # A notebook for the browser.
+    notebook = {
+        "cells": [
+            {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+             "source": "print(6*7)"}
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                    "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }  # fmt: skip
+    made = owner.put(
+        "/api/contents/answer.ipynb",
+        json={"type": "notebook", "format": "json", "content": notebook},
+    )
+    assert made.status_code in (200, 201), made.text
 
-    # Nobody else gets anything: another customer, a visitor.
+    # Nobody else gets anything: another customer (neither on the console nor on the app's
+    # host), a visitor, and the console's own route of the port serves no byte of the app.
+    port_route = f"{console_url}/instances/{instance.public_id}/ports/{JUPYTER_PORT}/api/status"
     with httpx.Client(cookies=_session_cookie(bob), timeout=30) as other:
-        assert other.get(f"{base}api/status").status_code == 404
-    assert httpx.get(f"{base}api/status", timeout=30).status_code == 404
+        assert other.get(port_route).status_code == 404
+        opened = other.get(
+            f"{console_url}/instances/{instance.public_id}/web-ports/{JUPYTER_PORT}/open/"
+        )
+        assert opened.status_code == 404
+    stranger = app_host_httpx(console_url, instance, JUPYTER_PORT)
+    assert stranger.get("/api/status").status_code == 404
+    assert console.get(port_route).status_code == 302  # the owner is only sent on
 
     context = browser.new_context(base_url=console_url, locale="zh-CN")
     context.set_default_timeout(60_000)
@@ -219,11 +229,46 @@ def test_jupyterlab_runs_a_cell_through_the_console(
     editor.click()
     page.keyboard.press("Shift+Enter")
     expect(page.locator(".jp-OutputArea-output").first).to_have_text("42", timeout=60_000)
+
+    # Issue 29: whatever script the tenant's app runs, it runs on the app's own host, a site
+    # apart from the console's: it reads none of the console's cookies, cannot use the owner's
+    # session (its requests to the console go out without it and cannot be read), and a cookie
+    # it sets for the parent domain never reaches the console.
+    assert page.evaluate("location.hostname") == f"{instance.public_id}-{JUPYTER_PORT}.localhost"
+    tokens_before = ApiToken.objects.filter(owner=funded).count()
+    probe = page.evaluate(
+        """async (console) => {
+            const out = {cookies: document.cookie};
+            for (const [name, init] of [
+                ["token", {method: "POST", credentials: "include",
+                           headers: {"Content-Type": "application/json"},
+                           body: JSON.stringify({name: "stolen"})}],
+                ["page", {credentials: "include"}],
+            ]) {
+                const url = name === "token" ? console + "/api/v1/api-tokens/" : console + "/billing/";
+                try { const r = await fetch(url, init); out[name] = r.status + " " + (await r.text()).slice(0, 80); }
+                catch (e) { out[name] = "refused: " + e.name; }
+            }
+            document.cookie = "sessionid=tenant; domain=localhost; path=/";
+            document.cookie = "csrftoken=tenant; path=/";
+            return out;
+        }""",
+        console_url,
+    )
+    assert "csrftoken" not in probe["cookies"] and "sessionid" not in probe["cookies"]
+    assert probe["token"].startswith("refused") and probe["page"].startswith("refused"), probe
+    assert ApiToken.objects.filter(owner=funded).count() == tokens_before
+    console_page = context.new_page()
+    console_page.goto("/billing/")
+    assert console_page.url.startswith(console_url + "/billing/")  # still signed in as the owner
+    assert "sessionid=tenant" not in str(context.cookies(console_url))
     context.close()
 
     # Released: 404 for the owner too.
     from slices import services
 
     services.release_instance(Instance.objects.get(pk=instance.pk), by="test")
-    with httpx.Client(cookies=_session_cookie(funded), timeout=30) as owner:
-        assert owner.get(f"{base}api/status").status_code == 404
+    again = app_host_httpx(console_url, instance, JUPYTER_PORT)
+    again.cookies = owner.cookies
+    assert again.get("/api/status").status_code == 404
+    console.close()

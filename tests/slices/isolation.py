@@ -28,7 +28,7 @@ def _disk(owner: Any) -> dict[str, Any]:
 
 
 def _web_port(owner: Any) -> dict[str, Any]:
-    from tests.slices.test_ports import APP_PORT, running_with_port
+    from tests.support.apphosts import APP_PORT, running_with_port
 
     return {"public_id": running_with_port(owner).public_id, "port": APP_PORT}
 
@@ -39,7 +39,7 @@ def _web_port_path(owner: Any) -> dict[str, Any]:
 
 def _share_link(owner: Any) -> dict[str, Any]:
     from slices.services import ports
-    from tests.slices.test_ports import APP_PORT, running_with_port
+    from tests.support.apphosts import APP_PORT, running_with_port
 
     instance = running_with_port(owner)
     link, _secret = ports.create_share_link(owner, instance, APP_PORT)
@@ -47,7 +47,8 @@ def _share_link(owner: Any) -> dict[str, Any]:
 
 
 OBJECT_ROUTES: dict = {
-    # Web ports (issue 19): the proxy answers 404 to anyone but the owner (or a share link).
+    # Web ports (issues 19, 29): the console's routes answer 404 to anyone but the owner, whom
+    # they only send on to the port's own host.
     "slices:instance-port": _web_port,
     "slices:instance-port-path": _web_port_path,
     "slices:instance-port-open": _web_port,
@@ -99,9 +100,13 @@ def _terminal_ws(owner: Any) -> str:
 
 
 def _web_port_ws(owner: Any) -> str:
-    from tests.slices.test_ports import APP_PORT, running_with_port
+    from tests.support.apphosts import APP_PORT, running_with_port
 
     return f"/instances/{running_with_port(owner).public_id}/ports/{APP_PORT}/ws/echo"
+
+
+# Relayed only on the port's own host: the console's host refuses even the owner (issue 29).
+_web_port_ws.owner_connects = False  # type: ignore[attr-defined]
 
 
 WEBSOCKET_ROUTES: dict = {

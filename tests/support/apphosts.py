@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+import httpx
 from asgiref.sync import async_to_sync
 from django.test import Client
 
@@ -71,3 +72,31 @@ def body_of(response) -> bytes:  # noqa: ANN001
         return b"".join([bytes(c) async for c in response.streaming_content])
 
     return async_to_sync(collect)()
+
+
+def app_host_httpx(console_url: str, instance: Instance, port: int) -> httpx.Client:
+    """An HTTP client on the live console's app host of ``port`` (this machine's resolver does
+    not map ``*.localhost`` as browsers do, so it connects to 127.0.0.1 naming the host)."""
+    number = urlsplit(console_url).port
+    return httpx.Client(
+        base_url=f"http://127.0.0.1:{number}",
+        headers={"Host": f"{app_host(instance, port)}:{number}"},
+        timeout=60,
+    )
+
+
+def open_app_httpx(
+    console: httpx.Client, console_url: str, instance: Instance, port: int
+) -> httpx.Client:
+    """The owner's Open on the live console, then the hand-off on the app host."""
+    opened = console.get(
+        f"{console_url}/instances/{instance.public_id}/web-ports/{port}/open/",
+        follow_redirects=False,
+    )
+    assert opened.status_code == 302, opened.text
+    url = urlsplit(opened.headers["location"])
+    assert url.hostname == app_host(instance, port)
+    app = app_host_httpx(console_url, instance, port)
+    landed = app.get(f"{url.path}?{url.query}")
+    assert landed.status_code == 302 and ports.APP_COOKIE in app.cookies, landed.text
+    return app
