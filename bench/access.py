@@ -23,7 +23,7 @@ of part 3). Every client is this process.
    one at a time (the next once the last came back), the two sessions taking turns in rounds of
    50 so that the machine's other work falls on both alike. p50/p99 in ms. Target: console p99
    ≤ 2 × direct p99 + 20 ms.
-2. Download throughput: a --file-mb file through the proxy (``/instances/<id>/ports/<port>/``:
+2. Download throughput: a --file-mb file through the proxy (the port's own host ``<id>-<port>.localhost``:
    the console's session, a paramiko ``direct-tcpip`` channel over its pinned connection) against
    a plain TCP connection to the same http.server, the same minimal HTTP client reading 1 MiB at a
    time, --reps each, taking turns; medians in MB/s. Target: ≥ 50 % of direct. Printed beside
@@ -106,6 +106,7 @@ class Setup:
     web: subprocess.Popen[bytes]
     instance: Any
     cookie: str
+    app_cookie: str  # the app host's own cookie (the owner's grant), as the hand-off sets it
     files: dict[str, tuple[int, str]] = field(default_factory=dict)  # name -> (bytes, sha256)
     app_pids: list[int] = field(default_factory=list)  # the launch command's process on the host
 
@@ -118,7 +119,13 @@ class Setup:
         return f"{ws}/ws/instances/{self.instance.public_id}/terminal/?rank=0&cols=80&rows=24"
 
     def port_path(self, name: str) -> str:
-        return f"/instances/{self.instance.public_id}/ports/{self.app_port}/{name}"
+        """A file on the port's own host (issue 29: never a path of the console's)."""
+        return f"/{name}"
+
+    @property
+    def app_host(self) -> str:
+        """The port's own host, ``<id>-<port>.localhost:<console port>``."""
+        return f"{self.instance.public_id}-{self.app_port}.localhost:{self.web_port}"
 
     @property
     def web_port(self) -> int:
@@ -135,6 +142,17 @@ def _make_file(path: Path, size: int) -> tuple[int, str]:
             digest.update(block)
             left -= len(block)
     return size, digest.hexdigest()
+
+
+def _app_cookie(instance: Any, port: int, user: Any) -> str:
+    """The owner's Open, as the browser ends it: the one-time hand-off claimed on the app host,
+    its grant in the app host's own cookie."""
+    from slices.services import ports
+
+    token = ports.handoff_token(instance, port, user_id=user.pk, link_id=None)
+    grant = ports.claim_handoff(token, instance, port)
+    assert grant is not None
+    return f"{ports.APP_COOKIE}={ports.app_cookie_value(grant)}"
 
 
 def _session_cookie(user: Any) -> str:
@@ -250,6 +268,7 @@ def set_up(work: Path, pool: SshHostPool, args: argparse.Namespace) -> Setup:
     _wait_port(app_port, 30)
     app_pids = _pids_of(["-m", "http.server", str(app_port)], str(files_dir))
     cookie = _session_cookie(user)
+    app_cookie = _app_cookie(instance, app_port, user)
 
     web_port = free_port()
     log = (work / "web.log").open("wb")
@@ -286,7 +305,19 @@ def set_up(work: Path, pool: SshHostPool, args: argparse.Namespace) -> Setup:
         f"(runtime=process), http.server on its port {app_port}; the console: uvicorn "
         f"console.asgi:application at {url} (pid {web.pid})"
     )
-    return Setup(work, host, pool.client_key, app_port, url, web, instance, cookie, files, app_pids)
+    return Setup(
+        work,
+        host,
+        pool.client_key,
+        app_port,
+        url,
+        web,
+        instance,
+        cookie,
+        app_cookie,
+        files,
+        app_pids,
+    )
 
 
 # paramiko's own preference puts AES-CTR (with a separate HMAC) before AES-GCM.
@@ -538,18 +569,18 @@ def bench_throughput(setup: Setup, reps: int) -> bool:
         return tunnel(transport_gcm)
 
     app_host = f"127.0.0.1:{setup.app_port}"
-    web_host = f"127.0.0.1:{setup.web_port}"
+    web_host = setup.app_host
     results: dict[str, list[float]] = {"direct": [], "console": [], "tunnel": [], "gcm": []}
     cpu = 0.0
     relayed = 0
     try:
         # Warm-up (the console's first tunnel opens its connection to the node): not counted.
-        _timed_get(console, setup.port_path("each.bin"), web_host, setup.cookie)
+        _timed_get(console, setup.port_path("each.bin"), web_host, setup.app_cookie)
         for _ in range(reps):
             results["direct"].append(_timed_get(direct_tcp, "/big.bin", app_host))
             before = tree_cpu_seconds(setup.web.pid)
             results["console"].append(
-                _timed_get(console, setup.port_path("big.bin"), web_host, setup.cookie)
+                _timed_get(console, setup.port_path("big.bin"), web_host, setup.app_cookie)
             )
             cpu += tree_cpu_seconds(setup.web.pid) - before
             relayed += size
@@ -671,8 +702,8 @@ async def _download(setup: Setup, load: Load, started: float) -> None:
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", setup.web_port)
         request = (
-            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{setup.web_port}\r\n"
-            f"Cookie: {setup.cookie}\r\nConnection: close\r\n\r\n"
+            f"GET {path} HTTP/1.1\r\nHost: {setup.app_host}\r\n"
+            f"Cookie: {setup.app_cookie}\r\nConnection: close\r\n\r\n"
         )
         writer.write(request.encode())
         await writer.drain()
