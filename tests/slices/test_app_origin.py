@@ -303,3 +303,17 @@ def test_an_ai_apps_api_on_the_console_origin_runs_nothing(alice, rf) -> None:
     assert response["Content-Security-Policy"] == "sandbox; default-src 'none'"
     assert not response.cookies
     assert body_of(response) == b"ok"
+
+
+def test_the_ports_page_offers_lifetimes_and_shows_when_links_end_in_both_languages(
+    alice, alice_client
+) -> None:
+    instance = running_with_port(alice)
+    ports.create_share_link(alice, instance, APP_PORT)
+    url = f"/instances/{instance.public_id}/"
+    zh = alice_client.get(url, HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    assert 'name="lifetime"' in zh and "24 小时" in zh and "失效" in zh
+    assert f"/web-ports/{APP_PORT}/open/" in zh
+    alice_client.cookies["django_language"] = "en"
+    en = alice_client.get(url, HTTP_ACCEPT_LANGUAGE="en").content.decode()
+    assert "24 hours" in en and ", ends " in en
