@@ -11,3 +11,13 @@ class SlicesConfig(AppConfig):
     def ready(self) -> None:
         # The worker's tasks, registered by name (services queue them through services.jobs).
         from slices import tasks  # noqa: F401
+
+        from console import hooks
+
+        hooks.ssh_key_removed.connect(_key_removed, dispatch_uid="slices.ssh_key_removed")
+
+
+def _key_removed(sender: object, user: object, **kwargs: object) -> None:
+    from slices.services import access
+
+    access.sync_for_owner(user)
