@@ -10,9 +10,8 @@ class SlicesConfig(AppConfig):
 
     def ready(self) -> None:
         # The worker's tasks, registered by name (services queue them through services.jobs).
-        from slices import tasks  # noqa: F401
-
         from console import hooks
+        from slices import tasks  # noqa: F401
 
         hooks.ssh_key_removed.connect(_key_removed, dispatch_uid="slices.ssh_key_removed")
 
@@ -20,4 +19,4 @@ class SlicesConfig(AppConfig):
 def _key_removed(sender: object, user: object, **kwargs: object) -> None:
     from slices.services import access
 
-    access.sync_for_owner(user)
+    access.sync_for_owner(int(getattr(user, "pk", 0)))

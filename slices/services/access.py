@@ -27,9 +27,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from slices.choices import InstanceState
 from console import services as console_services
 from console.sshkeys import canonical_openssh
+from slices.choices import InstanceState
 from slices.drivers import get_driver
 from slices.drivers.base import DriverError, GatewayGrant, GatewayTarget
 from slices.drivers.gateway import canonical_key
@@ -128,21 +128,21 @@ def gateway_grants(gateway: Gateway) -> tuple[GatewayGrant, ...]:
         "ssh_port",
     )
     parsed: list[tuple[str, str, int, str, str, int]] = []
-    for public_key, owner_id, owner, address, port in rows:
-        key = canonical_openssh(public_key) if canonical_key(public_key) else None
-        if key is None or port is None:
+    for public_key, owner_id, owner_public_id, address, port in rows:
+        found = canonical_openssh(public_key) if canonical_key(public_key) else None
+        if found is None or port is None:
             continue
-        parsed.append((key[0], key[1], owner_id, str(owner), str(address), int(port)))
+        parsed.append((found[0], found[1], owner_id, str(owner_public_id), str(address), int(port)))
     registered = console_services.registered_ssh_keys({(p[2], p[1]) for p in parsed})
     owners: dict[str, set[str]] = defaultdict(set)
     destinations: dict[str, set[tuple[str, int]]] = defaultdict(set)
     keys: dict[str, str] = {}
-    for key, print_, owner_id, owner, address, port in parsed:
+    for line, print_, owner_id, owner, host, where in parsed:
         if (owner_id, print_) not in registered:
             continue  # deleted from the account (or never its own): not let through
-        keys[print_] = key
+        keys[print_] = line
         owners[print_].add(owner)
-        destinations[print_].add((address, port))
+        destinations[print_].add((host, where))
     grants = []
     for print_, who in sorted(owners.items()):
         if len(who) > 1:
@@ -217,15 +217,17 @@ def sync_all_gateways() -> list[str]:
     return [sync_gateway(pk) for pk in Gateway.objects.values_list("pk", flat=True)]
 
 
-def sync_for_owner(owner: object) -> list[int]:
-    """Queue a keys-file sync of every region where ``owner`` has a running instance (a key
-    left their account: ``console.hooks.ssh_key_removed``, sent after the commit)."""
+def sync_for_owner(owner_id: int) -> list[int]:
+    """Queue a keys-file sync of every region where the account has a running instance (a key
+    left it: ``console.hooks.ssh_key_removed``, sent after the commit)."""
     regions = sorted(
-        set(
-            Instance.objects.filter(owner=owner, state=InstanceState.RUNNING)
-            .exclude(region_id=None)
-            .values_list("region_id", flat=True)
-        )
+        {
+            region_id
+            for region_id in Instance.objects.filter(
+                owner_id=owner_id, state=InstanceState.RUNNING
+            ).values_list("region_id", flat=True)
+            if region_id is not None
+        }
     )
     for region_id in regions:
         jobs.enqueue("slices.tasks.sync_gateway_task", region_id)
