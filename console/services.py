@@ -183,7 +183,10 @@ def delete_ssh_key(user: User, key: SshKey) -> bool:
     User.objects.select_for_update().filter(pk=user.pk).first()
     deleted, _rows = SshKey.objects.for_owner(user).filter(pk=key.pk).delete()
     if deleted:
-        transaction.on_commit(lambda: hooks.ssh_key_removed.send(sender=User, user=user))
+        # robust: a broker away at that moment costs only the early sync (beat's pass follows).
+        transaction.on_commit(
+            lambda: hooks.ssh_key_removed.send(sender=User, user=user), robust=True
+        )
     # Checked after the delete, under the lock: ``key`` may be stale about being the default.
     if deleted and not SshKey.objects.for_owner(user).defaults().exists():
         successor = SshKey.objects.for_owner(user).order_by("-created_at", "-id").first()
