@@ -130,13 +130,14 @@ class LocalPfs:
         with _dir_at(None, path) as top:
             if top is None:
                 return Usage(0, 0)
-        for _dirpath, dirs, names, dir_fd in os.fwalk(path, follow_symlinks=False):
-            for name in (*names, *dirs):
-                st = _lstat(name, dir_fd)
-                if st is None or stat.S_ISDIR(st.st_mode):
-                    continue  # a folder (walked next), or removed while walking
-                total += st.st_size  # a link counts as the link, never what it points to
-                files += 1
+        with suppress(OSError):  # the directory removed meanwhile: what was counted
+            for _dirpath, dirs, names, dir_fd in os.fwalk(path, follow_symlinks=False):
+                for name in (*names, *dirs):
+                    st = _lstat(name, dir_fd)
+                    if st is None or stat.S_ISDIR(st.st_mode):
+                        continue  # a folder (walked next), or removed while walking
+                    total += st.st_size  # a link counts as the link, never what it points to
+                    files += 1
         return Usage(total, files)
 
     def latest_checkpoint(self, owner: str, run: str) -> Checkpoint | None:
