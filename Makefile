@@ -31,10 +31,10 @@ demo: $(VENV)/.synced
 	@echo "  Log in as  demo / demo-password-2026  (operator: ops / ops-password-2026)"
 	@echo "  Data, mail (var/mail/) and this install's secret key live in var/"
 	@echo
-	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-per-message-deflate false
+	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-per-message-deflate false --ws-max-size 262144
 
 serve: $(VENV)/.synced
-	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-per-message-deflate false
+	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-per-message-deflate false --ws-max-size 262144
 
 # Browser journeys need Debian's Chromium; the SSH tests need openssh-server.
 system-deps:

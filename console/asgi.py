@@ -16,6 +16,7 @@ django_asgi_app = ConsoleASGIHandler()  # the API's requests in one thread hop
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app registry)
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
+from console.bodylimit import RequestBodyLimit  # noqa: E402
 from console.embedded import start_embedded_worker  # noqa: E402
 from console.routing import OriginValidator, websocket_router  # noqa: E402
 from slices.port_views import AppHostRouter  # noqa: E402
@@ -24,7 +25,8 @@ from slices.port_views import AppHostRouter  # noqa: E402
 application = AppHostRouter(
     ProtocolTypeRouter(
         {
-            "http": django_asgi_app,
+            # Bodies capped by route before Django reads a byte (issue 29).
+            "http": RequestBodyLimit(django_asgi_app),
             "websocket": OriginValidator(AuthMiddlewareStack(websocket_router())),
         }
     )

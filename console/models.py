@@ -51,9 +51,9 @@ class SshKey(models.Model):
         verbose_name_plural = _("SSH keys")
         ordering = ("-is_default", "name", "id")
         constraints = (
-            models.UniqueConstraint(
-                fields=("owner", "fingerprint"), name="console_sshkey_unique_fingerprint"
-            ),
+            # One key, one account (issue 29): the fingerprint of the canonical encoding
+            # (console/sshkeys.py), so no re-encoding of a key can be a second account's.
+            models.UniqueConstraint(fields=("fingerprint",), name="console_sshkey_one_account"),
             models.UniqueConstraint(fields=("owner", "name"), name="console_sshkey_unique_name"),
             models.UniqueConstraint(
                 fields=("owner",),

@@ -101,15 +101,9 @@ def add_ssh_key(user: User, *, name: str, public_key: str, make_default: bool = 
         )
     if SshKey.objects.filter(fingerprint=parsed.fingerprint).exclude(owner=user).exists():
         # One key, one account (GitHub's "key is already in use"): the region gateways let a key
-        # through to its owner's instances, and a key of two accounts would open both's.
-        raise ValidationError(
-            {
-                "public_key": ValidationError(
-                    _("This key is already in use by another account. Add a key of your own."),
-                    code="in_use",
-                )
-            }
-        )
+        # through to its owner's instances, and a key of two accounts would open both's. The
+        # fingerprint is of the canonical encoding, so a re-encoded key is the same key.
+        raise _key_in_use()
     if mine.filter(name=name).exists():
         raise ValidationError(
             {"name": ValidationError(_("You already have a key with this name."), code="duplicate")}
@@ -136,11 +130,34 @@ def add_ssh_key(user: User, *, name: str, public_key: str, make_default: bool = 
                 is_default=is_default,
             )
     except IntegrityError:
-        # Only reachable on a database without row locks (SQLite ignores FOR UPDATE but
-        # serialises writers anyway); answer like the duplicate check above.
+        # Another account added the same key meanwhile (the owner's row lock does not cover
+        # other accounts; the unique fingerprint does), or a database without row locks.
+        if not mine.filter(fingerprint=parsed.fingerprint).exists():
+            raise _key_in_use() from None
         raise ValidationError(
             {"public_key": ValidationError(_("You have already added this key."), code="duplicate")}
         ) from None
+
+
+def _key_in_use() -> ValidationError:
+    return ValidationError(
+        {
+            "public_key": ValidationError(
+                _("This key is already in use by another account. Add a key of your own."),
+                code="in_use",
+            )
+        }
+    )
+
+
+def registered_ssh_keys(pairs: set[tuple[int, str]]) -> set[tuple[int, str]]:
+    """Which of ``(owner id, fingerprint)`` are keys still on those accounts (one query)."""
+    if not pairs:
+        return set()
+    found = SshKey.objects.filter(
+        owner_id__in={o for o, _f in pairs}, fingerprint__in={f for _o, f in pairs}
+    ).values_list("owner_id", "fingerprint")
+    return set(found) & pairs
 
 
 @transaction.atomic
@@ -159,11 +176,17 @@ def set_default_ssh_key(user: User, key: SshKey) -> SshKey:
 def delete_ssh_key(user: User, key: SshKey) -> bool:
     """Delete a key; if it was the default, the newest remaining key becomes the default.
 
-    Instances already running keep the key in their ``authorized_keys``; this only affects
-    new orders. Returns False if another request deleted it first.
+    The region gateways stop letting it through at their next sync (one is queued on commit
+    through ``hooks.ssh_key_removed``; the gateway lets through only keys still on the account).
+    Returns False if another request deleted it first.
     """
     User.objects.select_for_update().filter(pk=user.pk).first()
     deleted, _rows = SshKey.objects.for_owner(user).filter(pk=key.pk).delete()
+    if deleted:
+        # robust: a broker away at that moment costs only the early sync (beat's pass follows).
+        transaction.on_commit(
+            lambda: hooks.ssh_key_removed.send(sender=User, user=user), robust=True
+        )
     # Checked after the delete, under the lock: ``key`` may be stale about being the default.
     if deleted and not SshKey.objects.for_owner(user).defaults().exists():
         successor = SshKey.objects.for_owner(user).order_by("-created_at", "-id").first()

@@ -472,6 +472,30 @@ SLICES_PFS_QUOTA_GB: int = _get("SLICES_PFS_QUOTA_GB", env.int, 200)  # per acco
 SLICES_PFS_UPLOAD_MAX_BYTES: int = _get("SLICES_PFS_UPLOAD_MAX_BYTES", env.int, 2 * 1024**3)
 if SLICES_PFS_UPLOAD_MAX_BYTES < 1:
     raise ConfigError("SLICES_PFS_UPLOAD_MAX_BYTES: at least 1")
+# Request bodies, capped by route before Django reads them (console/bodylimit.py, issue 29): a
+# Content-Length over the route's limit is refused at once, a chunked body once its bytes pass
+# it; 413 either way. The first pattern of REQUEST_BODY_LIMITS that matches the path (``re.match``)
+# gives the limit, else REQUEST_BODY_MAX_BYTES (the API and the signed-in forms: Django's own
+# DATA_UPLOAD_MAX_MEMORY_SIZE, 2.5 MiB, plus the multipart framing). The sign-in and sign-up
+# pages, open to anyone, take little; the /pfs upload its file; an app host (every path of it,
+# console/bodylimit.py) and the apps' API what the customer's app accepts, up to
+# PORT_PROXY_BODY_MAX_BYTES (Django spools it to a temporary file before the proxy streams it on).
+REQUEST_BODY_MAX_BYTES: int = _get("REQUEST_BODY_MAX_BYTES", env.int, 2_621_440 + 64 * 1024)
+REQUEST_BODY_ANONYMOUS_MAX_BYTES: int = _get("REQUEST_BODY_ANONYMOUS_MAX_BYTES", env.int, 64 * 1024)
+PORT_PROXY_BODY_MAX_BYTES: int = _get("PORT_PROXY_BODY_MAX_BYTES", env.int, 100 * 1024**2)
+REQUEST_BODY_LIMITS: list[tuple[str, int]] = [
+    (r"/storage/pfs/upload/$", SLICES_PFS_UPLOAD_MAX_BYTES + 64 * 1024),
+    (r"/apps/[^/]+/v1/", PORT_PROXY_BODY_MAX_BYTES),
+    (
+        r"/accounts/(login|logout|signup|password|confirm-email|email|reauthenticate|inactive)/",
+        REQUEST_BODY_ANONYMOUS_MAX_BYTES,
+    ),
+]
+if min(REQUEST_BODY_MAX_BYTES, REQUEST_BODY_ANONYMOUS_MAX_BYTES, PORT_PROXY_BODY_MAX_BYTES) < 1024:
+    raise ConfigError(
+        "REQUEST_BODY_MAX_BYTES, REQUEST_BODY_ANONYMOUS_MAX_BYTES, PORT_PROXY_BODY_MAX_BYTES: at "
+        "least 1024"
+    )
 SLICES_DISK_MAX_GB: int = _get("SLICES_DISK_MAX_GB", env.int, 16384)
 SLICES_DISK_MAX_PER_ACCOUNT: int = _get("SLICES_DISK_MAX_PER_ACCOUNT", env.int, 20)
 SLICES_SYSTEM_DISK_GB: int = _get("SLICES_SYSTEM_DISK_GB", env.int, 50)

@@ -4,6 +4,11 @@ A key is accepted only if its wire-format blob parses completely, its algorithm 
 RSA moduli have at least 2048 bits and elliptic-curve points lie on their curve. The canonical form
 we store and later write into ``authorized_keys`` on the nodes is ``<type> <base64>`` plus a comment
 restricted to printable characters, so nothing a user pastes can add a second line or options.
+
+The stored blob is re-encoded canonically (issue 29): RSA's exponent and modulus as minimal
+``mpint``s, an ECDSA point uncompressed. OpenSSH reads ``00 00 … n`` as the same modulus as ``n``
+(and ``ssh-keygen -l`` prints one fingerprint for both), so two encodings of one key must become
+one stored key with one fingerprint: uniqueness is decided by that fingerprint.
 """
 
 from __future__ import annotations
@@ -88,11 +93,22 @@ class _Reader:
         raw = self.string()
         if raw and raw[0] & 0x80:
             raise SshKeyError("malformed")  # negative: never valid in a public key
-        return int.from_bytes(raw, "big")
+        return int.from_bytes(raw, "big")  # leading zero bytes read as OpenSSH reads them
 
     def done(self) -> None:
         if self.pos != len(self.data):
             raise SshKeyError("malformed")
+
+
+def _string(value: bytes) -> bytes:
+    return struct.pack(">I", len(value)) + value
+
+
+def _mpint(value: int) -> bytes:
+    """The minimal two's-complement encoding (RFC 4251 §5): no leading zero byte unless the high
+    bit of the next one is set."""
+    raw = value.to_bytes((value.bit_length() + 8) // 8, "big") if value else b""
+    return _string(raw)
 
 
 def parse_public_key(text: str) -> PublicKey:
@@ -149,26 +165,43 @@ def parse_public_key(text: str) -> PublicKey:
             raise SshKeyError("rsa_too_short", bits=bits, minimum=MIN_RSA_BITS)
         if bits > MAX_RSA_BITS:
             raise SshKeyError("malformed")
+        blob = _string(RSA.encode("ascii")) + _mpint(exponent) + _mpint(modulus)
     else:
         curve, bits = ECDSA_CURVES[key_type]
         if reader.string() != curve.encode("ascii"):
             raise SshKeyError("type_mismatch")
         point = reader.string()
         reader.done()
-        _check_ec_point(key_type, point)
+        point = _check_ec_point(key_type, point)
+        blob = _string(key_type.encode("ascii")) + _string(curve.encode("ascii")) + _string(point)
     return PublicKey(key_type=key_type, blob=blob, bits=bits, comment=comment)
 
 
-def _check_ec_point(key_type: str, point: bytes) -> None:
-    """The point must be an uncompressed point on the named curve (checked by cryptography)."""
+def canonical_openssh(text: str) -> tuple[str, str] | None:
+    """``(<type> <base64>, fingerprint)`` of a key line in its canonical encoding, or None when
+    it does not parse (what the gateway's keys file is rebuilt from)."""
+    try:
+        key = parse_public_key(text)
+    except SshKeyError:
+        return None
+    return key.openssh, key.fingerprint
+
+
+def _check_ec_point(key_type: str, point: bytes) -> bytes:
+    """The point must be an uncompressed point on the named curve (checked by cryptography);
+    returns its uncompressed encoding (OpenSSH reads no other)."""
     from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
     curves = {
         "ecdsa-sha2-nistp256": ec.SECP256R1(),
         "ecdsa-sha2-nistp384": ec.SECP384R1(),
         "ecdsa-sha2-nistp521": ec.SECP521R1(),
     }
+    if not point or point[0] != 0x04:
+        raise SshKeyError("malformed")  # compressed: another encoding of a key, refused by sshd
     try:
-        ec.EllipticCurvePublicKey.from_encoded_point(curves[key_type], point)
+        key = ec.EllipticCurvePublicKey.from_encoded_point(curves[key_type], point)
     except ValueError:
         raise SshKeyError("malformed") from None
+    return key.public_bytes(Encoding.X962, PublicFormat.UncompressedPoint)

@@ -10,13 +10,23 @@ class SlicesConfig(AppConfig):
 
     def ready(self) -> None:
         # The worker's tasks, registered by name (services queue them through services.jobs).
-        # Logging out ends every app host's cookie made from the session (issue 29).
         from django.contrib.auth.signals import user_logged_out
 
+        from console import hooks
         from slices import tasks  # noqa: F401
-        from slices.services import ports
 
-        def _end_grants(sender: object, user: object = None, **kwargs: object) -> None:
-            ports.end_user_grants(user)
+        hooks.ssh_key_removed.connect(_key_removed, dispatch_uid="slices.ssh_key_removed")
+        # Logging out ends every app host's cookie made from the session (issue 29).
+        user_logged_out.connect(_end_grants, dispatch_uid="slices.end_port_grants")
 
-        user_logged_out.connect(_end_grants, weak=False, dispatch_uid="slices.end_port_grants")
+
+def _key_removed(sender: object, user: object, **kwargs: object) -> None:
+    from slices.services import access
+
+    access.sync_for_owner(int(getattr(user, "pk", 0)))
+
+
+def _end_grants(sender: object, user: object = None, **kwargs: object) -> None:
+    from slices.services import ports
+
+    ports.end_user_grants(user)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -193,6 +194,8 @@ TERMINAL_CLOSE_CODES = {
 }
 # How often an open terminal checks that its instance still runs.
 TERMINAL_STATE_CHECK_SECONDS = 10.0
+# While its input is full, how often a terminal looks whether it was closed meanwhile.
+ROOM_CHECK_SECONDS = 1.0
 
 
 def _query_int(scope: dict[str, Any], name: str, default: int) -> int | None:
@@ -251,7 +254,10 @@ class TerminalConsumer(LayerConsumer):
                 await database_sync_to_async(terminal.record_failed)(self.grant, exc.detail)
             await self._exit(exc.code)
             return
-        self.session = terminal.TerminalSession(self.grant, shell, self._from_reader)
+        self._room = asyncio.Event()
+        self.session = terminal.TerminalSession(
+            self.grant, shell, self._from_reader, on_room=self._room_from_writer
+        )
         await database_sync_to_async(terminal.record_opened)(self.grant)
         await self.send(
             text_data=json.dumps(
@@ -272,6 +278,26 @@ class TerminalConsumer(LayerConsumer):
         """Called from the session's reader thread."""
         with contextlib.suppress(RuntimeError):  # the loop is closing: the connection is gone
             self._loop.call_soon_threadsafe(self._outbox.put_nowait, data)
+
+    def _room_from_writer(self) -> None:
+        """Called from the session's writer thread: refused input may be offered again."""
+        with contextlib.suppress(RuntimeError):  # the loop is closing: the connection is gone
+            self._loop.call_soon_threadsafe(self._room.set)
+
+    async def _offer(self, put: Callable[[], bool]) -> None:
+        """Hand input to the session, waiting while its input is full. Meanwhile no further
+        frame is read (the consumer handles one message at a time), so the server stops reading
+        the socket and the browser's sends wait: back-pressure instead of an unbounded queue.
+        The wait ends when the writer makes room, or when the terminal closes (idle, stopped,
+        exited)."""
+        while not put():
+            self._room.clear()
+            if put():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), ROOM_CHECK_SECONDS)
+            if self.closing or self.session is None:
+                return
 
     async def _pump(self) -> None:
         """The terminal's output to the browser, what is queued sent as one frame."""
@@ -330,7 +356,7 @@ class TerminalConsumer(LayerConsumer):
             if len(bytes_data) > MAX_FRAME_CHARS:
                 await self.close(code=CLOSE_MESSAGE_TOO_BIG)
                 return
-            session.input(bytes_data)
+            await self._offer(lambda: session.input(bytes_data))
             return
         if text_data is None:
             return
@@ -346,9 +372,11 @@ class TerminalConsumer(LayerConsumer):
             return
         kind = message.get("type")
         if kind == "data" and isinstance(message.get("data"), str):
-            session.input(message["data"].encode("utf-8", "replace"))
+            data = message["data"].encode("utf-8", "replace")
+            await self._offer(lambda: session.input(data))
         elif kind == "resize":
-            session.resize(message.get("cols"), message.get("rows"))
+            cols, rows = message.get("cols"), message.get("rows")
+            await self._offer(lambda: session.resize(cols, rows))
 
     async def disconnect(self, code: int) -> None:
         await super().disconnect(code)  # the pump and the watchdog first

@@ -3,8 +3,41 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.utils.translation import gettext_noop
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
+
+from console.errors import DomainError
+
+# No list is a billion rows long; a larger offset (2**63 overflowed the database's integer: a
+# 500 on every list, issue 29) is a 400 naming the field, like a typo in it.
+MAX_OFFSET = 1_000_000_000
+_DIGITS = frozenset("0123456789")
+
+
+def query_int(request: Request, name: str, *, low: int, high: int | None) -> int | None:
+    """The query parameter ``name`` as a whole number in ``[low, high]`` (None when absent), or
+    a ``DomainError`` naming it: plain ASCII digits only (no sign, space, "1e3" or "٣")."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    value = int(raw) if len(raw) <= 100 and set(raw) <= _DIGITS else None
+    if value is None or value < low or (high is not None and value > high):
+        if high is None:
+            raise DomainError(
+                gettext_noop("%(name)s must be a whole number of at least %(low)s."),
+                field=name,
+                name=name,
+                low=low,
+            )
+        raise DomainError(
+            gettext_noop("%(name)s must be a whole number from %(low)s to %(high)s."),
+            field=name,
+            name=name,
+            low=low,
+            high=high,
+        )
+    return value
 
 
 class ConsolePagination(LimitOffsetPagination):
@@ -17,6 +50,17 @@ class ConsolePagination(LimitOffsetPagination):
 
     default_limit = 50
     max_limit = 200
+
+    def get_limit(self, request: Request) -> int:
+        """``?limit=`` from 1 on; above ``max_limit`` the page is ``max_limit`` long (DRF's
+        rule); anything that is not a whole number of at least 1 is a 400 naming ``limit``."""
+        limit = query_int(request, self.limit_query_param, low=1, high=None)
+        return self.default_limit if limit is None else min(limit, self.max_limit)
+
+    def get_offset(self, request: Request) -> int:
+        """``?offset=`` from 0 to ``MAX_OFFSET``, or a 400 naming ``offset``."""
+        offset = query_int(request, self.offset_query_param, low=0, high=MAX_OFFSET)
+        return offset or 0
 
     def paginate_queryset(
         self, queryset: Any, request: Request, view: Any = None

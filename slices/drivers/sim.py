@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import socket
 import threading
@@ -531,8 +532,13 @@ def _write_folder(parent: Path, name: str, files: dict[str, str]) -> bool:
     target = parent / name
     if target.exists() or target.is_symlink():
         return False
-    temp = parent / f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
-    temp.mkdir(exist_ok=True)
+    # A fresh, unguessable name made here (never one that exists: a link planted under a
+    # predictable name would be written through).
+    temp = parent / f".{name}.tmp-{secrets.token_hex(8)}"
+    try:
+        temp.mkdir()
+    except OSError:
+        return False
     for file_name, text in files.items():
         (temp / file_name).write_text(text, encoding="utf-8")
     try:

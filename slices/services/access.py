@@ -27,6 +27,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from console import services as console_services
+from console.sshkeys import canonical_openssh
 from slices.choices import InstanceState
 from slices.drivers import get_driver
 from slices.drivers.base import DriverError, GatewayGrant, GatewayTarget
@@ -106,32 +108,51 @@ def clear_ssh_ports(instance: Instance) -> int:
 
 def gateway_grants(gateway: Gateway) -> tuple[GatewayGrant, ...]:
     """Every key let through ``gateway`` and where to: the sshd endpoints of the running
-    instances on the region's nodes, grouped per key. A key on the instances of two accounts
-    (registered before the console refused that) is let through for neither: one line would
-    open both's instances to either."""
+    instances on the region's nodes, grouped per key.
+
+    Keys are compared by their SHA256 fingerprint, in their canonical encoding (issue 29: an RSA
+    modulus padded with a zero byte is the same key to sshd, so two encodings must never become
+    two lines, the first of which would take the other's connections). A key is let through only
+    while it is still registered to the instance's owner (one deleted from the account stops
+    working at the next sync), and a key on the instances of two accounts (registered before the
+    console refused that) is let through for neither: one line would open both's instances."""
     rows = InstanceNode.objects.filter(
         node__cluster__region_id=gateway.region_id,
         instance__state=InstanceState.RUNNING,
         ssh_port__isnull=False,
     ).values_list(
-        "instance__ssh_public_key", "instance__owner__public_id", "node__address", "ssh_port"
+        "instance__ssh_public_key",
+        "instance__owner_id",
+        "instance__owner__public_id",
+        "node__address",
+        "ssh_port",
     )
+    parsed: list[tuple[str, str, int, str, str, int]] = []
+    for public_key, owner_id, owner_public_id, address, port in rows:
+        found = canonical_openssh(public_key) if canonical_key(public_key) else None
+        if found is None or port is None:
+            continue
+        parsed.append((found[0], found[1], owner_id, str(owner_public_id), str(address), int(port)))
+    registered = console_services.registered_ssh_keys({(p[2], p[1]) for p in parsed})
     owners: dict[str, set[str]] = defaultdict(set)
     destinations: dict[str, set[tuple[str, int]]] = defaultdict(set)
-    for public_key, owner, address, port in rows:
-        key = canonical_key(public_key)
-        if not key or port is None:
-            continue
-        owners[key].add(str(owner))
-        destinations[key].add((str(address), int(port)))
+    keys: dict[str, str] = {}
+    for line, print_, owner_id, owner, host, where in parsed:
+        if (owner_id, print_) not in registered:
+            continue  # deleted from the account (or never its own): not let through
+        keys[print_] = line
+        owners[print_].add(owner)
+        destinations[print_].add((host, where))
     grants = []
-    for key, who in sorted(owners.items()):
+    for print_, who in sorted(owners.items()):
         if len(who) > 1:
             logger.warning(
                 "gateway %s: a key is used by %d accounts; let through for none", gateway, len(who)
             )
             continue
-        grants.append(GatewayGrant(key, tuple(sorted(destinations[key])), next(iter(who))))
+        grants.append(
+            GatewayGrant(keys[print_], tuple(sorted(destinations[print_])), next(iter(who)))
+        )
     return tuple(grants)
 
 
@@ -194,6 +215,23 @@ def sync_region(region_id: int | None) -> str:
 def sync_all_gateways() -> list[str]:
     """The periodic pass (beat): every gateway's keys file written again from the database."""
     return [sync_gateway(pk) for pk in Gateway.objects.values_list("pk", flat=True)]
+
+
+def sync_for_owner(owner_id: int) -> list[int]:
+    """Queue a keys-file sync of every region where the account has a running instance (a key
+    left it: ``console.hooks.ssh_key_removed``, sent after the commit)."""
+    regions = sorted(
+        {
+            region_id
+            for region_id in Instance.objects.filter(
+                owner_id=owner_id, state=InstanceState.RUNNING
+            ).values_list("region_id", flat=True)
+            if region_id is not None
+        }
+    )
+    for region_id in regions:
+        jobs.enqueue("slices.tasks.sync_gateway_task", region_id)
+    return regions
 
 
 def sync_on_commit(instance: Instance) -> None:

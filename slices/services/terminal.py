@@ -13,6 +13,11 @@ browser, and the events that record each session.
   to the consumer (at most ``MAX_PENDING_BYTES`` not yet sent to the browser: a fast printer
   waits for a slow browser instead of filling memory), and a writer that sends keystrokes and
   resizes in order. The event loop never waits on the node.
+- Input is bounded the same way (issue 29: 790 MB typed in 25 s were queued whole): at most
+  ``MAX_PENDING_INPUT_BYTES`` wait for the shell. Past that ``input`` takes nothing and says so;
+  the consumer then stops reading the browser's frames until the writer has made room
+  (``on_room``), so the server stops reading the socket and the sender waits: back-pressure, and
+  nothing typed is dropped.
 - At most ``SLICES_TERMINAL_MAX_PER_USER`` sessions are open per user in this process.
 """
 
@@ -44,6 +49,8 @@ from slices.services.provisioning import build_spec
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_BYTES = 256 * 1024
+MAX_PENDING_INPUT_BYTES = 256 * 1024
+RESIZE_COST = 64  # what a queued resize counts against the input bound
 READ_WAIT_SECONDS = 0.5
 MIN_COLS, MAX_COLS = 2, 1000
 MIN_ROWS, MAX_ROWS = 1, 500
@@ -173,6 +180,7 @@ def open_count(user_id: int) -> int:
 
 # -- sessions -----------------------------------------------------------------------------------
 OutputFn = Callable[[bytes | None], None]
+RoomFn = Callable[[], None]
 
 
 class TerminalSession:
@@ -180,9 +188,16 @@ class TerminalSession:
 
     ``on_output`` is called from the reader thread with each chunk the terminal printed, and
     once with None when the shell ended; the consumer calls ``delivered(n)`` once it has sent
-    ``n`` of those bytes to the browser."""
+    ``n`` of those bytes to the browser. ``on_room`` is called from the writer thread when input
+    refused for want of room (``input`` or ``resize`` returned False) may be offered again."""
 
-    def __init__(self, grant: TerminalGrant, shell: Shell, on_output: OutputFn) -> None:
+    def __init__(
+        self,
+        grant: TerminalGrant,
+        shell: Shell,
+        on_output: OutputFn,
+        on_room: RoomFn | None = None,
+    ) -> None:
         self.grant = grant
         self.shell = shell
         self.simulated = bool(getattr(shell, "simulated", False))
@@ -190,7 +205,10 @@ class TerminalSession:
         self._started = time.monotonic()
         self.last_input = self._started
         self._on_output = on_output
+        self._on_room = on_room
         self._pending = 0
+        self._input_pending = 0  # bytes given to ``input`` not yet sent to the shell
+        self._input_full = False  # ``input`` refused something since room was last made
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._inbox: queue.SimpleQueue[bytes | tuple[int, int] | None] = queue.SimpleQueue()
@@ -203,14 +221,31 @@ class TerminalSession:
         self._writer.start()
 
     # -- browser -> terminal ------------------------------------------------------------------
-    def input(self, data: bytes) -> None:
-        if data:
-            self.last_input = time.monotonic()
-            self._inbox.put(data)
-
-    def resize(self, cols: Any, rows: Any) -> None:
+    def _queue(self, item: bytes | tuple[int, int], cost: int) -> bool:
+        with self._cond:
+            if self._closed:
+                return True  # the session is over: nothing more reaches the shell
+            if self._input_pending >= MAX_PENDING_INPUT_BYTES:
+                self._input_full = True
+                return False
+            self._input_pending += cost
         self.last_input = time.monotonic()
-        self._inbox.put(clamp_size(cols, rows))
+        self._inbox.put(item)
+        return True
+
+    def input(self, data: bytes) -> bool:
+        """Queue keystrokes for the shell; False, queuing nothing, while
+        ``MAX_PENDING_INPUT_BYTES`` are already waiting (offer them again after ``on_room``)."""
+        return self._queue(data, len(data)) if data else True
+
+    def resize(self, cols: Any, rows: Any) -> bool:
+        """Queue a resize (as ``input``: False while the input is full)."""
+        return self._queue(clamp_size(cols, rows), RESIZE_COST)
+
+    @property
+    def input_pending(self) -> int:
+        with self._cond:
+            return self._input_pending
 
     def idle_for(self) -> float:
         return time.monotonic() - self.last_input
@@ -226,7 +261,18 @@ class TerminalSession:
                 else:
                     self.shell.send(item)
             except DriverError:
-                continue  # the terminal ended: the reader reports it
+                pass  # the terminal ended: the reader reports it
+            finally:
+                self._sent(RESIZE_COST if isinstance(item, tuple) else len(item))
+
+    def _sent(self, cost: int) -> None:
+        with self._cond:
+            self._input_pending = max(0, self._input_pending - cost)
+            wake = self._input_full and self._input_pending < MAX_PENDING_INPUT_BYTES
+            if wake:
+                self._input_full = False
+        if wake and self._on_room is not None:
+            self._on_room()
 
     # -- terminal -> browser ------------------------------------------------------------------
     def delivered(self, count: int) -> None:

@@ -10,6 +10,7 @@ Pure: no Django (the relay picks the ring from settings).
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections import deque
 from typing import Any, Protocol
@@ -42,6 +43,7 @@ class Ring(Protocol):
 
 
 LATEST_KEY = "telemetry:latest"
+MAX_STREAM_MS = 2**63  # a Redis stream ID's milliseconds are below 2**64; this is far beyond
 
 
 class MemoryRing:
@@ -131,6 +133,10 @@ class RedisRing:
         pipe.execute(raise_on_error=False)
 
     def since(self, instance_id: str, ts: float | None = None) -> list[Entry]:
+        if ts is not None and (math.isnan(ts) or ts < 0):
+            ts = None  # before every entry (a stream ID is never negative)
+        if ts is not None and not ts * 1000 < MAX_STREAM_MS:
+            return []  # after every entry (``?since=1e300`` made an ID Redis refuses: a 500)
         start = "-" if ts is None else f"({int(ts * 1000)}-0"
         rows = self.client.xrange(ring_key(instance_id), min=start, max="+")
         entries = [

@@ -45,6 +45,25 @@ def rsa_public_key(bits: int = 2048, comment: str = "me@laptop") -> str:
     return f"{key.public_bytes(*_OPENSSH).decode()} {comment}".strip()
 
 
+def padded_rsa_key(line: str, zeros: int = 1) -> str:
+    """The same RSA key re-encoded with ``zeros`` extra zero bytes before its exponent and modulus
+    (OpenSSH reads both as the same numbers: one key, a second encoding)."""
+    import base64
+    import struct
+
+    parts = line.split()
+    blob = base64.b64decode(parts[1])
+    fields = []
+    while blob:
+        (length,) = struct.unpack(">I", blob[:4])
+        fields.append(blob[4 : 4 + length])
+        blob = blob[4 + length :]
+    kind, exponent, modulus = fields
+    padded = [kind, b"\0" * zeros + exponent, b"\0" * zeros + modulus]
+    new = base64.b64encode(b"".join(struct.pack(">I", len(f)) + f for f in padded)).decode()
+    return " ".join([parts[0], new, *parts[2:]])
+
+
 def make_ssh_key(owner: User, name: str = "", **kwargs: object) -> SshKey:
     name = name or f"key-{uuid.uuid4().hex[:8]}"
     return services.add_ssh_key(owner, name=name, public_key=ed25519_public_key(), **kwargs)

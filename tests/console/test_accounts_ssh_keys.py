@@ -19,6 +19,7 @@ from tests.console.factories import (
     ecdsa_public_key,
     ed25519_public_key,
     make_ssh_key,
+    padded_rsa_key,
     rsa_public_key,
 )
 
@@ -324,3 +325,119 @@ def test_api_refuses_nul_characters_and_oversized_input(alice_client: Client) ->
         response = alice_client.post("/api/v1/ssh-keys/", payload, content_type="application/json")
         assert response.status_code == 400, (payload, response.content)
     assert not SshKey.objects.exists()
+
+
+# --- one key, one encoding, one account (issue 29) -----------------------------------------------
+def test_a_zero_padded_rsa_key_parses_to_the_same_key_and_ssh_keygens_fingerprint(
+    tmp_path: Path,
+) -> None:
+    text = rsa_public_key(2048, "owner@lab")
+    padded = padded_rsa_key(text, zeros=2)
+    assert padded.split()[1] != text.split()[1]
+    (tmp_path / "padded.pub").write_text(padded + "\n")
+    listed = subprocess.run(
+        ["ssh-keygen", "-l", "-E", "sha256", "-f", str(tmp_path / "padded.pub")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    key, again = parse_public_key(text), parse_public_key(padded)
+    assert again.openssh == key.openssh == " ".join(text.split()[:2])
+    assert again.fingerprint == key.fingerprint == listed[1]
+    assert again.bits == 2048
+
+
+def test_a_compressed_ecdsa_point_is_refused() -> None:
+    """Another encoding of an ECDSA key (sshd reads none but the uncompressed point)."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    point = (
+        ec.generate_private_key(ec.SECP256R1())
+        .public_key()
+        .public_bytes(Encoding.X962, PublicFormat.CompressedPoint)
+    )
+    with pytest.raises(SshKeyError) as excinfo:
+        parse_public_key(f"ecdsa-sha2-nistp256 {_blob(b'ecdsa-sha2-nistp256', b'nistp256', point)}")
+    assert excinfo.value.code == "malformed"
+
+
+@pytest.mark.django_db
+def test_a_re_encoded_key_of_another_account_is_refused_on_the_page_and_the_api(
+    alice, bob, bob_client: Client
+) -> None:
+    text = rsa_public_key(2048, "alice@lab")
+    services.add_ssh_key(alice, name="lab", public_key=text)
+    padded = padded_rsa_key(text)
+    with pytest.raises(ValidationError) as excinfo:
+        services.add_ssh_key(bob, name="lab", public_key=padded)
+    assert excinfo.value.error_dict["public_key"][0].code == "in_use"
+    response = bob_client.post(
+        "/api/v1/ssh-keys/", {"name": "x", "public_key": padded}, content_type="application/json"
+    )
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert "public_key" in body["fields"]
+    assert "其他账号" in str(body["fields"]["public_key"])  # zh-hans, the default language
+    # Her own second encoding is her duplicate.
+    with pytest.raises(ValidationError) as excinfo:
+        services.add_ssh_key(alice, name="again", public_key=padded)
+    assert excinfo.value.error_dict["public_key"][0].code == "duplicate"
+    assert not SshKey.objects.filter(owner=bob).exists()
+
+
+@pytest.mark.django_db
+def test_the_database_holds_one_account_per_fingerprint(alice, bob) -> None:
+    from django.db import IntegrityError, transaction
+
+    key = services.add_ssh_key(alice, name="lab", public_key=rsa_public_key())
+    with pytest.raises(IntegrityError), transaction.atomic():
+        SshKey.objects.create(
+            owner=bob,
+            name="lab",
+            key_type=key.key_type,
+            public_key=key.public_key,
+            fingerprint=key.fingerprint,
+            bits=key.bits,
+        )
+
+
+@pytest.mark.django_db
+def test_the_migration_canonicalises_stored_keys_and_keeps_the_first_account(alice, bob) -> None:
+    """Rows written before the fix (a padded encoding, its blob's own fingerprint; the same key on
+    two accounts) become one canonical key of the account that added it first."""
+    import hashlib
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("console.migrations.0004_sshkey_canonical_fingerprint")
+    text = rsa_public_key(2048)
+    canonical = parse_public_key(text)
+    padded = padded_rsa_key(text)
+    blob = base64.b64decode(padded.split()[1])  # what the old parser stored: the pasted blob
+    old_print = "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    first = SshKey.objects.create(
+        owner=alice,
+        name="a",
+        key_type="ssh-rsa",
+        public_key=" ".join(padded.split()[:2]),
+        fingerprint=old_print,
+        bits=2048,
+        is_default=True,
+    )
+    other = make_ssh_key(bob, name="other")
+    SshKey.objects.filter(pk=other.pk).update(is_default=False)
+    SshKey.objects.create(
+        owner=bob,
+        name="b",
+        key_type="ssh-rsa",
+        public_key=canonical.openssh,
+        fingerprint=canonical.fingerprint,
+        bits=2048,
+        is_default=True,
+    )
+    migration.canonicalise(apps, None)
+    first.refresh_from_db()
+    assert (first.public_key, first.fingerprint) == (canonical.openssh, canonical.fingerprint)
+    assert list(SshKey.objects.filter(owner=bob)) == [other]
+    assert SshKey.objects.get(owner=bob).is_default  # his default went: the newest took over

@@ -180,3 +180,59 @@ def test_websocket_fuzz_sees_no_server_error_and_always_a_close_frame(stack) -> 
     assert not bad, f"WS_FUZZ_SEED={WS_FUZZ_SEED}: {bad[:10]}"
     assert "Traceback" not in stack.logs(), f"WS_FUZZ_SEED={WS_FUZZ_SEED}\n{stack.logs()}"
     assert seen[4404] and seen[1003] and seen[4400]  # the run reached each kind of refusal
+
+
+def _post_until_answered(
+    stack: servers.Stack, path: str, total: int, *, declared: bool
+) -> tuple[bytes, int]:
+    """POST ``total`` bytes to the real server in 64 KiB pieces (chunked, or with a
+    Content-Length), stopping as soon as it answers: its answer and the bytes sent until then."""
+    import select
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(stack.url)
+    sock = socket.create_connection((url.hostname, url.port), timeout=30)
+    framing = f"Content-Length: {total}" if declared else "Transfer-Encoding: chunked"
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: {url.hostname}:{url.port}\r\n{framing}\r\n"
+        "Content-Type: application/x-www-form-urlencoded\r\nAccept-Language: en\r\n\r\n".encode()
+    )
+    piece = b"x" * 65536
+    sent = 0
+    answer = b""
+    try:
+        while sent < total:
+            readable, _, _ = select.select([sock], [], [], 0)
+            if readable:
+                break
+            sock.sendall(piece if declared else b"10000\r\n" + piece + b"\r\n")
+            sent += len(piece)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    sock.settimeout(30)
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+            if b"\r\n\r\n" in answer and b"</p>" in answer:
+                break
+    except (ConnectionResetError, TimeoutError):
+        pass
+    sock.close()
+    return answer, sent
+
+
+def test_an_anonymous_300_mb_chunked_post_to_sign_in_is_refused_without_being_received(
+    stack,
+) -> None:
+    """Issue 29: the body is capped by route before Django reads it, chunked included."""
+    answer, sent = _post_until_answered(stack, "/accounts/login/", 300 * 1024**2, declared=False)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"The request body is larger than 65536 bytes." in answer
+    assert sent < 64 * 1024**2, sent  # the server stopped reading long before 300 MB
+    answer, sent = _post_until_answered(stack, "/accounts/login/", 300 * 1024**2, declared=True)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert sent < 64 * 1024**2, sent
+    # The server still answers.
+    assert httpx.get(f"{stack.url}/accounts/login/", timeout=10).status_code == 200
+    assert "Traceback" not in stack.logs()

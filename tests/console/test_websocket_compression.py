@@ -126,3 +126,19 @@ def test_uvicorn_so_run_sends_uncompressed_frames_to_a_browser_offering_deflate(
     agreed, wire = _handshake(True)
     assert agreed is not None and agreed.startswith("permessage-deflate")
     assert wire < 2_000
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [_procfile_web(), _makefile("serve"), _makefile("demo")],
+    ids=["Procfile web", "make serve", "make demo"],
+)
+def test_the_shipped_server_commands_bound_a_websocket_frame(argv: list[str]) -> None:
+    """Issue 29: while a terminal's input is full the server holds the frames it already read
+    (``--ws-max-queue``, 32); each at most 256 KiB (a 64 Ki-character frame in UTF-8, the
+    consumers' own limit), not uvicorn's default 16 MiB."""
+    from console.consumers import MAX_FRAME_CHARS
+
+    options = _options(argv)
+    assert 4 * MAX_FRAME_CHARS <= options["ws_max_size"] <= 256 * 1024
+    assert options["ws_max_queue"] <= 32

@@ -203,9 +203,11 @@ def test_two_instances_never_share_a_port_on_a_node_and_a_full_range_gives_none(
 
 
 @pytest.mark.django_db
-def test_a_key_on_two_accounts_instances_is_let_through_for_neither(
+def test_a_key_on_another_accounts_instance_is_let_through_for_its_owner_only(
     sim_driver, alice, bob, django_capture_on_commit_callbacks
 ) -> None:
+    """Issue 29: a key on two accounts' instances used to be let through for neither (locking its
+    owner out); the gateway now lets a key through only to the account it is registered to."""
     load_fleet(parse_fleet(_fleet_text()))
     for user in (alice, bob):
         billing.grant_voucher(user, Decimal("5000"), reason="test", valid_days=30)
@@ -214,9 +216,12 @@ def test_a_key_on_two_accounts_instances_is_let_through_for_neither(
     theirs = run_order(bob, django_capture_on_commit_callbacks, cards=1)
     gw = Gateway.objects.get(region__code="xiamen")
     assert [g.public_key for g in access.gateway_grants(gw)] == [_canon(KEY_A)]
-    # Registered on both before the console refused that (or copied into an order's row).
+    # Copied into another account's order (before the console refused that key to Bob).
     type(theirs).objects.filter(pk=theirs.pk).update(ssh_public_key=mine.ssh_public_key)
-    assert access.gateway_grants(gw) == ()
+    grants = access.gateway_grants(gw)
+    assert [(g.public_key, g.label) for g in grants] == [(_canon(KEY_A), str(alice.public_id))]
+    part = mine.nodes.select_related("node").get()
+    assert grants[0].destinations == ((part.node.address, part.ssh_port),)
 
 
 @pytest.mark.django_db

@@ -231,6 +231,77 @@ def test_the_console_key_is_never_let_through_even_when_a_customer_registers_it(
         services.release_instance(inst, by="alice")
 
 
+def _rsa_customer(user: User, tmp_path: Path, gateway: SshGateway) -> Customer:
+    directory = tmp_path / user.username
+    directory.mkdir(parents=True, exist_ok=True)
+    key = directory / "id_ed25519"  # the name Customer's config points at; an RSA key in it
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-N", "", "-C", "x", "-f", str(key)],
+        check=True,
+    )
+    c = Customer(user, directory, key_line=Path(f"{key}.pub").read_text().strip())
+    c.pin(gateway.host.port, gateway.host.host_key_line)
+    return c
+
+
+def test_a_re_encoded_key_never_takes_its_owners_connections_and_a_deleted_key_stops_working(
+    fleet: SshFleet,
+    gateway: SshGateway,
+    alice: User,
+    bob: User,
+    tmp_path: Path,
+    django_capture_on_commit_callbacks,
+) -> None:
+    """Issue 29: Bob pastes Alice's public RSA key with a zero byte before its modulus. To sshd it
+    is her key; stored as a second key it became a keys-file line sorted before hers that took her
+    connections to Bob's instance. Now it is refused as in use, and an instance that holds such an
+    encoding (from before the fix) is let through for nobody but the key's registered owner."""
+    from django.core.exceptions import ValidationError
+
+    from tests.console.factories import padded_rsa_key
+
+    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
+    a = _rsa_customer(alice, tmp_path, gateway)
+    console_services.add_ssh_key(alice, name="rsa", public_key=a.public)
+    padded = padded_rsa_key(a.public)
+    with pytest.raises(ValidationError) as refused:
+        console_services.add_ssh_key(bob, name="mine", public_key=padded)
+    assert refused.value.error_dict["public_key"][0].code == "in_use"
+
+    mine, _ = _endpoint(fleet, a, _order(alice, django_capture_on_commit_callbacks))
+    b = _customer(bob, tmp_path, gateway)
+    theirs, _ = _endpoint(fleet, b, _order(bob, django_capture_on_commit_callbacks))
+    # An instance ordered before the fix carries the padded encoding as its key.
+    Instance.objects.filter(pk=theirs.pk).update(ssh_public_key=" ".join(padded.split()[:2]))
+    access.sync_region(mine.region_id)
+    keys = gateway.keys_text()
+    assert padded.split()[1] not in keys
+    assert keys.count(a.public.split()[1]) == 1
+    part = mine.nodes.get()
+    line = next(ln for ln in keys.splitlines() if a.public.split()[1] in ln)
+    assert f'permitopen="127.0.0.1:{part.ssh_port}"' in line
+    assert f"gpc:{alice.public_id}" in line
+    done = _run_as_shown(a, mine, "echo still-mine")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "still-mine"
+
+    # Alice deletes the key from her account: the gateway drops it at once (a sync is queued
+    # on commit), while the instance keeps running.
+    key = console_services.get_default_ssh_key(alice)
+    assert key is not None
+    with django_capture_on_commit_callbacks(execute=True):
+        assert console_services.delete_ssh_key(alice, key)
+    assert a.public.split()[1] not in gateway.keys_text()
+    mine.refresh_from_db()
+    assert mine.state == InstanceState.RUNNING
+    gone = _run_as_shown(a, mine, "true")
+    assert gone.returncode == 255
+    assert "Permission denied (publickey)" in gone.stderr, gone.stderr
+    with django_capture_on_commit_callbacks(execute=True):
+        services.release_instance(mine, by="alice")
+        services.release_instance(theirs, by="bob")
+
+
 def test_a_stopped_instance_loses_its_endpoint_and_a_restart_elsewhere_gets_a_new_one(
     fleet: SshFleet,
     gateway: SshGateway,

@@ -4,6 +4,7 @@ simulated fleet (SIM_TIME_SCALE=0), the real in-process channel layer and a real
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -391,3 +392,17 @@ def test_beat_runs_the_idle_check_and_the_pruning(order, settings) -> None:
     order(2)
     assert check_idle_instances_task.delay().get() == "0 idle of 1"
     assert prune_telemetry_task.delay().get() == "0 rollups pruned"
+
+
+@pytest.mark.parametrize("since", [math.nan, math.inf, -math.inf, 1e300, -5.0, 2.0**53])
+def test_the_redis_ring_takes_any_since_without_an_error(redis_url: str, since: float) -> None:
+    """``?since=`` is the browser's number: one Redis refused as a stream ID was a 500."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    ring = RedisRing(client, maxlen=10, ttl_seconds=120, approximate=False)
+    ring.append_many({"x": {"ts": 1000.0, "g": []}})
+    entries = ring.since("x", since)
+    expected = [] if since > 1000 else [{"ts": 1000.0, "g": []}]
+    assert entries == expected

@@ -8,6 +8,7 @@ directory with the instance's environment.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -25,6 +26,7 @@ from slices.choices import InstanceState
 from slices.drivers.base import DriverError
 from slices.drivers.ssh.shell import SHARED
 from slices.models import Instance, InstanceEvent, Node
+from slices.services import terminal
 from tests.slices.factories import load_small_fleet, run_order
 from tests.slices.test_ssh_driver import make_driver, make_node, make_spec
 from tests.slices.test_terminal import Terminal
@@ -187,3 +189,47 @@ def test_the_ready_message_and_output_are_json_and_bytes(box, alice) -> None:
         return out
 
     assert "中文-2" in run_async(scenario()).decode()
+
+
+def test_input_to_a_shell_that_does_not_read_is_bounded_by_back_pressure(
+    box, alice, tmp_path: Path
+) -> None:
+    """Issue 29: keystrokes were queued without bound (790 MB in 25 s took the console from 173
+    to 897 MB). A real PTY whose program does not read: once the session's input is full the
+    consumer stops taking the browser's frames (they wait on the client's side, here the test's
+    queue), and when the program reads again every byte arrives, none dropped."""
+    instance, _fleet = box
+    gate = tmp_path / "gate"
+    frame = b"x" * 65536
+    frames = 512  # 32 MiB
+    total = len(frame) * frames
+
+    async def scenario() -> tuple[int, int]:
+        term = await _open(instance, alice, "rank=0")
+        await term.ready()
+        await term.type(
+            f"stty raw -echo; while [ ! -e {gate} ]; do sleep 0.1; done; "
+            f"head -c {total} >/dev/null; stty sane; echo ALL-$((6*7))-READ\r"
+        )
+        await term.until(b"sleep 0.1")  # the line was echoed before -echo: it runs
+        for _ in range(frames):
+            await term.c.send_input({"type": "websocket.receive", "bytes": frame})
+        # Wait until the consumer stops taking frames (the queue's length holds still).
+        queue = term.c.input_queue
+        last, still = -1, 0
+        while still < 20:
+            await asyncio.sleep(0.1)
+            still = still + 1 if queue.qsize() == last else 0
+            last = queue.qsize()
+        taken = (frames - queue.qsize()) * len(frame)
+        waiting = queue.qsize()
+        gate.touch()
+        await term.until(b"ALL-42-READ", timeout=120)  # every byte reached the program
+        await term.leave()
+        return taken, waiting
+
+    taken, waiting = run_async(scenario())
+    # What the console took: its own bound, the SSH channel's window and the PTY's buffer.
+    assert terminal.MAX_PENDING_INPUT_BYTES == 256 * 1024
+    assert taken < 8 * 1024 * 1024, taken
+    assert waiting > frames // 2, waiting  # the rest waited on the sender's side
