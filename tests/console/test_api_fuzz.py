@@ -24,8 +24,15 @@ EXAMPLES_PER_OPERATION = int(os.environ.get("API_FUZZ_EXAMPLES", "25"))
 SEED = os.environ.get("API_FUZZ_SEED")
 
 
+def _console(environ: dict[str, Any], start_response: Any) -> Any:
+    """The WSGI app on the console's host: werkzeug's test client says ``localhost``, which is
+    the embedded default's apps domain (issue 29), not the console."""
+    environ["HTTP_HOST"] = "testserver"
+    return application(environ, start_response)
+
+
 def _operations() -> list[Any]:
-    schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application)
+    schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", _console)
     return [result.ok() for result in schema.get_all_operations()]
 
 

@@ -536,22 +536,25 @@ def test_lora_bad_fields_are_400(payload: dict) -> None:
 
 @pytest.mark.django_db
 def test_the_chat_app_streams_through_the_port_proxy(alice, alice_client, monkeypatch) -> None:
-    """The owner's browser: the proxy strips the prefix, adds ``token <access_token>`` and relays
-    the SSE stream chunk by chunk."""
+    """The owner's browser on the app's own host: the proxy adds ``token <access_token>`` and
+    relays the SSE stream chunk by chunk."""
     from slices.drivers.sim import SimDriver
-    from tests.slices.test_ports import _chunks, _url, running_with_port
+    from tests.slices.test_ports import _chunks
+    from tests.support.apphosts import app_host, open_app, running_with_port
 
     def tunnel(self, spec, node, port):
         return open_sim_app_tunnel("llm-chat", port, {"JUPYTER_TOKEN": "tok"})
 
     monkeypatch.setattr(SimDriver, "open_tunnel", tunnel)
     instance = running_with_port(alice, port=8000)
-    page = b"".join(_chunks(alice_client.get(_url(instance, port=8000))))
+    app = open_app(alice_client, instance, 8000)
+    page = b"".join(_chunks(app.get("/")))
     assert b"id='chat-input'" in page
-    response = alice_client.post(
-        _url(instance, "v1/chat/completions", port=8000),
+    response = app.post(
+        "/v1/chat/completions",
         data=json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True}),
         content_type="application/json",
+        HTTP_ORIGIN=f"http://{app_host(instance, 8000)}",
     )
     assert response.status_code == 200
     chunks = _chunks(response)
