@@ -226,6 +226,39 @@ def workload_pid(pid: int, timeout: float = 5.0) -> int:
         time.sleep(0.02)
 
 
+def instance_namespace(launcher: int) -> str:
+    """The PID namespace of a bare-process instance (``pid:[inode]``): its launcher's child's."""
+    child = _first_child(launcher)
+    assert child is not None, f"launcher {launcher} has no child"
+    return os.readlink(f"/proc/{child}/ns/pid")
+
+
+def namespace_members(namespace: str) -> list[int]:
+    """Every live process (as this machine numbers them) in the PID namespace ``namespace``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "pid") == namespace and process_alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def host_pid(namespace: str, inner: int) -> int:
+    """The pid this machine gives the process that is ``inner`` inside ``namespace`` (what
+    ``echo $$`` says in the instance's terminal)."""
+    for pid in namespace_members(namespace):
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{pid}/status").read_text()
+            nspid = next(ln for ln in status.splitlines() if ln.startswith("NSpid:")).split()
+            if nspid[-1] == str(inner):
+                return pid
+    raise AssertionError(f"no process {inner} in {namespace}")
+
+
 @dataclass
 class SshHost:
     index: int
