@@ -49,6 +49,7 @@ from tests.support.sshd import (  # noqa: F401
     process_alive,
     ssh_hosts,
     start_gateway,
+    stop_pids,
 )
 
 pytestmark = pytest.mark.django_db
@@ -93,7 +94,9 @@ class Door:
     @classmethod
     def make(cls, name: str, port: int | None = None, serve: str = "") -> Door:
         base = 7_000_000 + secrets.randbelow(100_000) * 10
-        return cls(name, tuple(base + i for i in range(4)), port or servers.free_port(), serve)
+        door = cls(name, tuple(base + i for i in range(4)), port or servers.free_port(), serve)
+        _MADE.append(door)
+        return door
 
     def script(self) -> str:
         """One line for sh or bash: every way a tenant keeps a process after its shell ends."""
@@ -137,6 +140,17 @@ class Door:
             time.sleep(0.1)
 
 
+_MADE: list[Door] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_survivor_left_behind() -> Iterator[None]:
+    """What a failing test left running is stopped (by pid) once it is over."""
+    yield
+    while _MADE:
+        stop_pids(_MADE.pop().alive())
+
+
 def _through_terminal(user: User, inst: Instance, door: Door) -> None:
     """Type the door's line into the instance's web terminal, wait for the prompt's answer, and
     close the terminal (a hangup: nohup and setsid are there to survive it)."""
@@ -161,7 +175,11 @@ def _everything_through_every_door(
     customer: Customer = _customer(alice, tmp_path, gateway)
     launch, term, ssh = Door.make("launch"), Door.make("terminal"), Door.make("ssh")
     inst = run_order(
-        alice, capture, cards=8, name="doors", entrypoint=f"{launch.script()} exec /bin/sleep infinity"
+        alice,
+        capture,
+        cards=8,
+        name="doors",
+        entrypoint=f"{launch.script()} exec /bin/sleep infinity",
     )
     assert inst.state == InstanceState.RUNNING, list(inst.events.values_list("code", "text"))
     launch.wait_started()
@@ -198,7 +216,9 @@ def test_release_ends_what_every_door_daemonised(
     launcher = int((fleet.workdirs[NODE] / "instances" / inst.slug / "pid").read_text())
     namespace = instance_namespace(launcher)
     inside = set(namespace_members(namespace))
-    assert all(set(d.alive()) <= inside for d in doors), "every door's processes share one namespace"
+    assert all(set(d.alive()) <= inside for d in doors), (
+        "every door's processes share one namespace"
+    )
     with django_capture_on_commit_callbacks(execute=True):
         assert services.release_instance(inst, by="alice")
     inst.refresh_from_db()

@@ -29,6 +29,11 @@ Trust and injection, the two things a driver that runs commands as root must get
   slice keeps the host's network and IPC (NCCL over InfiniBand). A bare process or enroot cannot
   isolate a share of a node: they run a whole node's instance only, or on a host marked
   ``single_tenant`` (the test hosts), and are refused otherwise (``runtime_not_isolating``).
+- One PID namespace per instance (the process rule, SECURITY.md): a container is one; a bare
+  process and enroot are launched by ``unshare --pid --fork --kill-child``, and the terminal and
+  the instance's sshd join that namespace (``nsenter``), so stop and release end everything the
+  instance runs, however it was daemonised. A tunnel to a web port is kept only when every
+  listener on the port is the instance's (``SshDriver.open_tunnel``).
 
 Bounded: connect, banner, authentication and channel-open each have the connect timeout; every
 command runs under ``timeout`` on the node and a deadline here; keepalives (SSH and TCP) notice

@@ -110,8 +110,8 @@ _NS_INIT = (
     "ns_init() {{ c=''; n=''; [ -n \"$p\" ] || return 1; e=$(($(date +%s) + 5)); "
     "m=$(ps -o pidns= -p \"$p\" | tr -d ' '); while :; do "
     "c=$(ps -o pid= --ppid \"$p\" | head -n 1 | tr -d ' '); "
-    "[ -n \"$c\" ] && n=$(ps -o pidns= -p \"$c\" | tr -d ' ') && "
-    "[ -n \"$n\" ] && [ \"$n\" != \"$m\" ] && return 0; "
+    '[ -n "$c" ] && n=$(ps -o pidns= -p "$c" | tr -d \' \') && '
+    '[ -n "$n" ] && [ "$n" != "$m" ] && return 0; '
     "[ \"$(date +%s)\" -ge \"$e\" ] && {{ c=''; n=''; return 1; }}; sleep 0.05; done; }}; "
 )
 # Run what follows inside the instance's namespaces (PID and mount), in its directory: how the
@@ -131,7 +131,7 @@ _PORT_OWNED = (
     "own=$(for q in $(ps -eo pid=,pidns= | awk -v ns=\"$n\" '$2 == ns {{ print $1 }}'); do "
     "readlink /proc/$q/fd/* 2>/dev/null; done | "
     "sed -n 's/^socket:\\[\\([0-9]*\\)\\]$/\\1/p' | sort -u); "
-    "lis=$(awk -v hp={hexport} '$4 == \"0A\" {{ split($2, a, \":\"); if (a[2] == hp) print $10 }}' "
+    'lis=$(awk -v hp={hexport} \'$4 == "0A" {{ split($2, a, ":"); if (a[2] == hp) print $10 }}\' '
     "/proc/net/tcp /proc/net/tcp6 2>/dev/null | sort -u); "
     '[ -n "$lis" ] || {{ echo "nothing listens on port {port}" >&2; exit 3; }}; '
     'for i in $lis; do printf "%s\\n" "$own" | grep -qx -- "$i" || '
@@ -140,7 +140,9 @@ _PORT_OWNED = (
 )
 # A bare process or an enroot container: its launcher's namespace.
 CMD_PORT_OWNER = (
-    _LAUNCHER + _NS_INIT + 'ns_init || {{ echo "the instance is not running" >&2; exit 5; }}; '
+    _LAUNCHER
+    + _NS_INIT
+    + 'ns_init || {{ echo "the instance is not running" >&2; exit 5; }}; '
     + _PORT_OWNED
 )
 # A docker container on the host's network (a whole node): the container's PID namespace.

@@ -5,11 +5,16 @@ pinned as for every step: ``SshConnections._connect``) and runs one fixed comman
 
 - docker: ``docker exec -it -e TERM=xterm-256color <slug> /bin/sh -c <pick a shell>``;
 - enroot: ``enroot exec <pid> /bin/sh -c <pick a shell>``, the pid being the instance's
-  container process (the child of the launcher whose pid the start step recorded);
+  container process (the child of the instance's PID namespace's init, as that namespace numbers
+  it), run inside that namespace;
 - process: ``xargs -0 -a <argument file>`` running ``env -i NAME=value... /bin/sh -c <pick a
-  shell>`` in the instance's directory: the instance's environment (the same values ``start``
-  gives its workload) reaches the shell as data in an argument file written over SFTP, which the
-  shell deletes as it starts; the host's shell never evaluates any of it.
+  shell>`` in the instance's directory and PID namespace: the instance's environment (the same
+  values ``start`` gives its workload) reaches the shell as data in an argument file written over
+  SFTP, which the shell deletes as it starts; the host's shell never evaluates any of it.
+
+For both, ``nsenter -t <the namespace's init> -p -m`` comes first (the process rule, SECURITY.md):
+whatever the terminal starts, daemonised or not, ends when the instance stops; a terminal opens
+only while the instance runs ("the instance is not running" otherwise).
 
 "<pick a shell>" is fixed text run inside the instance: a login bash where there is one, else
 sh. Nothing the customer typed reaches the host's shell: keystrokes go to the PTY, which belongs
@@ -61,13 +66,15 @@ CMD_SHELL_DOCKER = "exec {docker} exec -it -e {term} {name} {sh} -c {pick}"
 # execs into the container process (the namespace init's child), named as the namespace sees it.
 CMD_SHELL_ENROOT = (
     ENTER_FIND + 'x=$(ps -o pid= --ppid "$c" | head -n 1 | tr -d " "); '
-    'x=$(awk \'/^NSpid:/ {{ print $NF }}\' "/proc/${{x:-0}}/status" 2>/dev/null); '
+    "x=$(awk '/^NSpid:/ {{ print $NF }}' \"/proc/${{x:-0}}/status\" 2>/dev/null); "
     '[ -n "$x" ] || {{ echo "the instance is not running" >&2; exit 5; }}; '
     + ENTER_EXEC
     + '{enroot} exec "$x" {sh} -c {pick}'
 )
 CMD_SHELL_PROCESS = (
-    "cd {root} || exit 1; " + ENTER_FIND + ENTER_EXEC
+    "cd {root} || exit 1; "
+    + ENTER_FIND
+    + ENTER_EXEC
     + "{xargs} -0 -x -n {count} -s {size} -a {args} {launcher}"
 )
 

@@ -149,9 +149,8 @@ def open_owned_channel(
         why = result.stderr.strip()[-300:] or f"exit {result.exit_status}"
         if result.exit_status == _NOT_OWNED:
             raise DriverError("port_not_instance", f"{node.hostname}: {why}", permanent=True)
-        code = "port_closed" if result.exit_status in (_NOT_LISTENING, _NOT_RUNNING) else (
-            "command_failed"
-        )
+        closed = result.exit_status in (_NOT_LISTENING, _NOT_RUNNING)
+        code = "port_closed" if closed else "command_failed"
         raise DriverError(code, f"{node.hostname}: port {port}: {why}")
     with _SHARED.lock:
         now = time.monotonic()
