@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import secrets
 import socket
 import time
@@ -152,8 +153,8 @@ def _no_survivor_left_behind() -> Iterator[None]:
 
 
 def _through_terminal(user: User, inst: Instance, door: Door) -> None:
-    """Type the door's line into the instance's web terminal, wait for the prompt's answer, and
-    close the terminal (a hangup: nohup and setsid are there to survive it)."""
+    """Type the door's line into the instance's web terminal, wait for its processes, and close
+    the terminal (a hangup: nohup and setsid are there to survive it)."""
     grant = terminal.authorize(user, inst.public_id, 0)
     shell = get_driver(grant.driver).open_shell(grant.spec, grant.node, 120, 40)
     try:
@@ -165,6 +166,7 @@ def _through_terminal(user: User, inst: Instance, door: Door) -> None:
             chunk = shell.recv(1.0)
             assert chunk is not None, out
             out += chunk
+        door.wait_started()  # then the tab is closed: what has not yet ignored SIGHUP is gone
     finally:
         shell.close()
 
@@ -295,8 +297,9 @@ def test_an_apps_daemonised_server_ends_at_release(
 
 
 @pytest.fixture
-def foreign_server() -> Iterator[int]:
-    """A server of this machine that is no instance's (on a test host: the console itself)."""
+def foreign_server() -> Iterator[tuple[int, int]]:
+    """A server of this machine that is no instance's (on a test host: the console itself): its
+    port and its listening socket's inode."""
     import http.server
     import threading
 
@@ -305,7 +308,7 @@ def foreign_server() -> Iterator[int]:
     )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield server.server_address[1]
+    yield server.server_address[1], os.fstat(server.socket.fileno()).st_ino
     server.shutdown()
     server.server_close()
     thread.join(timeout=10)
@@ -327,29 +330,38 @@ def _http_status(chan: Any) -> bytes:
 def test_a_web_port_reaches_only_what_the_instance_listens_on(
     fleet: SshFleet,
     funded: User,
-    foreign_server: int,
+    foreign_server: tuple[int, int],
     django_capture_on_commit_callbacks,
 ) -> None:
     """Through the driver's tunnel (what the port proxy and an app's health check use): the
     instance's own server answers; a port held by a process that is not the instance's (the
     console on a test host, another tenant) is refused before a byte reaches it, and so is a
-    port nothing listens on."""
+    port nothing listens on. The tenant's workload holds open a file whose name ends in a line
+    that reads like the foreign socket's link (``socket:[<inode>]``): it is not taken for it."""
+    foreign, inode = foreign_server
     door = Door.make("launch")
+    forge = f"f=$(printf 'forged\\nsocket:[%s]' {inode}); : > \"$f\";"
     inst = run_order(
         funded,
         django_capture_on_commit_callbacks,
         cards=8,
         name="ports",
-        entrypoint=f"{door.script()} exec /bin/sleep infinity",
+        entrypoint=f'{forge} {door.script()} exec /bin/sleep infinity 3<"$f"',
     )
     assert inst.state == InstanceState.RUNNING, list(inst.events.values_list("code", "text"))
     door.wait_started()
+    launcher = int((fleet.workdirs[NODE] / "instances" / inst.slug / "pid").read_text())
+    links = []
+    for pid in namespace_members(instance_namespace(launcher)):
+        with contextlib.suppress(OSError):
+            links += [os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()]
+    assert any(link.endswith(f"\nsocket:[{inode}]") for link in links), "the forgery is held"
     driver: Any = get_driver(inst.driver or None)
     spec, node, _port = proxy.tunnel_target(inst, door.port)
 
     assert _http_status(driver.open_tunnel(spec, node, door.port)).startswith(b"HTTP/1.0 200")
     with pytest.raises(DriverError) as refused:
-        driver.open_tunnel(spec, node, foreign_server)
+        driver.open_tunnel(spec, node, foreign)
     assert refused.value.code == "port_not_instance"
     with pytest.raises(DriverError) as closed:
         driver.open_tunnel(spec, node, servers.free_port())

@@ -16,7 +16,8 @@ Trust and injection, the two things a driver that runs commands as root must get
 - No host shell evaluates the instance's environment, and no command name is looked up where an
   instance could have put a file: every command starts with ``PATH=<SLICES_NODE_PATH>; export
   PATH;``, the runtimes are run by absolute path (SLICES_DOCKER_BIN, SLICES_ENROOT_BIN,
-  SLICES_MPIRUN_BIN; ``/usr/bin/setsid``, ``/usr/bin/xargs``, ``/usr/bin/env``, ``/bin/sh``), and
+  SLICES_MPIRUN_BIN; ``/usr/bin/setsid``, ``/usr/bin/unshare``, ``/usr/bin/nsenter``,
+  ``/usr/bin/xargs``, ``/usr/bin/env``, ``/bin/sh``), and
   the environment reaches the runtime as data: docker's ``--env-file``; for enroot and a bare
   process an argument file (NUL-separated, run by ``xargs -0 -x`` as one command line:
   ``enroot start --env=NAME=value...``, ``env -i NAME=value... /bin/sh -c <entrypoint>``). The

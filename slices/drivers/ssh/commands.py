@@ -128,13 +128,14 @@ CMD_IN_INSTANCE = _ENTER + "{sh} -c {script}"
 # the instance's PID namespace ``$n`` (its file descriptors name the socket's inode). Exit 3 when
 # nothing listens there, 6 when anything else does (another tenant, the node's own services).
 _PORT_OWNED = (
-    "own=$(for q in $(ps -eo pid=,pidns= | awk -v ns=\"$n\" '$2 == ns {{ print $1 }}'); do "
-    "readlink /proc/$q/fd/* 2>/dev/null; done | "
-    "sed -n 's/^socket:\\[\\([0-9]*\\)\\]$/\\1/p' | sort -u); "
+    'd=$(ps -eo pid=,pidns= | awk -v ns="$n" \'$2 == ns {{ printf "/proc/%s/fd ", $1 }}\'); '
     'lis=$(awk -v hp={hexport} \'$4 == "0A" {{ split($2, a, ":"); if (a[2] == hp) print $10 }}\' '
     "/proc/net/tcp /proc/net/tcp6 2>/dev/null | sort -u); "
+    '[ -n "$d" ] || {{ echo "the instance is not running" >&2; exit 5; }}; '
     '[ -n "$lis" ] || {{ echo "nothing listens on port {port}" >&2; exit 3; }}; '
-    'for i in $lis; do printf "%s\\n" "$own" | grep -qx -- "$i" || '
+    # A link's whole text against the pattern: a file's path (absolute) never passes for a socket.
+    'for i in $lis; do [ -n "$(find $d -maxdepth 1 -lname "socket:\\[$i\\]" 2>/dev/null '
+    '| head -n 1)" ] || '
     '{{ echo "port {port} is held by a process that is not the instance\'s" >&2; exit 6; }}; '
     "done; echo owned"
 )
