@@ -105,14 +105,16 @@ _LAUNCHER = (
     'grep -qsaF -- "$(dirname -- {pid})/" "/proc/$p/cmdline"; }}; then p=""; fi; '
 )
 # ``ns_init``: ``$c``, the init of the launcher's PID namespace (its child in a namespace other
-# than its own), waiting up to 5 s for it after a start; ``$n`` that namespace (its inode).
+# than its own), waiting up to 5 s for it after a start; ``$n`` that namespace (its inode), and
+# ``$P`` the node's processes as one ``ps`` saw them ("pid ppid pidns" lines).
 _NS_INIT = (
-    "ns_init() {{ c=''; n=''; [ -n \"$p\" ] || return 1; e=$(($(date +%s) + 5)); "
-    "m=$(ps -o pidns= -p \"$p\" | tr -d ' '); while :; do "
-    "c=$(ps -o pid= --ppid \"$p\" | head -n 1 | tr -d ' '); "
-    '[ -n "$c" ] && n=$(ps -o pidns= -p "$c" | tr -d \' \') && '
-    '[ -n "$n" ] && [ "$n" != "$m" ] && return 0; '
-    "[ \"$(date +%s)\" -ge \"$e\" ] && {{ c=''; n=''; return 1; }}; sleep 0.05; done; }}; "
+    "ns_init() {{ c=''; n=''; e=''; [ -n \"$p\" ] || return 1; while :; do "
+    "P=$(ps -eo pid=,ppid=,pidns=); "
+    'r=$(printf \'%s\\n\' "$P" | awk -v p="$p" \'$1 == p {{ m = $3 }} $2 == p {{ c = $1; n = $3 }} '
+    'END {{ if (c != "" && n != "" && n != m) print c, n }}\'); '
+    '[ -n "$r" ] && {{ c=${{r% *}}; n=${{r#* }}; return 0; }}; '
+    '[ -n "$e" ] || e=$(($(date +%s) + 5)); '
+    '[ "$(date +%s)" -ge "$e" ] && return 1; sleep 0.05; done; }}; '
 )
 # Run what follows inside the instance's namespaces (PID and mount), in its directory: how the
 # terminal and the instance's sshd join the instance (exit 5 when it does not run).
@@ -128,7 +130,7 @@ CMD_IN_INSTANCE = _ENTER + "{sh} -c {script}"
 # the instance's PID namespace ``$n`` (its file descriptors name the socket's inode). Exit 3 when
 # nothing listens there, 6 when anything else does (another tenant, the node's own services).
 _PORT_OWNED = (
-    'd=$(ps -eo pid=,pidns= | awk -v ns="$n" \'$2 == ns {{ printf "/proc/%s/fd ", $1 }}\'); '
+    'd=$(printf \'%s\\n\' "$P" | awk -v ns="$n" \'$3 == ns {{ printf "/proc/%s/fd ", $1 }}\'); '
     'lis=$(awk -v hp={hexport} \'$4 == "0A" {{ split($2, a, ":"); if (a[2] == hp) print $10 }}\' '
     "/proc/net/tcp /proc/net/tcp6 2>/dev/null | sort -u); "
     '[ -n "$d" ] || {{ echo "the instance is not running" >&2; exit 5; }}; '
@@ -150,7 +152,8 @@ CMD_PORT_OWNER = (
 CMD_PORT_OWNER_DOCKER_HOST = (
     "c=$({docker} container inspect --format {fmt} {name} 2>/dev/null); "
     'case "$c" in ""|0|*[!0-9]*) {{ echo "the instance is not running" >&2; exit 5; }};; esac; '
-    "n=$(ps -o pidns= -p \"$c\" | tr -d ' '); "
+    "P=$(ps -eo pid=,ppid=,pidns=); "
+    "n=$(printf '%s\\n' \"$P\" | awk -v c=\"$c\" '$1 == c {{ print $3 }}'); "
     '[ -n "$n" ] || {{ echo "the instance is not running" >&2; exit 5; }}; ' + _PORT_OWNED
 )
 # A docker container on its own network (a shared node): the host port docker published for it.
