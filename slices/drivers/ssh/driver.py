@@ -697,9 +697,10 @@ class SshDriver(SshConnections):
     def open_tunnel(self, spec: InstanceSpec, node: NodeTarget, port: int) -> Tunnel:
         """A ``direct-tcpip`` channel to ``127.0.0.1:<port>`` on ``node`` (the caller passes
         the published host port on a shared node) over the process's shared, pinned
-        connection to it (``slices.drivers.ssh.tunnel``), once the node says the port is the
-        instance's own (``port_owner_check``): never another tenant's process, nor a service
-        of the node (the console itself on a test host). ``port_not_instance`` otherwise."""
+        connection to it (``slices.drivers.ssh.tunnel``), kept once the node says the port is
+        the instance's own (``tunnel.open_owned_channel`` running ``CMD_PORT_OWNER*``): never
+        another tenant's process, nor a service of the node (the console itself on a test
+        host). ``port_not_instance`` otherwise, ``port_closed`` when nothing listens there."""
         runtime = self._runtime(node)
         paths = self._paths(spec, node)
         args: dict[str, Arg]

@@ -61,7 +61,7 @@ PICK_SHELL = "if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh -l;
 PICK_SHELL_DELETING = 'rm -f -- "$1"; ' + PICK_SHELL
 
 CMD_SHELL_DOCKER = "exec {docker} exec -it -e {term} {name} {sh} -c {pick}"
-# Both join the instance's PID and mount namespaces first (``commands._ENTER``: the process
+# Both join the instance's PID and mount namespaces first (``commands.ENTER_*``: the process
 # rule), so what is started from the terminal ends with the instance, daemonised or not. enroot
 # execs into the container process (the namespace init's child), named as the namespace sees it.
 CMD_SHELL_ENROOT = (
