@@ -85,7 +85,7 @@ def fleet(settings, ssh_hosts: SshHostPool, gateway: SshGateway, tmp_path: Path)
 
 @dataclasses.dataclass
 class Door:
-    """What one door starts: four daemonised sleeps of unique lengths and an HTTP server."""
+    """What one door starts: five daemonised sleeps of unique lengths and an HTTP server."""
 
     name: str
     sleeps: tuple[int, ...]
@@ -95,20 +95,22 @@ class Door:
     @classmethod
     def make(cls, name: str, port: int | None = None, serve: str = "") -> Door:
         base = 7_000_000 + secrets.randbelow(100_000) * 10
-        door = cls(name, tuple(base + i for i in range(4)), port or servers.free_port(), serve)
+        door = cls(name, tuple(base + i for i in range(5)), port or servers.free_port(), serve)
         _MADE.append(door)
         return door
 
     def script(self) -> str:
         """One line for sh or bash: every way a tenant keeps a process after its shell ends."""
         quiet = ">/dev/null 2>&1 </dev/null"
-        a, b, c, d = self.sleeps
+        a, b, c, d, e = self.sleeps
         return " ".join(
             [
                 f"nohup /bin/sleep {a} {quiet} &",
                 f"/usr/bin/setsid /bin/sleep {b} {quiet} &",
                 f"( /bin/sleep {c} {quiet} & ) ;",
                 f"/bin/bash -c '/bin/sleep {d} {quiet} & disown' ;",
+                # A double fork into a session of its own: no longer anyone's descendant.
+                f"( /usr/bin/setsid /bin/sleep {e} {quiet} & ) ;",
                 f"/usr/bin/setsid /usr/bin/nohup {PYTHON} -m http.server --bind 127.0.0.1 "
                 f"{self.serve} {self.port} {quiet} &",
             ]
@@ -136,7 +138,7 @@ class Door:
 
     def wait_started(self) -> None:
         deadline = time.monotonic() + 30
-        while len(self.alive()) < 5 or not self.listening():
+        while len(self.alive()) < len(self.sleeps) + 1 or not self.listening():
             assert time.monotonic() < deadline, f"{self.name}: started {self.alive()}"
             time.sleep(0.1)
 
