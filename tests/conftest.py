@@ -42,6 +42,7 @@ HOST_MODULES = frozenset(
         "tests/slices/test_hostile_tenant.py",
         "tests/slices/test_migration_ssh.py",
         "tests/slices/test_ports.py",
+        "tests/slices/test_process_rule_ssh.py",
         "tests/slices/test_process_stop_ssh.py",
         "tests/slices/test_recipe_runs.py",
         "tests/slices/test_ssh_driver.py",

@@ -193,7 +193,8 @@ class NodeDriver(Protocol):
         ...
 
     def teardown(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
-        """Stop what the instance started on the node and remove its mounts; idempotent."""
+        """Stop everything of the instance on the node (the process rule: whatever any door
+        started in it, daemonised or not; SECURITY.md) and remove its mounts; idempotent."""
         ...
 
 
@@ -202,7 +203,8 @@ class StopDriver(Protocol):
     and move that disk to another node when it starts elsewhere."""
 
     def stop(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
-        """Stop what runs for the instance on the node; keep its directory; idempotent."""
+        """Stop everything that runs for the instance on the node (the process rule, as
+        ``teardown``); keep its directory; idempotent."""
         ...
 
     def move_disk(
@@ -293,12 +295,16 @@ class AccessDriver(Protocol):
     ) -> Shell:
         """A login shell in the instance on ``node`` with a ``cols`` × ``rows`` PTY, opened over
         the console's pinned connection (``gpu_model``: the fleet code, for the sim driver's
-        answers). Raises ``DriverError`` when the node cannot be reached."""
+        answers). What it starts belongs to the instance and ends with it (the process rule).
+        Raises ``DriverError`` when the node cannot be reached."""
         ...
 
     def open_tunnel(self, spec: InstanceSpec, node: NodeTarget, port: int) -> Tunnel:
         """A stream to ``127.0.0.1:<port>`` as ``node`` sees it, over the console's pinned
         connection; nothing is opened on the node's public interfaces. The caller passes the
         node-side port: the host port docker published on a shared node
-        (``InstanceNode.published_ports``), else the instance's port itself."""
+        (``InstanceNode.published_ports``), else the instance's port itself. It reaches the
+        instance's own processes only: ``DriverError`` ``port_not_instance`` when anything else
+        listens there (another tenant, the node's services), ``port_closed`` when nothing
+        does."""
         ...

@@ -164,7 +164,8 @@ class SimDriver:
 
     def open_tunnel(self, spec: InstanceSpec, node: NodeTarget, port: int) -> socket.socket:
         """A simulated web app on ``port`` (labelled so), served in this process: nothing is
-        opened on the console's host (``slices.drivers.sim_web``)."""
+        opened on the console's host (``slices.drivers.sim_web``), so a port reaches the
+        instance's own stand-in only, as the port rule asks of every driver."""
         app = spec.env.get("GPC_APP", "")
         if app:  # an AI application's simulated stand-in (issue 20)
             from slices.drivers.sim_apps import open_sim_app_tunnel

@@ -407,7 +407,9 @@ def test_websocket_messages_larger_than_the_ssh_window_survive_pings_in_both_dir
     burst = [f"消息 {i}" for i in range(200)]
 
     async def relay() -> list[tuple[str | None, bytes | None]]:
-        raw = await asyncio.to_thread(driver.open_tunnel, None, node, ws_echo_app)  # type: ignore[arg-type]
+        # The channel itself (the driver's open_tunnel also asks whether the port is an
+        # instance's: this app is the test machine's own, which it refuses).
+        raw = await asyncio.to_thread(tunnel.open_channel, driver, node, ws_echo_app)
         upstream = UpstreamWebsocket(AsyncTunnel(raw))
         assert await upstream.connect(f"127.0.0.1:{ws_echo_app}", "/", [], [])
         got: list[tuple[str | None, bytes | None]] = []

@@ -31,7 +31,14 @@ from tests.slices.factories import load_small_fleet, run_order
 from tests.slices.test_ssh_driver import make_driver, make_node, make_spec
 from tests.slices.test_terminal import Terminal
 from tests.support.servers import run_async
-from tests.support.sshd import SshFleet, SshHostPool, configure_ssh_fleet, ssh_hosts  # noqa: F401
+from tests.support.sshd import (  # noqa: F401
+    SshFleet,
+    SshHostPool,
+    configure_ssh_fleet,
+    host_pid,
+    instance_namespace,
+    ssh_hosts,
+)
 from tests.support.websocket import open_websocket, websocket_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -138,12 +145,21 @@ def test_a_real_pty_speaks_utf8_and_follows_resizes(box, alice, bob) -> None:
 
 def test_closing_the_terminal_hangs_up_its_shell(ssh_hosts: SshHostPool, tmp_path: Path) -> None:  # noqa: F811
     """Driver level: the shell's processes end with the channel (a hangup), and a node whose
-    host key is not the pinned one is refused before any shell runs."""
+    host key is not the pinned one is refused before any shell runs. A terminal joins a running
+    instance only (its PID namespace: the process rule)."""
     host = ssh_hosts.get(1)[0]
     driver = make_driver(ssh_hosts, {"pfs": tmp_path, "assets": tmp_path})
     node = make_node(host, tmp_path / "node")
     (tmp_path / "node").mkdir()
     spec = make_spec((node,))
+    early, said = driver.open_shell(spec, node, 80, 24), b""
+    deadline = time.monotonic() + 20
+    while (chunk := early.recv(1.0)) is not None and time.monotonic() < deadline:
+        said += chunk
+    early.close()
+    assert b"the instance is not running" in said, said
+    driver.prepare(spec, node, lambda _line: None)
+    driver.start(spec, node, lambda _line: None)
     shell = driver.open_shell(spec, node, 80, 24)
     marker = tmp_path / "shell.pid"
     shell.send(f"echo $$ > {marker}; echo ready-$((6*7))\r".encode())
@@ -154,7 +170,9 @@ def test_closing_the_terminal_hangs_up_its_shell(ssh_hosts: SshHostPool, tmp_pat
         chunk = shell.recv(1.0)
         assert chunk is not None, out
         out += chunk
-    pid = int(marker.read_text())
+    # ``$$`` as the instance's PID namespace numbers it; the shell is in that namespace.
+    launcher = int((tmp_path / "node" / "instances" / spec.slug / "pid").read_text())
+    pid = host_pid(instance_namespace(launcher), int(marker.read_text()))
     shell.close()
     deadline = time.monotonic() + 20
     while Path(f"/proc/{pid}").exists():
@@ -169,6 +187,7 @@ def test_closing_the_terminal_hangs_up_its_shell(ssh_hosts: SshHostPool, tmp_pat
     with pytest.raises(DriverError) as refused:
         driver.open_shell(make_spec((bad,)), bad, 80, 24)
     assert refused.value.code == "host_key_mismatch"
+    driver.teardown(spec, node, lambda _line: None)
 
 
 def test_the_ready_message_and_output_are_json_and_bytes(box, alice) -> None:

@@ -189,31 +189,74 @@ def stop_processes_under(path: Path, grace: float = 3.0) -> int:
     return len(stop_pids(processes_under(path), grace))
 
 
-def _execed(pid: int) -> bool:
-    """Whether ``pid`` runs the workload itself: between the launcher's fork and the exec of its
-    command (through ``env -i``) the child still shows the launcher's environment."""
+# What stands between a bare-process launch's recorded pid and the workload: ``unshare`` (the
+# instance's PID namespace), ``xargs -0`` (its init) and ``env -i`` until they exec.
+_LAUNCHERS = {"unshare", "xargs", "env"}
+
+
+def _exe(pid: int) -> str:
     try:
-        exe = Path(os.readlink(f"/proc/{pid}/exe")).name
+        return Path(os.readlink(f"/proc/{pid}/exe")).name
     except OSError:
-        return False
-    return exe not in {"xargs", "env"}
+        return ""
+
+
+def _first_child(pid: int) -> int | None:
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except FileNotFoundError:
+        return None
+    return int(children[0]) if children else None
 
 
 def workload_pid(pid: int, timeout: float = 5.0) -> int:
     """The instance's own process under a bare-process launch's recorded ``pid`` (the driver's
-    ``xargs -0`` launcher, which runs it as its one child with exactly the instance's
-    environment: ``env -i ... <command>``)."""
+    ``unshare`` launcher, whose child ``xargs -0`` is the instance's PID namespace's init and
+    runs it as its one child with exactly the instance's environment: ``env -i ... <command>``):
+    the first process down that line that is none of them any more."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except FileNotFoundError:
-            children = []
-        if children and _execed(int(children[0])):
-            return int(children[0])
+        child = _first_child(pid)
+        while child is not None and _exe(child) in _LAUNCHERS:
+            child = _first_child(child)
+        if child is not None and _exe(child):
+            return child
         if time.monotonic() > deadline:
             raise AssertionError(f"process {pid} started no workload")
         time.sleep(0.02)
+
+
+def instance_namespace(launcher: int) -> str:
+    """The PID namespace of a bare-process instance (``pid:[inode]``): its launcher's child's."""
+    child = _first_child(launcher)
+    assert child is not None, f"launcher {launcher} has no child"
+    return os.readlink(f"/proc/{child}/ns/pid")
+
+
+def namespace_members(namespace: str) -> list[int]:
+    """Every live process (as this machine numbers them) in the PID namespace ``namespace``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "pid") == namespace and process_alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def host_pid(namespace: str, inner: int) -> int:
+    """The pid this machine gives the process that is ``inner`` inside ``namespace`` (what
+    ``echo $$`` says in the instance's terminal)."""
+    for pid in namespace_members(namespace):
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{pid}/status").read_text()
+            nspid = next(ln for ln in status.splitlines() if ln.startswith("NSpid:")).split()
+            if nspid[-1] == str(inner):
+                return pid
+    raise AssertionError(f"no process {inner} in {namespace}")
 
 
 @dataclass

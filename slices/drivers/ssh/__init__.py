@@ -16,7 +16,8 @@ Trust and injection, the two things a driver that runs commands as root must get
 - No host shell evaluates the instance's environment, and no command name is looked up where an
   instance could have put a file: every command starts with ``PATH=<SLICES_NODE_PATH>; export
   PATH;``, the runtimes are run by absolute path (SLICES_DOCKER_BIN, SLICES_ENROOT_BIN,
-  SLICES_MPIRUN_BIN; ``/usr/bin/setsid``, ``/usr/bin/xargs``, ``/usr/bin/env``, ``/bin/sh``), and
+  SLICES_MPIRUN_BIN; ``/usr/bin/setsid``, ``/usr/bin/unshare``, ``/usr/bin/nsenter``,
+  ``/usr/bin/xargs``, ``/usr/bin/env``, ``/bin/sh``), and
   the environment reaches the runtime as data: docker's ``--env-file``; for enroot and a bare
   process an argument file (NUL-separated, run by ``xargs -0 -x`` as one command line:
   ``enroot start --env=NAME=value...``, ``env -i NAME=value... /bin/sh -c <entrypoint>``). The
@@ -29,6 +30,11 @@ Trust and injection, the two things a driver that runs commands as root must get
   slice keeps the host's network and IPC (NCCL over InfiniBand). A bare process or enroot cannot
   isolate a share of a node: they run a whole node's instance only, or on a host marked
   ``single_tenant`` (the test hosts), and are refused otherwise (``runtime_not_isolating``).
+- One PID namespace per instance (the process rule, SECURITY.md): a container is one; a bare
+  process and enroot are launched by ``unshare --pid --fork --kill-child``, and the terminal and
+  the instance's sshd join that namespace (``nsenter``), so stop and release end everything the
+  instance runs, however it was daemonised. A tunnel to a web port is kept only when every
+  listener on the port is the instance's (``SshDriver.open_tunnel``).
 
 Bounded: connect, banner, authentication and channel-open each have the connect timeout; every
 command runs under ``timeout`` on the node and a deadline here; keepalives (SSH and TCP) notice

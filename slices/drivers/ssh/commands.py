@@ -43,6 +43,8 @@ SLEEP = "/bin/sleep"
 SETSID = "/usr/bin/setsid"
 XARGS = "/usr/bin/xargs"
 ENV = "/usr/bin/env"
+UNSHARE = "/usr/bin/unshare"
+NSENTER = "/usr/bin/nsenter"
 # The PATH every command runs under unless SLICES_NODE_PATH says otherwise.
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # A stopped docker container whose devices, network or environment must change is committed to
@@ -81,13 +83,85 @@ _PID_ALIVE = (
 )
 # Run an argument file (NUL-separated, written by the driver over SFTP) as one command line:
 # ``xargs -0`` reads it as data, ``-n`` with its item count and ``-x`` make it one command or
-# none (never split in two), in a new session (``setsid``: stop kills the whole group).
+# none (never split in two), in a new session (``setsid``) and in a PID namespace of its own (the
+# process rule, SECURITY.md): ``unshare --pid --fork --kill-child`` makes ``xargs`` the
+# namespace's init, and everything the instance ever runs lives in that namespace: what the
+# workload forks, daemonises (``nohup``, ``setsid``, a double fork) or leaves behind, and what
+# the terminal and the instance's sshd start (``_ENTER``). When its init ends (the workload
+# exited, or stop killed it) the kernel kills every process left in it; the launcher's death
+# kills the init (``--kill-child``). ``--mount-proc`` gives the namespace its own /proc (its
+# processes see only each other); mounts made on the node later still reach it (``slave``).
 _LAUNCH = (
-    "( exec {setsid} {xargs} -0 -x -n {count} -s {size} -a {args} {launcher} ) "
+    "( exec {setsid} {unshare} --pid --fork --kill-child --mount-proc --propagation slave "
+    "{xargs} -0 -x -n {count} -s {size} -a {args} {launcher} ) "
     "</dev/null >>{output} 2>&1 & "
     'echo $! > {pid}; echo "started pid $!"'
 )
-
+# ``$p``: the instance's launcher (the pid file's process, alive, its command line naming the
+# instance's directory), else empty: a stale file's pid, reused by something else, is never it.
+_LAUNCHER = (
+    _ALIVE + 'p=$(cat {pid} 2>/dev/null); case "$p" in ""|*[!0-9]*) p="";; esac; '
+    'if [ -n "$p" ] && ! {{ alive "$p" && '
+    'grep -qsaF -- "$(dirname -- {pid})/" "/proc/$p/cmdline"; }}; then p=""; fi; '
+)
+# ``ns_init``: ``$c``, the init of the launcher's PID namespace (its child in a namespace other
+# than its own), waiting up to 5 s for it after a start; ``$n`` that namespace (its inode), and
+# ``$P`` the node's processes as one ``ps`` saw them ("pid ppid pidns" lines).
+_NS_INIT = (
+    "ns_init() {{ c=''; n=''; e=''; [ -n \"$p\" ] || return 1; while :; do "
+    "P=$(ps -eo pid=,ppid=,pidns=); "
+    'r=$(printf \'%s\\n\' "$P" | awk -v p="$p" \'$1 == p {{ m = $3 }} $2 == p {{ c = $1; n = $3 }} '
+    'END {{ if (c != "" && n != "" && n != m) print c, n }}\'); '
+    '[ -n "$r" ] && {{ c=${{r% *}}; n=${{r#* }}; return 0; }}; '
+    '[ -n "$e" ] || e=$(($(date +%s) + 5)); '
+    '[ "$(date +%s)" -ge "$e" ] && return 1; sleep 0.05; done; }}; '
+)
+# Run what follows inside the instance's namespaces (PID and mount), in its directory: how the
+# terminal and the instance's sshd join the instance (exit 5 when it does not run).
+ENTER_FIND = (
+    _LAUNCHER + _NS_INIT + 'ns_init || {{ echo "the instance is not running" >&2; exit 5; }}; '
+)
+ENTER_EXEC = 'exec {nsenter} -t "$c" -p -m --wd={root} -- '
+_ENTER = ENTER_FIND + ENTER_EXEC
+# Run ``{script}`` (a rendered template) by ``sh`` inside the instance (see ``_ENTER``).
+CMD_IN_INSTANCE = _ENTER + "{sh} -c {script}"
+# A declared web port reaches the instance's own processes only (SECURITY.md, the process rule):
+# every socket listening on the port (any address, IPv4 and IPv6) must be held by a process of
+# the instance's PID namespace ``$n`` (its file descriptors name the socket's inode). Exit 3 when
+# nothing listens there, 6 when anything else does (another tenant, the node's own services).
+_PORT_OWNED = (
+    'd=$(printf \'%s\\n\' "$P" | awk -v ns="$n" \'$3 == ns {{ printf "/proc/%s/fd ", $1 }}\'); '
+    'lis=$(awk -v hp={hexport} \'$4 == "0A" {{ split($2, a, ":"); if (a[2] == hp) print $10 }}\' '
+    "/proc/net/tcp /proc/net/tcp6 2>/dev/null | sort -u); "
+    '[ -n "$d" ] || {{ echo "the instance is not running" >&2; exit 5; }}; '
+    '[ -n "$lis" ] || {{ echo "nothing listens on port {port}" >&2; exit 3; }}; '
+    # A link's whole text against the pattern: a file's path (absolute) never passes for a socket.
+    'for i in $lis; do [ -n "$(find $d -maxdepth 1 -lname "socket:\\[$i\\]" 2>/dev/null '
+    '| head -n 1)" ] || '
+    '{{ echo "port {port} is held by a process that is not the instance\'s" >&2; exit 6; }}; '
+    "done; echo owned"
+)
+# A bare process or an enroot container: its launcher's namespace.
+CMD_PORT_OWNER = (
+    _LAUNCHER
+    + _NS_INIT
+    + 'ns_init || {{ echo "the instance is not running" >&2; exit 5; }}; '
+    + _PORT_OWNED
+)
+# A docker container on the host's network (a whole node): the container's PID namespace.
+CMD_PORT_OWNER_DOCKER_HOST = (
+    "c=$({docker} container inspect --format {fmt} {name} 2>/dev/null); "
+    'case "$c" in ""|0|*[!0-9]*) {{ echo "the instance is not running" >&2; exit 5; }};; esac; '
+    "P=$(ps -eo pid=,ppid=,pidns=); "
+    "n=$(printf '%s\\n' \"$P\" | awk -v c=\"$c\" '$1 == c {{ print $3 }}'); "
+    '[ -n "$n" ] || {{ echo "the instance is not running" >&2; exit 5; }}; ' + _PORT_OWNED
+)
+# A docker container on its own network (a shared node): the host port docker published for it.
+CMD_PORT_OWNER_DOCKER_PUBLISHED = (
+    "{docker} port {name} 2>/dev/null | awk -v want={address} "
+    "'$3 == want {{ f = 1 }} END {{ exit !f }}' || "
+    '{{ echo "port {port} is not published for the instance" >&2; exit 6; }}; echo owned'
+)
 CMD_ID = "id -u"
 CMD_MOUNT_CHECK = (
     "mkdir -p -- {pfs} && for p in {sources}; do "
@@ -146,33 +220,36 @@ CMD_ALLREDUCE = (
     "{mpirun} --allow-run-as-root --hostfile {hostfile} -np {ranks} {exports} "
     "{allreduce} -b 8 -e 4G -f 2 -g 1"
 )
-# Everything the instance runs: the session its launcher made (``setsid``; the pid file names its
-# leader) and every descendant, also those that made sessions of their own (Jupyter's kernels),
-# whose sessions are then followed too (a child orphaned when its parent dies is still found).
+# Everything the instance runs: every process of its PID namespace (``$n``; see ``_LAUNCH``),
+# its launcher's session and every descendant, also those that made sessions of their own,
+# whose sessions are then followed too (an instance started before the namespace was its rule).
 # ``$s`` holds the sessions (" 1 2 "), ``$l`` gets the live pids. A session id is never a pid of
 # anything else while a member lives, so nothing outside the instance is ever signalled. dash's
 # ``kill`` takes no ``--``: a pid list only. Procps ``ps``; no pattern is matched on names.
 _INSTANCE_TREE = (
-    'tree() {{ l=$(ps -eo pid=,ppid=,sid=,stat= | awk -v s="$s" \''
-    "{{ p[NR] = $1; pp[NR] = $2; sd[NR] = $3; z[NR] = ($4 ~ /^Z/) }} "
-    'END {{ for (i = 1; i <= NR; i++) if (index(s, " " sd[i] " ")) k[p[i]] = 1; '
-    "do {{ n = 0; for (i = 1; i <= NR; i++) if (!(p[i] in k) && (pp[i] in k)) "
+    'tree() {{ l=$(ps -eo pid=,ppid=,sid=,pidns=,stat= | awk -v s="$s" -v ns="$n" \''
+    "{{ p[NR] = $1; pp[NR] = $2; sd[NR] = $3; z[NR] = ($5 ~ /^Z/); "
+    'if (index(s, " " $3 " ") || (ns != "" && $4 == ns)) k[$1] = 1 }} '
+    "END {{ do {{ n = 0; for (i = 1; i <= NR; i++) if (!(p[i] in k) && (pp[i] in k)) "
     "{{ k[p[i]] = 1; n++ }} }} while (n); "
     "for (i = 1; i <= NR; i++) if ((p[i] in k) && !z[i]) print p[i], sd[i] }}'); "
     "for x in $(printf '%s\\n' \"$l\" | awk '{{ print $2 }}'); do "
     'case "$s" in *" $x "*) ;; *) s="$s$x ";; esac; done; '
     "l=$(printf '%s\\n' \"$l\" | awk '{{ print $1 }}'); }}; "
 )
-# 关机 and release of a bare process: TERM to all of it, up to ten seconds to end (Jupyter stops
-# its kernels), then KILL to what is left. A live pid that is not the instance's launcher (its
-# command line names the instance's directory) is a stale file's, reused: left alone. Idempotent.
+# 关机 and release of a bare process or an enroot container: TERM to all of it but the launcher
+# and the namespace's init (which would end the rest at once), up to ten seconds to end (Jupyter
+# stops its kernels), then KILL to what is left: the init's death kills whatever the namespace
+# still holds, whatever it daemonised. A live pid that is not the instance's launcher is a stale
+# file's, reused: left alone. Idempotent.
 CMD_STOP_PROCESS = (
-    _ALIVE + _INSTANCE_TREE + 'p=$(cat {pid} 2>/dev/null); case "$p" in *[!0-9]*) p="";; esac; '
-    'if [ -n "$p" ] && alive "$p" && ! grep -qsaF -- "$(dirname -- {pid})/" "/proc/$p/cmdline"; '
-    'then echo "pid $p is not the instance launcher: left alone"; p=""; fi; '
-    'if [ -n "$p" ]; then s=" $p "; tree; [ -n "$l" ] && kill -TERM $l 2>/dev/null; '
-    "e=$(($(date +%s) + 10)); "
-    'while [ -n "$l" ] && [ "$(date +%s)" -lt $e ]; do sleep 0.1; tree; done; '
+    _LAUNCHER + _NS_INIT + _INSTANCE_TREE + 'if [ -n "$(cat {pid} 2>/dev/null)" ] && [ -z "$p" ]; '
+    'then echo "the pid file does not name the instance launcher: left alone"; fi; '
+    'if [ -n "$p" ]; then ns_init; s=" $p "; tree; '
+    'r=$(printf \'%s\\n\' $l | grep -vx -e "$p" -e "${{c:-0}}"); '
+    '[ -n "$r" ] && kill -TERM $r 2>/dev/null; e=$(($(date +%s) + 10)); '
+    'while [ -n "$r" ] && [ "$(date +%s)" -lt $e ]; do sleep 0.1; tree; '
+    'r=$(printf \'%s\\n\' $l | grep -vx -e "$p" -e "${{c:-0}}"); done; '
     '[ -n "$l" ] && kill -KILL $l 2>/dev/null; e=$(($(date +%s) + 5)); '
     'while [ -n "$l" ] && [ "$(date +%s)" -lt $e ]; do sleep 0.1; tree; done; '
     'echo "stopped pid $p"; fi; '

@@ -30,9 +30,13 @@ from slices.drivers.ssh.commands import (
     CMD_DOCKER_HEALTH,
     CMD_DOCKER_HEALTH_NO_GPU,
     CMD_ID,
+    CMD_IN_INSTANCE,
     CMD_LINK,
     CMD_MOUNT_CHECK,
     CMD_PAUSE_DOCKER,
+    CMD_PORT_OWNER,
+    CMD_PORT_OWNER_DOCKER_HOST,
+    CMD_PORT_OWNER_DOCKER_PUBLISHED,
     CMD_PROCESS_HEALTH,
     CMD_READ_DOCKER_OUTPUT,
     CMD_READ_OUTPUT,
@@ -57,6 +61,7 @@ from slices.drivers.ssh.commands import (
     INSTANCE_SSHD_CONFIG,
     MOUNT_ROOTS,
     NO_GPU_DRIVER,
+    NSENTER,
     OWNER,
     RUNTIMES,
     SAFE_RELATIVE,
@@ -67,6 +72,7 @@ from slices.drivers.ssh.commands import (
     SSH_KEYGEN,
     SSHD,
     TAIL_BYTES,
+    UNSHARE,
     XARGS,
     Arg,
     argument_file,
@@ -377,6 +383,7 @@ class SshDriver(SshConnections):
             "root": paths.root,
             "output": paths.log,
             "setsid": SETSID,
+            "unshare": UNSHARE,
             "xargs": XARGS,
             "args": paths.launch,
             "count": count,
@@ -690,8 +697,29 @@ class SshDriver(SshConnections):
     def open_tunnel(self, spec: InstanceSpec, node: NodeTarget, port: int) -> Tunnel:
         """A ``direct-tcpip`` channel to ``127.0.0.1:<port>`` on ``node`` (the caller passes
         the published host port on a shared node) over the process's shared, pinned
-        connection to it (``slices.drivers.ssh.tunnel``)."""
-        return tunnel.open_channel(self, node, port)
+        connection to it (``slices.drivers.ssh.tunnel``), kept once the node says the port is
+        the instance's own (``tunnel.open_owned_channel`` running ``CMD_PORT_OWNER*``): never
+        another tenant's process, nor a service of the node (the console itself on a test
+        host). ``port_not_instance`` otherwise, ``port_closed`` when nothing listens there."""
+        runtime = self._runtime(node)
+        paths = self._paths(spec, node)
+        args: dict[str, Arg]
+        if runtime == "docker":
+            args = {
+                "docker": self._binary(self.settings.docker_bin, "SLICES_DOCKER_BIN"),
+                "name": spec.slug,
+            }
+            if node.exclusive:
+                template = CMD_PORT_OWNER_DOCKER_HOST
+                args["fmt"] = "{{.State.Pid}}"
+            else:
+                template = CMD_PORT_OWNER_DOCKER_PUBLISHED
+                args["address"] = f"127.0.0.1:{int(port)}"
+        else:
+            template = CMD_PORT_OWNER
+            args = {"pid": paths.pid}
+        args.update(port=int(port), hexport=f"{int(port):04X}")
+        return tunnel.open_owned_channel(self, node, port, (spec.slug, render(template, **args)))
 
     # -- SSH through the region's gateway (issue 19) -------------------------------------------
     def _start_sshd(
@@ -717,15 +745,28 @@ class SshDriver(SshConnections):
             files = _sshd_files(paths)
             config = INSTANCE_SSHD_CONFIG.format(port=port, address=_listen(node), root=paths.root)
             self.write_files(client, paths.root, [(files["config"], config, 0o600)])
+            # Inside the instance's namespaces (the process rule): the sshd, and every session it
+            # accepts, end with the instance.
+            script = render(
+                CMD_START_INSTANCE_SSHD, keygen=SSH_KEYGEN, sshd=SSHD, slug=spec.slug, **files
+            )
             result = self.run(
                 client,
                 node,
-                CMD_START_INSTANCE_SSHD,
-                keygen=SSH_KEYGEN,
-                sshd=SSHD,
-                slug=spec.slug,
-                **files,
+                CMD_IN_INSTANCE,
+                check=False,
+                pid=paths.pid,
+                nsenter=NSENTER,
+                root=paths.root,
+                sh=SH,
+                script=script,
             )
+            if result.exit_status != 0:
+                raise DriverError(
+                    "command_failed",
+                    f"{node.hostname}: the instance's sshd did not start: "
+                    f"{result.stderr.strip()[-300:]}",
+                )
         elif runtime == "docker":
             docker = self._binary(self.settings.docker_bin, "SLICES_DOCKER_BIN")
             sshd_args = [

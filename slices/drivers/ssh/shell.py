@@ -5,11 +5,16 @@ pinned as for every step: ``SshConnections._connect``) and runs one fixed comman
 
 - docker: ``docker exec -it -e TERM=xterm-256color <slug> /bin/sh -c <pick a shell>``;
 - enroot: ``enroot exec <pid> /bin/sh -c <pick a shell>``, the pid being the instance's
-  container process (the child of the launcher whose pid the start step recorded);
+  container process (the child of the instance's PID namespace's init, as that namespace numbers
+  it), run inside that namespace;
 - process: ``xargs -0 -a <argument file>`` running ``env -i NAME=value... /bin/sh -c <pick a
-  shell>`` in the instance's directory: the instance's environment (the same values ``start``
-  gives its workload) reaches the shell as data in an argument file written over SFTP, which the
-  shell deletes as it starts; the host's shell never evaluates any of it.
+  shell>`` in the instance's directory and PID namespace: the instance's environment (the same
+  values ``start`` gives its workload) reaches the shell as data in an argument file written over
+  SFTP, which the shell deletes as it starts; the host's shell never evaluates any of it.
+
+For both, ``nsenter -t <the namespace's init> -p -m`` comes first (the process rule, SECURITY.md):
+whatever the terminal starts, daemonised or not, ends when the instance stops; a terminal opens
+only while the instance runs ("the instance is not running" otherwise).
 
 "<pick a shell>" is fixed text run inside the instance: a login bash where there is one, else
 sh. Nothing the customer typed reaches the host's shell: keystrokes go to the PTY, which belongs
@@ -32,7 +37,16 @@ from typing import TYPE_CHECKING
 import paramiko
 
 from slices.drivers.base import DriverError, InstanceSpec, NodeTarget
-from slices.drivers.ssh.commands import ENV, SH, XARGS, argument_file, render
+from slices.drivers.ssh.commands import (
+    ENTER_EXEC,
+    ENTER_FIND,
+    ENV,
+    NSENTER,
+    SH,
+    XARGS,
+    argument_file,
+    render,
+)
 
 if TYPE_CHECKING:
     from slices.drivers.ssh.driver import SshDriver
@@ -47,15 +61,21 @@ PICK_SHELL = "if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh -l;
 PICK_SHELL_DELETING = 'rm -f -- "$1"; ' + PICK_SHELL
 
 CMD_SHELL_DOCKER = "exec {docker} exec -it -e {term} {name} {sh} -c {pick}"
+# Both join the instance's PID and mount namespaces first (``commands.ENTER_*``: the process
+# rule), so what is started from the terminal ends with the instance, daemonised or not. enroot
+# execs into the container process (the namespace init's child), named as the namespace sees it.
 CMD_SHELL_ENROOT = (
-    'p=$(cat {pid} 2>/dev/null); case "$p" in ""|*[!0-9]*) '
-    '{{ echo "the instance is not running" >&2; exit 5; }};; esac; '
-    'c=$(ps -o pid= --ppid "$p" | head -n 1 | tr -d " "); '
-    '[ -n "$c" ] || {{ echo "the instance is not running" >&2; exit 5; }}; '
-    'exec {enroot} exec "$c" {sh} -c {pick}'
+    ENTER_FIND + 'x=$(ps -o pid= --ppid "$c" | head -n 1 | tr -d " "); '
+    "x=$(awk '/^NSpid:/ {{ print $NF }}' \"/proc/${{x:-0}}/status\" 2>/dev/null); "
+    '[ -n "$x" ] || {{ echo "the instance is not running" >&2; exit 5; }}; '
+    + ENTER_EXEC
+    + '{enroot} exec "$x" {sh} -c {pick}'
 )
 CMD_SHELL_PROCESS = (
-    "cd {root} || exit 1; exec {xargs} -0 -x -n {count} -s {size} -a {args} {launcher}"
+    "cd {root} || exit 1; "
+    + ENTER_FIND
+    + ENTER_EXEC
+    + "{xargs} -0 -x -n {count} -s {size} -a {args} {launcher}"
 )
 
 
@@ -187,7 +207,10 @@ def _command(driver: SshDriver, spec: InstanceSpec, node: NodeTarget, conn: _Con
         )  # fmt: skip
     elif runtime == "enroot":
         enroot = driver._binary(driver.settings.enroot_bin, "SLICES_ENROOT_BIN")
-        script = render(CMD_SHELL_ENROOT, pid=paths.pid, enroot=enroot, sh=SH, pick=PICK_SHELL)
+        script = render(
+            CMD_SHELL_ENROOT, pid=paths.pid, root=paths.root, nsenter=NSENTER, enroot=enroot,
+            sh=SH, pick=PICK_SHELL,
+        )  # fmt: skip
     else:
         env = driver._node_env(spec, node, paths)
         env["TERM"] = TERM
@@ -196,8 +219,8 @@ def _command(driver: SshDriver, spec: InstanceSpec, node: NodeTarget, conn: _Con
         body, count, size = argument_file(argv)
         driver.write_files(conn.client, paths.root, [(args_file, body, 0o600)])
         script = render(
-            CMD_SHELL_PROCESS, root=paths.root, xargs=XARGS, count=count, size=size,
-            args=args_file, launcher=[ENV, "-i"],
+            CMD_SHELL_PROCESS, root=paths.root, pid=paths.pid, nsenter=NSENTER, xargs=XARGS,
+            count=count, size=size, args=args_file, launcher=[ENV, "-i"],
         )  # fmt: skip
     return driver.host_command(script)
 

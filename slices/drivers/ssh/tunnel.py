@@ -21,6 +21,12 @@ from slices.drivers.ssh.client import SshConnections
 _Key = tuple[str, str, str, int, str, str]
 # A connection with no channel for this long is closed when the next tunnel is asked for.
 IDLE_SECONDS = 300.0
+# How long the node's word that a port is the instance's own is taken without asking again (a
+# page's burst of requests costs one check); another process can take the port over only after
+# the instance's own listener closed, and is found at the first check after this.
+OWNER_CHECK_SECONDS = 2.0
+# Exit statuses of the ownership checks (``commands.CMD_PORT_OWNER*``).
+_NOT_LISTENING, _NOT_RUNNING, _NOT_OWNED = 3, 5, 6
 
 
 class _Shared:
@@ -28,6 +34,8 @@ class _Shared:
         self.lock = threading.Lock()
         self.clients: dict[_Key, tuple[paramiko.SSHClient, float]] = {}
         self.connecting: dict[_Key, threading.Lock] = {}
+        # (node, instance, port) -> until when the port was found to be the instance's own
+        self.owned: dict[tuple[_Key, str, int], float] = {}
 
 
 _SHARED = _Shared()
@@ -109,6 +117,50 @@ def open_channel(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def open_owned_channel(
+    conns: SshConnections, node: NodeTarget, port: int, owner: tuple[str, str]
+) -> paramiko.Channel:
+    """``open_channel`` to ``127.0.0.1:<port>``, kept only if the node says the port is the
+    instance's own: ``owner`` is (the instance's slug, the rendered check that exits 0 when every
+    listener on the port is the instance's). The check runs after the channel is open, on the
+    same connection, so the listener that took the connection is one it saw: were that another
+    process's, it would still listen and be found (or have closed, resetting the connection);
+    nothing is sent on the channel before the check passed. ``port_not_instance`` (permanent)
+    when the port is another's, ``port_closed`` when nothing listens there."""
+    slug, script = owner
+    chan = open_channel(conns, node, port)
+    key = (_key(conns, node), slug, int(port))
+    with _SHARED.lock:
+        fresh = _SHARED.owned.get(key, 0.0) > time.monotonic()
+    if fresh:
+        return chan
+    try:
+        client = _client(conns, node)
+        result = conns.run_script(
+            client, node, script, timeout=max(10.0, conns.settings.connect_timeout), check=False
+        )
+    except DriverError:
+        chan.close()
+        raise
+    if result.exit_status != 0:
+        chan.close()
+        with _SHARED.lock:
+            _SHARED.owned.pop(key, None)
+        why = result.stderr.strip()[-300:] or f"exit {result.exit_status}"
+        if result.exit_status == _NOT_OWNED:
+            raise DriverError("port_not_instance", f"{node.hostname}: {why}", permanent=True)
+        closed = result.exit_status in (_NOT_LISTENING, _NOT_RUNNING)
+        code = "port_closed" if closed else "command_failed"
+        raise DriverError(code, f"{node.hostname}: port {port}: {why}")
+    with _SHARED.lock:
+        now = time.monotonic()
+        for k, until in list(_SHARED.owned.items()):
+            if until <= now:
+                del _SHARED.owned[k]
+        _SHARED.owned[key] = now + OWNER_CHECK_SECONDS
+    return chan
+
+
 def close_all() -> None:
     """Close every shared connection (tests; a worker shutting down)."""
     with _SHARED.lock:
@@ -116,3 +168,5 @@ def close_all() -> None:
         _SHARED.clients.clear()
     for client in clients:
         client.close()
+    with _SHARED.lock:
+        _SHARED.owned.clear()
