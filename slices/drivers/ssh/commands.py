@@ -89,6 +89,8 @@ _LAUNCH = (
 )
 
 CMD_ID = "id -u"
+# The node's heartbeat (migration.probe_nodes): seconds since it booted.
+CMD_UPTIME = "cat /proc/uptime"
 CMD_MOUNT_CHECK = (
     "mkdir -p -- {pfs} && for p in {sources}; do "
     '[ -e "$p" ] || {{ echo "missing: $p" >&2; exit 3; }}; done'
