@@ -615,7 +615,7 @@ def failure_facts(failure: NodeFailure) -> list[tuple[str, Any]]:
         return [(_("Judged by"), _("an operator"))]
     rules = {
         "signal": _("a bad signal not cleared within the grace"),
-        "silence": _("no heartbeat within the grace, and the probes failed"),
+        "silence": _("no answer to the console's probes within the grace"),
     }
     facts: list[tuple[str, Any]] = [
         (_("Rule"), rules.get(str(ev.get("rule", "")), str(ev.get("rule", "")))),

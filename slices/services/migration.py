@@ -183,33 +183,37 @@ def _iso(at: datetime | None) -> str | None:
 def check_node_health(now: datetime | None = None) -> list[str]:
     """Fail the nodes whose bad signal or silence outlived the grace; hostnames failed.
 
-    Lost SSH and silence count only on the node's own evidence: ``PROBE_MISSES_TO_FAIL`` failed
-    probes in a row (a node that answered since has no misses). Silence: a node under a running
-    instance whose last heartbeat (probe, agent or start; never GPU samples) is older than
-    ``SLICES_NODE_HEARTBEAT_GRACE_SECONDS``. Each failure is kept (``NodeFailure``) with the
-    evidence it was judged on."""
+    Judged on the node's own word only. A bad signal from its agent (a GPU Xid error, NVML
+    failing) not cleared within ``SLICES_NODE_FAIL_GRACE_SECONDS``; or silence: the node answered
+    none of the console's probes (``PROBE_MISSES_TO_FAIL`` or more in a row) for
+    ``SLICES_NODE_HEARTBEAT_GRACE_SECONDS`` since the first it missed. Silence is counted from a
+    probe that got no answer, never from the age of the last heartbeat: a node the console did not
+    ask (it ran nothing, the reconciler was down) is not silent. Each failure is kept
+    (``NodeFailure``) with the evidence it was judged on."""
     now = now or timezone.now()
     fail_grace = int(settings.SLICES_NODE_FAIL_GRACE_SECONDS)
     heartbeat_grace = int(settings.SLICES_NODE_HEARTBEAT_GRACE_SECONDS)
     cutoff = now - timedelta(seconds=fail_grace)
+    silent = now - timedelta(seconds=heartbeat_grace)
     failed: list[str] = []
     # A node an operator returned to service starts with a clean watch.
     NodeWatch.objects.filter(failed_at__isnull=False, node__state__in=SCHEDULABLE_STATES).update(
         failed_at=None, bad_since=None, bad_signal="", bad_detail="", last_heartbeat_at=None,
         heartbeat_source="", misses=0, probe_error="",
     )  # fmt: skip
-    silent = now - timedelta(seconds=heartbeat_grace)
-    running = InstanceNode.objects.filter(instance__state=InstanceState.RUNNING).values("node_id")
-    missed = Q(misses__gte=heartbeats.PROBE_MISSES_TO_FAIL)
-    by_signal = Q(bad_since__lte=cutoff) & (~Q(bad_signal=NodeSignal.SSH_LOST) | missed)
-    by_silence = Q(last_heartbeat_at__lte=silent, node_id__in=running) & missed
+    lost = Q(bad_signal=NodeSignal.SSH_LOST)
+    by_signal = Q(bad_since__lte=cutoff) & ~lost
+    by_silence = lost & Q(bad_since__lte=silent, misses__gte=heartbeats.PROBE_MISSES_TO_FAIL)
     due = NodeWatch.objects.filter(failed_at__isnull=True).filter(by_signal | by_silence)
     for watch in due.select_related("node"):
-        if watch.bad_since is not None and watch.bad_since <= cutoff and watch.bad_signal:
-            rule, signal, detail = "signal", watch.bad_signal, watch.bad_detail
-        else:
+        if watch.bad_signal == NodeSignal.SSH_LOST:
             rule, signal = "silence", NodeSignal.SSH_LOST
-            detail = f"no heartbeat since {watch.last_heartbeat_at:%Y-%m-%d %H:%M:%S}"
+            detail = (
+                f"no answer to {watch.misses} probes since {watch.bad_since:%Y-%m-%d %H:%M:%S}: "
+                f"{watch.probe_error}"
+            )
+        else:
+            rule, signal, detail = "signal", watch.bad_signal, watch.bad_detail
         evidence = {
             "rule": rule,
             "bad_since": _iso(watch.bad_since),

@@ -63,7 +63,7 @@ def test_stopped_sshd_migrates_the_job_to_another_host_resuming_from_the_checkpo
     settings.SLICES_RETRY_BACKOFF_SECONDS = 0
     settings.SLICES_SSH_CONNECT_TIMEOUT = 3.0
     settings.SLICES_SSH_COMMAND_TIMEOUT = 30.0
-    settings.SLICES_NODE_FAIL_GRACE_SECONDS = 30
+    settings.SLICES_NODE_HEARTBEAT_GRACE_SECONDS = 30
     load_small_fleet()
     nodes = list(Node.objects.filter(cluster__code="yc-a800").order_by("hostname"))
     a, b = nodes[:2]
@@ -98,9 +98,11 @@ def test_stopped_sshd_migrates_the_job_to_another_host_resuming_from_the_checkpo
         int(p.name.split("-")[1]) for p in run_dir.iterdir() if not (p / ".incomplete").exists()
     )
 
-    assert migration.probe_nodes() == [first.hostname]  # lost SSH
     now = timezone.now()
-    assert migration.check_node_health(now) == []  # within the grace
+    assert migration.probe_nodes(now=now) == [first.hostname]  # lost SSH
+    assert migration.check_node_health(now + timedelta(seconds=31)) == []  # one miss only
+    assert migration.probe_nodes(now=now + timedelta(seconds=5)) == [first.hostname]
+    assert migration.check_node_health(now + timedelta(seconds=5)) == []  # within the grace
     with django_capture_on_commit_callbacks(execute=True):
         assert migration.check_node_health(now + timedelta(seconds=31)) == [first.hostname]
 
