@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from slices import services
 from slices.choices import InstanceState, NodeState
-from slices.models import Instance, Node
+from slices.models import Instance, Node, NodeWatch
 from slices.services import migration, storage
 from tests.slices.factories import load_small_fleet
 from tests.support.sshd import SshHostPool, configure_ssh_fleet, sshd_available
@@ -87,6 +87,10 @@ def test_stopped_sshd_migrates_the_job_to_another_host_resuming_from_the_checkpo
     other_host = b_host if first.pk == a.pk else a_host
     dead_host = a_host if first.pk == a.pk else b_host
 
+    # Alive: the probe reads its uptime over the pinned connection, a heartbeat from the node.
+    assert migration.probe_nodes() == []
+    watch = NodeWatch.objects.get(node=first)
+    assert watch.heartbeat_source == "probe" and watch.misses == 0
     run_dir = fleet.pfs_root / storage.account_dir(funded) / "checkpoints" / inst.slug
     _wait_for(lambda: (run_dir / "step-5").is_dir())
     # The host dies: its sshd stops (and the job with it).

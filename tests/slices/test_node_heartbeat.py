@@ -54,9 +54,9 @@ def test_an_idle_node_given_a_new_instance_is_not_failed(
     inst = run_order(funded, capture, cards=8)
     assert inst.state == InstanceState.RUNNING
     node = inst.nodes.get().node
+    assert migration.check_node_health(timezone.now()) == []
     watch = NodeWatch.objects.get(node=node)
     assert watch.heartbeat_source == "start" and watch.last_heartbeat_at >= t0  # renewed
-    assert migration.check_node_health(timezone.now()) == []
     # Ten minutes of the reconciler (every 30 s): the node answers its probes, nothing fails.
     for k in range(1, 21):
         assert _reconcile(capture, t0 + timedelta(seconds=30 * k)) == []
