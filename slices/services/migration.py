@@ -208,7 +208,7 @@ def check_node_health(now: datetime | None = None) -> list[str]:
     due = NodeWatch.objects.filter(failed_at__isnull=True).filter(by_signal | by_silence)
     for watch in due.select_related("node"):
         if watch.bad_signal == NodeSignal.SSH_LOST:
-            rule, signal = "silence", NodeSignal.SSH_LOST
+            rule, signal = "silence", str(NodeSignal.SSH_LOST)
             detail = (
                 f"no answer to {watch.misses} probes since {watch.bad_since:%Y-%m-%d %H:%M:%S}: "
                 f"{watch.probe_error}"
