@@ -426,8 +426,8 @@ def run(work: Path, args: argparse.Namespace) -> int:
             while True:
                 due = [next_order, *(i.next_at for i in live), *(at for at, _k in outage_plan)]
                 t = min(due)
-                if t >= duration:
-                    return
+                if t >= duration or clock.seconds() >= duration:
+                    return  # what is still due when time is up is not done
                 clock.sleep_until(t)
                 try:
                     while outage_plan and outage_plan[0][0] <= t:
@@ -440,7 +440,7 @@ def run(work: Path, args: argparse.Namespace) -> int:
                         next_order += rng.expovariate(args.arrivals / 60)
                         order(clock.seconds())
                     for item in sorted(live, key=lambda i: i.next_at):
-                        if item.next_at <= t:
+                        if item.next_at <= t and clock.seconds() < duration:
                             if _on_silent_host(item.pk):
                                 item.next_at = t + BEAT_S
                             else:

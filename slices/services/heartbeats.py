@@ -44,18 +44,33 @@ def record_heartbeat(node: Node, at: datetime | None = None, source: str = "agen
 
 
 def node_answered(node: Node, at: datetime | None = None, source: str = "probe") -> None:
-    """The node answered (a probe, or a start's steps on it): a heartbeat, no misses, and a lost
-    SSH signal not yet judged is cleared."""
+    """The node answered (a probe, or a start's steps on it): see ``nodes_answered``."""
+    nodes_answered([node.pk], at, source)
+
+
+def nodes_answered(node_ids: list[int], at: datetime | None = None, source: str = "probe") -> None:
+    """These nodes answered at ``at``: a heartbeat each, no misses, and a lost SSH signal not yet
+    judged cleared (a handful of queries whatever their number: every reconciler pass calls it
+    for every node under a running instance)."""
+    if not node_ids:
+        return
     at = at or timezone.now()
-    record_heartbeat(node, at, source)
+    have = set(NodeWatch.objects.filter(node_id__in=node_ids).values_list("node_id", flat=True))
+    NodeWatch.objects.bulk_create(
+        [NodeWatch(node_id=pk) for pk in node_ids if pk not in have], ignore_conflicts=True
+    )
+    watches = NodeWatch.objects.filter(node_id__in=node_ids)
+    watches.filter(Q(last_heartbeat_at__isnull=True) | Q(last_heartbeat_at__lte=at)).update(
+        last_heartbeat_at=at, heartbeat_source=source
+    )
     fields: dict[str, object] = {"misses": 0, "probe_error": ""}
     if source == "probe":
         fields["last_probe_at"] = at
-    NodeWatch.objects.filter(node=node).update(**fields)
-    NodeWatch.objects.filter(
-        node=node, bad_signal=NodeSignal.SSH_LOST, failed_at__isnull=True
-    ).update(bad_since=None, bad_signal="", bad_detail="")
-    Node.objects.filter(pk=node.pk, health=NodeHealth.DEGRADED).exclude(
+    watches.update(**fields)
+    watches.filter(bad_signal=NodeSignal.SSH_LOST, failed_at__isnull=True).update(
+        bad_since=None, bad_signal="", bad_detail=""
+    )
+    Node.objects.filter(pk__in=node_ids, health=NodeHealth.DEGRADED).exclude(
         watch__bad_signal__in=(NodeSignal.XID, NodeSignal.NVML)
     ).update(health=NodeHealth.OK)
 

@@ -167,13 +167,15 @@ def probe_nodes(driver: NodeDriver | None = None, now: datetime | None = None) -
     # When the probes ran: a pass's start (the tests' moved clock), or later when it is later.
     at = max(now, timezone.now()) if now else timezone.now()
     todo = list(checks.values())
+    answered: list[int] = []
     with ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
         for (node, _drv), error in zip(todo, pool.map(probe, todo), strict=True):
             if error:
                 heartbeats.node_missed(node, error, at)
                 lost.append(node.hostname)
             else:
-                heartbeats.node_answered(node, at, source="probe")
+                answered.append(node.pk)
+    heartbeats.nodes_answered(answered, at, source="probe")
     return lost
 
 

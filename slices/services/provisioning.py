@@ -672,8 +672,8 @@ def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
             return False
         # Every node just answered the start's steps: its heartbeat is renewed at every start
         # (a node idle for hours is not "silent" the moment it runs something again).
-        for node in Node.objects.filter(hostname__in=[t.hostname for t in spec.nodes]):
-            heartbeats.node_answered(node, now, source="start")
+        started = Node.objects.filter(hostname__in=[t.hostname for t in spec.nodes])
+        heartbeats.nodes_answered(list(started.values_list("pk", flat=True)), now, source="start")
         price = price_name(instance.gpu_model.code) or instance.gpu_model.code
         if instance.gpuless:
             # 无卡模式: no GPU charge; the system disk stays billed as storage.
