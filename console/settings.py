@@ -504,10 +504,12 @@ SLICES_STOPPED_RELEASE_DAYS: int = _get("SLICES_STOPPED_RELEASE_DAYS", env.int, 
 SLICES_STOPPED_WARN_DAYS: list[int] = [
     int(d) for d in _get("SLICES_STOPPED_WARN_DAYS", env.list, ["3", "1"])
 ]
-# A node with a bad health signal (Xid, NVML failure, lost SSH) or no heartbeat for this long is
-# marked failed and leaves the pool until an operator returns it.
+# A node with a bad health signal from its agent (Xid, NVML failure) for this long is marked failed
+# and leaves the pool until an operator returns it.
 SLICES_NODE_FAIL_GRACE_SECONDS: int = _get("SLICES_NODE_FAIL_GRACE_SECONDS", env.int, 60)
-# Heartbeats (the agent's samples, as 1-minute rollups) missing this long under a running instance.
+# Silence: a node that answered none of the console's probes (two or more in a row) for this long,
+# counted from the first probe it missed (SECURITY.md "Node health": a heartbeat is the node's
+# answer, never an instance's GPU samples).
 SLICES_NODE_HEARTBEAT_GRACE_SECONDS: int = _get("SLICES_NODE_HEARTBEAT_GRACE_SECONDS", env.int, 180)
 # Compensation voucher per migration (元; 0 = none) and its validity.
 SLICES_MIGRATION_VOUCHER: str = _get("SLICES_MIGRATION_VOUCHER", env.str, "0")

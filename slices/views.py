@@ -31,6 +31,7 @@ from slices.choices import (
     DiskMode,
     EventKind,
     InstanceState,
+    NodeSignal,
     NodeState,
     NoReplacement,
 )
@@ -43,7 +44,7 @@ from slices.forms import (
     instance_filter_counts,
 )
 from slices.messages import event_text, failure_text, step_label
-from slices.models import Cluster, Disk, Instance, Node, Region
+from slices.models import Cluster, Disk, Instance, Node, NodeFailure, NodeWatch, Region
 from slices.services import NoCapacity, apps, migration, pfs_files, power, recipes, storage
 from slices.services import disks as disk_service
 from slices.services.eta import instance_eta
@@ -472,6 +473,10 @@ HOLDER_PALETTE = (
 )  # fmt: skip
 
 
+# Node failures listed on the operator pages (the fleet's latest, each node's history).
+FAILURES_SHOWN = 20
+
+
 @staff_required
 @require_GET
 def ops_fleet(request: HttpRequest) -> HttpResponse:
@@ -504,7 +509,10 @@ def ops_fleet(request: HttpRequest) -> HttpResponse:
         }
         for c in clusters
     ]
-    context = {"rows": rows, "models": models, "clusters": cluster_rows}
+    failures = list(
+        NodeFailure.objects.select_related("node").order_by("-at", "-id")[:FAILURES_SHOWN]
+    )
+    context = {"rows": rows, "models": models, "clusters": cluster_rows, "failures": failures}
     return render_page(request, "slices/ops_fleet.html", context, "utilisation")
 
 
@@ -558,8 +566,81 @@ def ops_node(request: HttpRequest, public_id: str) -> HttpResponse:
         if not getattr(request, "htmx", False):
             return redirect("slices:ops-node", public_id=node.public_id)
     gpus = list(node.gpus.select_related("allocation", "allocation__owner").order_by("index"))
-    context = {"node": node, "gpus": gpus, "actions": _actions_for(node)}
+    watch = NodeWatch.objects.filter(node=node).first()
+    context = {
+        "node": node,
+        "gpus": gpus,
+        "actions": _actions_for(node),
+        "watch": watch,
+        "watch_facts": _watch_facts(watch) if watch else [],
+        "failures": [
+            {"failure": f, "facts": failure_facts(f)} for f in node.failures.all()[:FAILURES_SHOWN]
+        ],
+    }
     return render_page(request, "slices/ops_node.html", context, "node")
+
+
+def _heartbeat_source(source: str) -> str:
+    return {
+        "probe": _("the console's probe"),
+        "agent": _("the node's agent"),
+        "start": _("a start on the node"),
+    }.get(source, source or "—")
+
+
+def _when(value: Any) -> Any:
+    return parse_datetime(value) if isinstance(value, str) else value
+
+
+def _watch_facts(watch: NodeWatch) -> list[tuple[str, Any]]:
+    """What the console knows of a node's health now: its last heartbeat and probe."""
+    facts: list[tuple[str, Any]] = [
+        (_("Last heartbeat"), watch.last_heartbeat_at or "—"),
+        (_("Heartbeat from"), _heartbeat_source(watch.heartbeat_source)),
+        (_("Last probe"), watch.last_probe_at or "—"),
+        (_("Failed probes in a row"), watch.misses),
+    ]
+    if watch.probe_error:
+        facts.append((_("Probe error"), watch.probe_error))
+    if watch.bad_signal:
+        facts.append((_("Signal"), f"{NodeSignal(watch.bad_signal).label}: {watch.bad_detail}"))
+        facts.append((_("Signal since"), watch.bad_since or "—"))
+    return facts
+
+
+def failure_facts(failure: NodeFailure) -> list[tuple[str, Any]]:
+    """The evidence a node failure was judged on, labelled for the operator page."""
+    ev = failure.evidence or {}
+    if not failure.automatic:
+        return [(_("Judged by"), _("an operator"))]
+    rules = {
+        "signal": _("a bad signal not cleared within the grace"),
+        "silence": _("no answer to the console's probes within the grace"),
+    }
+    facts: list[tuple[str, Any]] = [
+        (_("Rule"), rules.get(str(ev.get("rule", "")), str(ev.get("rule", "")))),
+    ]
+    if ev.get("bad_since"):
+        facts.append((_("Signal since"), _when(ev["bad_since"])))
+    facts.append((_("Last heartbeat"), _when(ev.get("last_heartbeat_at")) or "—"))
+    if ev.get("heartbeat_source"):
+        facts.append((_("Heartbeat from"), _heartbeat_source(str(ev["heartbeat_source"]))))
+    if ev.get("last_probe_at"):
+        facts.append((_("Last probe"), _when(ev["last_probe_at"])))
+    if "misses" in ev:
+        facts.append((_("Failed probes in a row"), ev["misses"]))
+    if ev.get("probe_error"):
+        facts.append((_("Probe error"), ev["probe_error"]))
+    if "fail_grace_s" in ev:
+        facts.append(
+            (
+                _("Graces"),
+                _("signal %(signal)s s, heartbeat %(heartbeat)s s")
+                % {"signal": ev["fail_grace_s"], "heartbeat": ev.get("heartbeat_grace_s", "—")},
+            )
+        )
+    facts.append((_("Instances migrated"), ", ".join(ev.get("instances") or []) or "—"))
+    return facts
 
 
 def _actions_for(node: Node) -> list[tuple[str, str, str]]:

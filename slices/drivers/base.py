@@ -198,6 +198,16 @@ class NodeDriver(Protocol):
         ...
 
 
+class ProbeDriver(Protocol):
+    """A node's heartbeat as the console takes it (SECURITY.md "Node health"): the node itself
+    answers, over the console's pinned connection (ssh) or as the simulated fleet plays it."""
+
+    def probe(self, node: NodeTarget) -> StepResult:
+        """Ask ``node`` whether it is alive, within the connect timeout; ``data``: what it said
+        (its uptime). Raises ``DriverError`` when it does not answer."""
+        ...
+
+
 class StopDriver(Protocol):
     """关机/开机: stop an instance's container keeping its system disk (the instance directory),
     and move that disk to another node when it starts elsewhere."""

@@ -57,6 +57,21 @@ STEP_SECONDS: dict[str, float] = {
 class SimDriver:
     name = "sim"
     simulated = True
+    # Simulated outages (tests, bench/soak.py): hostnames whose node stops answering, in this
+    # process. A silent node fails its probes and sends no GPU samples.
+    silent: set[str] = set()  # noqa: RUF012 - process-wide on purpose
+
+    @classmethod
+    def silence(cls, hostname: str) -> None:
+        cls.silent.add(hostname)
+
+    @classmethod
+    def revive(cls, hostname: str | None = None) -> None:
+        """``hostname`` answers again (every node when None)."""
+        if hostname is None:
+            cls.silent.clear()
+        else:
+            cls.silent.discard(hostname)
 
     def __init__(self, time_scale: float = 1.0) -> None:
         self.time_scale = max(0.0, float(time_scale))
@@ -120,6 +135,15 @@ class SimDriver:
         self._step(spec, "connect", node)
         log(f"[sim] ssh {node.address}:{node.port}: host key matches the pinned key; connected")
         return StepResult()
+
+    def probe(self, node: NodeTarget) -> StepResult:
+        """The simulated node's heartbeat: it answers unless ``silence``d."""
+        if node.hostname in self.silent:
+            raise DriverError(
+                "unreachable",
+                f"{node.hostname} ({node.address}:{node.port}): simulated outage, no answer",
+            )
+        return StepResult({"simulated": True})
 
     def prepare(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         self._step(spec, "prepare", node)
@@ -276,7 +300,9 @@ class SimTelemetry:
         self.workload = workload
         self._seq = 0
 
-    def read(self, now: float) -> dict[str, Any]:
+    def read(self, now: float) -> dict[str, Any] | None:
+        if self.workload.host in SimDriver.silent:
+            return None  # a silent node's agent sends nothing
         self._seq += 1
         return self.workload.sample(now, self._seq)
 

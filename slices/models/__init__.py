@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from slices.models.allocations import Allocation, AllocationNode
-from slices.models.disks import Disk, DiskAttachment, NodeWatch, PfsUsage
+from slices.models.disks import Disk, DiskAttachment, NodeFailure, NodeWatch, PfsUsage
 from slices.models.fleet import (
     GPU,
     Cluster,
@@ -42,6 +42,7 @@ __all__ = [
     "InstanceEvent",
     "InstanceNode",
     "Node",
+    "NodeFailure",
     "NodeWatch",
     "PfsUsage",
     "Region",

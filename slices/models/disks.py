@@ -111,10 +111,19 @@ class PfsUsage(models.Model):
 
 class NodeWatch(models.Model):
     """A node's health as its agent and the console see it: the last heartbeat and the first bad
-    signal not yet cleared. After the grace the node is marked failed (it leaves the pool)."""
+    signal not yet cleared. After the grace the node is marked failed (it leaves the pool).
+
+    A heartbeat comes from the node only (SECURITY.md "Node health"): the driver's probe answered
+    (``probe``), its agent reported one (``agent``) or a start's steps on it just succeeded
+    (``start``); never an instance's GPU samples. ``last_probe_at``/``probe_error``/``misses``: the
+    console's last probe of it, its error ("" when it answered) and the failed probes in a row."""
 
     node = models.OneToOneField(Node, on_delete=models.CASCADE, related_name="watch")
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_source = models.CharField(max_length=10, blank=True)
+    last_probe_at = models.DateTimeField(null=True, blank=True)
+    probe_error = models.CharField(max_length=255, blank=True)
+    misses = models.PositiveIntegerField(default=0)
     bad_since = models.DateTimeField(null=True, blank=True)
     bad_signal = models.CharField(max_length=10, choices=NodeSignal.choices, blank=True)
     bad_detail = models.CharField(max_length=255, blank=True)
@@ -126,3 +135,25 @@ class NodeWatch(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}: {self.bad_signal or 'ok'}"
+
+
+class NodeFailure(models.Model):
+    """One time a node was marked failed, and why: the signal, the evidence the console judged on
+    (``evidence``: the heartbeat, the probes, the graces, the instances moved), whether the console
+    did it (``automatic``) or an operator, and when the node was returned to service."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="failures")
+    at = models.DateTimeField()
+    automatic = models.BooleanField(default=True)
+    signal = models.CharField(max_length=10, blank=True)
+    detail = models.CharField(max_length=255, blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    returned_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("node failure")
+        verbose_name_plural = _("node failures")
+        ordering = ("-at", "-id")
+
+    def __str__(self) -> str:
+        return f"{self.node_id} {self.at:%Y-%m-%d %H:%M}: {self.signal}"

@@ -38,6 +38,7 @@ from slices.models import (
     Gateway,
     GpuModel,
     Node,
+    NodeFailure,
     Region,
     ScalableUnit,
     SpineGroup,
@@ -424,6 +425,12 @@ def change_node_state(node: Node, action: str, note: str = "") -> bool:
         raise ValueError(f"unknown node action {action!r}")
     if won:
         fleet_changed()  # the node takes no new leases (or takes them again)
+        if action == "fail":  # the history beside the console's own judgements
+            NodeFailure.objects.create(
+                node=node, at=now, automatic=False, signal="operator", detail=note[:255]
+            )
+        elif action == "return":
+            NodeFailure.objects.filter(node=node, returned_at__isnull=True).update(returned_at=now)
     node.refresh_from_db()
     return won == 1
 

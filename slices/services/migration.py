@@ -42,8 +42,8 @@ from slices.choices import (
     NoReplacement,
 )
 from slices.drivers import DriverError, NodeDriver, get_driver
-from slices.models import GpuRollup, Instance, InstanceNode, Node, NodeWatch
-from slices.services import storage
+from slices.models import GpuRollup, Instance, InstanceNode, Node, NodeFailure, NodeWatch
+from slices.services import heartbeats, storage
 from slices.services.allocation import claim_replacement, move_part
 from slices.services.instances import (
     close_billing,
@@ -52,7 +52,7 @@ from slices.services.instances import (
     release_instance,
     transition,
 )
-from slices.services.provisioning import build_spec
+from slices.services.provisioning import node_target
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +65,12 @@ BAD_SIGNALS = (NodeSignal.XID, NodeSignal.NVML, NodeSignal.SSH_LOST)
 
 
 def _watch(node: Node) -> NodeWatch:
-    watch, _created = NodeWatch.objects.get_or_create(node=node)
-    return watch
+    return heartbeats.watch(node)
 
 
-def record_heartbeat(node: Node, at: datetime | None = None) -> None:
-    """The node's agent is alive (called for each heartbeat or telemetry sample)."""
-    _watch(node)
-    NodeWatch.objects.filter(node=node).update(last_heartbeat_at=at or timezone.now())
+def record_heartbeat(node: Node, at: datetime | None = None, source: str = "agent") -> None:
+    """The node said it is alive (its agent's heartbeat, the driver's probe, a start)."""
+    heartbeats.record_heartbeat(node, at, source)
 
 
 def report_node_signal(
@@ -84,7 +82,7 @@ def report_node_signal(
     at = at or timezone.now()
     watch = _watch(node)
     if signal == NodeSignal.HEARTBEAT:
-        record_heartbeat(node, at)
+        record_heartbeat(node, at, "agent")
     elif signal == NodeSignal.RECOVERED:
         NodeWatch.objects.filter(pk=watch.pk, failed_at__isnull=True).update(
             bad_since=None, bad_signal="", bad_detail=""
@@ -97,8 +95,9 @@ def report_node_signal(
 
 
 def ingest_telemetry(now: datetime | None = None, window_minutes: int = 5) -> int:
-    """Health signals from the GPU telemetry (the agents' 1-minute rollups): each node's latest
-    minute is a heartbeat; a minute with Xid errors is a bad signal, a clean later one clears it.
+    """Health signals from the GPU telemetry (the agents' 1-minute rollups): a minute with Xid
+    errors is a bad signal, a clean later one clears it. GPU samples are never a heartbeat (an
+    idle node or a 无卡模式 run has none): heartbeats come from the node (``probe_nodes``).
     Returns the number of nodes seen."""
     now = now or timezone.now()
     rows = (
@@ -119,83 +118,133 @@ def ingest_telemetry(now: datetime | None = None, window_minutes: int = 5) -> in
         if node is None:
             continue
         end = minute + timedelta(minutes=1)
-        record_heartbeat(node, at=min(end, now))
         if xids:
             report_node_signal(
                 node, NodeSignal.XID, f"{xids} Xid event(s) in the minute {minute:%H:%M}", at=end
             )
         else:
-            report_node_signal(node, NodeSignal.RECOVERED, at=end)
+            NodeWatch.objects.filter(
+                node=node, bad_signal=NodeSignal.XID, failed_at__isnull=True
+            ).update(bad_since=None, bad_signal="", bad_detail="")
     return len(nodes)
 
 
-def probe_nodes(driver: NodeDriver | None = None) -> list[str]:
-    """Lost SSH: log in to every node under a running instance (not the simulated fleet, whose
-    nodes always answer); a node that does not answer gets the ``ssh_lost`` signal, one that
-    answers again clears it. Returns the hostnames that did not answer."""
-    checks: list[tuple[Node, Any, Any, Any]] = []
-    for instance in Instance.objects.filter(state=InstanceState.RUNNING).exclude(driver="sim"):
-        drv = driver or get_driver(instance.driver or None)
-        if getattr(drv, "simulated", False):
+def probe_nodes(driver: NodeDriver | None = None, now: datetime | None = None) -> list[str]:
+    """The nodes' heartbeats: ask every node under a running instance (GPU-less ones included)
+    whether it is alive, through its instance's driver (the ssh driver over the pinned
+    connection; the simulated fleet as it plays it). An answer is a heartbeat and clears a lost
+    SSH signal; no answer is a miss and starts (or keeps) the ``ssh_lost`` grace. Returns the
+    hostnames that did not answer."""
+    parts = (
+        InstanceNode.objects.filter(instance__state=InstanceState.RUNNING)
+        .select_related("node", "instance")
+        .order_by("node_id")
+    )
+    drivers: dict[str, NodeDriver] = {}
+    checks: dict[int, tuple[Node, Any]] = {}
+    for part in parts:
+        if part.node_id in checks:
             continue
-        spec = build_spec(instance)
-        nodes = {p.hostname: p.node for p in instance.nodes.select_related("node")}
-        checks += [(nodes[t.hostname], drv, spec, t) for t in spec.nodes if t.hostname in nodes]
+        name = part.instance.driver or ""
+        drv = driver or drivers.get(name)
+        if drv is None:
+            drv = drivers[name] = get_driver(name or None)
+        if getattr(drv, "probe", None) is None:
+            continue  # a driver that cannot ask: no heartbeat, no misses
+        checks[part.node_id] = (part.node, drv)
     if not checks:
         return []
 
-    def probe(check: tuple[Node, Any, Any, Any]) -> str:
-        _node, drv, spec, target = check
+    def probe(check: tuple[Node, Any]) -> str:
+        node, drv = check
         try:
-            drv.connect(spec, target, lambda _line: None)
+            drv.probe(node_target(node, 0, 0))
         except DriverError as exc:
-            return exc.detail or exc.code
+            return (exc.detail or exc.code) or "no answer"
         return ""
 
     lost: list[str] = []
-    with ThreadPoolExecutor(max_workers=min(16, len(checks))) as pool:
-        for check, error in zip(checks, pool.map(probe, checks), strict=True):
-            node = check[0]
+    # When the probes ran: a pass's start (the tests' moved clock), or later when it is later.
+    at = max(now, timezone.now()) if now else timezone.now()
+    todo = list(checks.values())
+    answered: list[int] = []
+    with ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
+        for (node, _drv), error in zip(todo, pool.map(probe, todo), strict=True):
             if error:
-                report_node_signal(node, NodeSignal.SSH_LOST, error)
+                heartbeats.node_missed(node, error, at)
                 lost.append(node.hostname)
             else:
-                NodeWatch.objects.filter(
-                    node=node, bad_signal=NodeSignal.SSH_LOST, failed_at__isnull=True
-                ).update(bad_since=None, bad_signal="", bad_detail="")
+                answered.append(node.pk)
+    heartbeats.nodes_answered(answered, at, source="probe")
     return lost
 
 
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
+
+
 def check_node_health(now: datetime | None = None) -> list[str]:
-    """Fail the nodes whose bad signal or silence outlived the grace; hostnames failed."""
+    """Fail the nodes whose bad signal or silence outlived the grace; hostnames failed.
+
+    Judged on the node's own word only. A bad signal from its agent (a GPU Xid error, NVML
+    failing) not cleared within ``SLICES_NODE_FAIL_GRACE_SECONDS``; or silence: the node answered
+    none of the console's probes (``PROBE_MISSES_TO_FAIL`` or more in a row) for
+    ``SLICES_NODE_HEARTBEAT_GRACE_SECONDS`` since the first it missed. Silence is counted from a
+    probe that got no answer, never from the age of the last heartbeat: a node the console did not
+    ask (it ran nothing, the reconciler was down) is not silent. Each failure is kept
+    (``NodeFailure``) with the evidence it was judged on."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=int(settings.SLICES_NODE_FAIL_GRACE_SECONDS))
+    fail_grace = int(settings.SLICES_NODE_FAIL_GRACE_SECONDS)
+    heartbeat_grace = int(settings.SLICES_NODE_HEARTBEAT_GRACE_SECONDS)
+    cutoff = now - timedelta(seconds=fail_grace)
+    silent = now - timedelta(seconds=heartbeat_grace)
     failed: list[str] = []
     # A node an operator returned to service starts with a clean watch.
     NodeWatch.objects.filter(failed_at__isnull=False, node__state__in=SCHEDULABLE_STATES).update(
-        failed_at=None, bad_since=None, bad_signal="", bad_detail="", last_heartbeat_at=None
-    )
-    silent = now - timedelta(seconds=int(settings.SLICES_NODE_HEARTBEAT_GRACE_SECONDS))
-    running = InstanceNode.objects.filter(instance__state=InstanceState.RUNNING).values("node_id")
-    due = NodeWatch.objects.filter(failed_at__isnull=True).filter(
-        Q(bad_since__lte=cutoff) | Q(last_heartbeat_at__lte=silent, node_id__in=running)
-    )
+        failed_at=None, bad_since=None, bad_signal="", bad_detail="", last_heartbeat_at=None,
+        heartbeat_source="", misses=0, probe_error="",
+    )  # fmt: skip
+    lost = Q(bad_signal=NodeSignal.SSH_LOST)
+    by_signal = Q(bad_since__lte=cutoff) & ~lost
+    by_silence = lost & Q(bad_since__lte=silent, misses__gte=heartbeats.PROBE_MISSES_TO_FAIL)
+    due = NodeWatch.objects.filter(failed_at__isnull=True).filter(by_signal | by_silence)
     for watch in due.select_related("node"):
-        if watch.bad_since is not None and watch.bad_since <= cutoff:
-            signal, detail = watch.bad_signal, watch.bad_detail
-        else:
-            signal, detail = (
-                NodeSignal.SSH_LOST,
-                f"no heartbeat since {watch.last_heartbeat_at:%Y-%m-%d %H:%M:%S}",
+        if watch.bad_signal == NodeSignal.SSH_LOST:
+            rule, signal = "silence", str(NodeSignal.SSH_LOST)
+            detail = (
+                f"no answer to {watch.misses} probes since {watch.bad_since:%Y-%m-%d %H:%M:%S}: "
+                f"{watch.probe_error}"
             )
-        if fail_node(watch.node, signal, detail, now=now):
+        else:
+            rule, signal, detail = "signal", watch.bad_signal, watch.bad_detail
+        evidence = {
+            "rule": rule,
+            "bad_since": _iso(watch.bad_since),
+            "last_heartbeat_at": _iso(watch.last_heartbeat_at),
+            "heartbeat_source": watch.heartbeat_source,
+            "last_probe_at": _iso(watch.last_probe_at),
+            "probe_error": watch.probe_error,
+            "misses": watch.misses,
+            "fail_grace_s": fail_grace,
+            "heartbeat_grace_s": heartbeat_grace,
+            "judged_at": now.isoformat(),
+        }
+        if fail_node(watch.node, signal, detail, now=now, evidence=evidence):
             failed.append(watch.node.hostname)
     return failed
 
 
 @transaction.atomic
-def fail_node(node: Node, signal: str, detail: str = "", *, now: datetime | None = None) -> bool:
-    """Take a node out of the pool and migrate the running instances on it (compare-and-set)."""
+def fail_node(
+    node: Node,
+    signal: str,
+    detail: str = "",
+    *,
+    now: datetime | None = None,
+    evidence: dict[str, Any] | None = None,
+) -> bool:
+    """Take a node out of the pool and migrate the running instances on it (compare-and-set);
+    the failure is kept with its signal and ``evidence`` (``NodeFailure``, automatic)."""
     now = now or timezone.now()
     won = (
         Node.objects.filter(pk=node.pk)
@@ -214,7 +263,19 @@ def fail_node(node: Node, signal: str, detail: str = "", *, now: datetime | None
     if not won:
         return False
     logger.warning("node %s failed (%s: %s)", node.hostname, signal, detail)
-    for instance in instances_on(node):
+    moved = instances_on(node)
+    NodeFailure.objects.create(
+        node=node,
+        at=now,
+        automatic=True,
+        signal=signal,
+        detail=detail[:255],
+        evidence={
+            **(evidence or {"rule": "signal"}),
+            "instances": [f"{i.name} ({i.short_id})" for i in moved],
+        },
+    )
+    for instance in moved:
         start_migration(instance, node, signal=signal)
     return True
 
@@ -263,6 +324,26 @@ def _claim_replacement(instance: Instance, part: InstanceNode) -> tuple[Node, in
         near=healthy,
         avoid=[p.node for p in others],
     )
+
+
+def _claim_gpuless_host(instance: Instance, part: InstanceNode) -> tuple[Node, int] | None:
+    """A 无卡模式 instance's new host: it takes no GPU, so any healthy schedulable node of the
+    failed node's cluster will do (its own SU first), whether or not it has a free GPU."""
+    failed = part.node
+    held = InstanceNode.objects.filter(instance=instance).values("node_id")
+    candidates = (
+        Node.objects.filter(
+            cluster_id=failed.cluster_id, state__in=SCHEDULABLE_STATES, health=NodeHealth.OK
+        )
+        .exclude(pk__in=held)
+        .select_related("su")
+        .order_by("hostname")
+    )
+    nodes = list(candidates)
+    if not nodes:
+        return None
+    nodes.sort(key=lambda n: n.su_id != failed.su_id)  # stable: hostname order within each
+    return nodes[0], 0
 
 
 def _voucher(instance: Instance, count: int) -> Decimal:
@@ -323,7 +404,11 @@ def drive_migration(instance_id: int) -> str:
                 # An operator returned the node meanwhile: it still holds this part's cards.
                 replaced.append((part, part.node, part.gpu_mask))
                 continue
-            claimed = _claim_replacement(instance, part)
+            claimed = (
+                _claim_gpuless_host(instance, part)
+                if instance.gpuless
+                else _claim_replacement(instance, part)
+            )
             if claimed is None:
                 transaction.set_rollback(True)  # keep no half-taken replacement
                 break

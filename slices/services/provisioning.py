@@ -36,7 +36,7 @@ from slices.drivers import DriverError, InstanceSpec, Mount, NodeDriver, NodeTar
 from slices.drivers.base import DiskMount
 from slices.messages import FAILURE_TEXT
 from slices.models import Instance, InstanceNode, Node
-from slices.services import access, ports, storage
+from slices.services import access, heartbeats, ports, storage
 from slices.services.instances import (
     INSTANCE_RESOURCE,
     enqueue_on_commit,
@@ -670,6 +670,10 @@ def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
             ssh_user=user,
         ):
             return False
+        # Every node just answered the start's steps: its heartbeat is renewed at every start
+        # (a node idle for hours is not "silent" the moment it runs something again).
+        started = Node.objects.filter(hostname__in=[t.hostname for t in spec.nodes])
+        heartbeats.nodes_answered(list(started.values_list("pk", flat=True)), now, source="start")
         price = price_name(instance.gpu_model.code) or instance.gpu_model.code
         if instance.gpuless:
             # 无卡模式: no GPU charge; the system disk stays billed as storage.

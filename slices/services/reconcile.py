@@ -84,7 +84,7 @@ def reconcile(now: datetime | None = None) -> ReconcileReport:
         ("freeing leaked allocations", lambda: _free_leaks(now, report)),
         ("releasing what billing stopped", lambda: _billing_closed(report)),
         ("node heartbeats", lambda: migration.ingest_telemetry(now)),
-        ("probing nodes", migration.probe_nodes),
+        ("probing nodes", lambda: migration.probe_nodes(now=now)),
         ("node health", node_health),
         ("migrations", migrations),
         ("long-stopped instances", stop_passes),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
@@ -12,11 +13,16 @@ from tests.slices.factories import load_small_fleet
 
 
 @pytest.fixture
-def sim_driver(settings) -> None:
-    """The simulated driver, its steps instant and retried at once."""
+def sim_driver(settings) -> Iterator[None]:
+    """The simulated driver, its steps instant and retried at once; every simulated node answers
+    again afterwards (``SimDriver.silence``)."""
+    from slices.drivers.sim import SimDriver
+
     settings.SIM_TIME_SCALE = 0
     settings.SLICES_DRIVER = "sim"
     settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+    yield
+    SimDriver.revive()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from billing import services as billing
 from billing.models import Account, UsageSession
 from slices import services
 from slices.choices import InstanceState, NodeState
+from slices.drivers.sim import SimDriver
 from slices.models import Instance, Node, NodeWatch
 from slices.services import migration, storage
 from slices.services.reconcile import reconcile
@@ -200,12 +201,15 @@ def test_health_grace_recovery_and_lost_heartbeat(sim, funded, django_capture_on
     migration.report_node_signal(a, "nvml", "NVML_ERROR_GPU_IS_LOST", at=t0)
     migration.report_node_signal(a, "recovered", at=t0 + timedelta(seconds=20))
     migration.record_heartbeat(a, at=t0)  # silent, but nothing of a customer runs on it
-    migration.record_heartbeat(b, at=t0)
-    assert migration.check_node_health(t0 + timedelta(seconds=170)) == []
+    SimDriver.silence(b.hostname)  # b stops answering
+    assert migration.probe_nodes(now=t0) == [b.hostname]
+    assert migration.check_node_health(t0 + timedelta(seconds=181)) == []  # one miss: not yet
+    assert migration.probe_nodes(now=t0 + timedelta(seconds=30)) == [b.hostname]
+    assert migration.check_node_health(t0 + timedelta(seconds=170)) == []  # in the grace
     with django_capture_on_commit_callbacks(execute=True):
         assert migration.check_node_health(t0 + timedelta(seconds=181)) == [b.hostname]
     b.refresh_from_db()
-    assert b.state == NodeState.FAILED and "heartbeat" in b.note
+    assert b.state == NodeState.FAILED and "simulated outage" in b.note
     a.refresh_from_db()
     assert a.state != NodeState.FAILED
     host.refresh_from_db()

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from slices import services
 from slices.choices import InstanceState, NodeState
-from slices.models import Instance, Node
+from slices.models import Instance, Node, NodeWatch
 from slices.services import migration, storage
 from tests.slices.factories import load_small_fleet
 from tests.support.sshd import SshHostPool, configure_ssh_fleet, sshd_available
@@ -63,7 +63,7 @@ def test_stopped_sshd_migrates_the_job_to_another_host_resuming_from_the_checkpo
     settings.SLICES_RETRY_BACKOFF_SECONDS = 0
     settings.SLICES_SSH_CONNECT_TIMEOUT = 3.0
     settings.SLICES_SSH_COMMAND_TIMEOUT = 30.0
-    settings.SLICES_NODE_FAIL_GRACE_SECONDS = 30
+    settings.SLICES_NODE_HEARTBEAT_GRACE_SECONDS = 30
     load_small_fleet()
     nodes = list(Node.objects.filter(cluster__code="yc-a800").order_by("hostname"))
     a, b = nodes[:2]
@@ -87,6 +87,10 @@ def test_stopped_sshd_migrates_the_job_to_another_host_resuming_from_the_checkpo
     other_host = b_host if first.pk == a.pk else a_host
     dead_host = a_host if first.pk == a.pk else b_host
 
+    # Alive: the probe reads its uptime over the pinned connection, a heartbeat from the node.
+    assert migration.probe_nodes() == []
+    watch = NodeWatch.objects.get(node=first)
+    assert watch.heartbeat_source == "probe" and watch.misses == 0
     run_dir = fleet.pfs_root / storage.account_dir(funded) / "checkpoints" / inst.slug
     _wait_for(lambda: (run_dir / "step-5").is_dir())
     # The host dies: its sshd stops (and the job with it).
@@ -98,9 +102,11 @@ def test_stopped_sshd_migrates_the_job_to_another_host_resuming_from_the_checkpo
         int(p.name.split("-")[1]) for p in run_dir.iterdir() if not (p / ".incomplete").exists()
     )
 
-    assert migration.probe_nodes() == [first.hostname]  # lost SSH
     now = timezone.now()
-    assert migration.check_node_health(now) == []  # within the grace
+    assert migration.probe_nodes(now=now) == [first.hostname]  # lost SSH
+    assert migration.check_node_health(now + timedelta(seconds=31)) == []  # one miss only
+    assert migration.probe_nodes(now=now + timedelta(seconds=5)) == [first.hostname]
+    assert migration.check_node_health(now + timedelta(seconds=5)) == []  # within the grace
     with django_capture_on_commit_callbacks(execute=True):
         assert migration.check_node_health(now + timedelta(seconds=31)) == [first.hostname]
 

@@ -163,6 +163,8 @@ CMD_PORT_OWNER_DOCKER_PUBLISHED = (
     '{{ echo "port {port} is not published for the instance" >&2; exit 6; }}; echo owned'
 )
 CMD_ID = "id -u"
+# The node's heartbeat (migration.probe_nodes): seconds since it booted.
+CMD_UPTIME = "cat /proc/uptime"
 CMD_MOUNT_CHECK = (
     "mkdir -p -- {pfs} && for p in {sources}; do "
     '[ -e "$p" ] || {{ echo "missing: $p" >&2; exit 3; }}; done'

@@ -53,6 +53,7 @@ from slices.drivers.ssh.commands import (
     CMD_TAR_IN,
     CMD_TAR_OUT,
     CMD_TOOLS,
+    CMD_UPTIME,
     CONFIG_LABEL,
     DISK_IMAGE,
     DOCKER_SSHD_SCRIPT,
@@ -257,6 +258,19 @@ class SshDriver(SshConnections):
             f"pinned key; logged in (uid {uid})"
         )
         return StepResult({"uid": uid})
+
+    def probe(self, node: NodeTarget) -> StepResult:
+        """The node's heartbeat: its uptime, read over the pinned connection (a kept one when it
+        is alive, else a new one whose host key is checked again), within the connect timeout."""
+        timeout = self.settings.connect_timeout
+        with self.session(node) as client:
+            result = self.run(client, node, CMD_UPTIME, timeout=timeout, log=None)
+        fields = result.stdout.split()
+        try:
+            uptime = float(fields[0]) if fields else None
+        except ValueError:
+            uptime = None
+        return StepResult({"uptime_s": uptime})
 
     def prepare(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         paths = self._paths(spec, node)
