@@ -87,6 +87,9 @@ class InstanceSpec:
     system_disk_gb: int = 0
     # The image's service ports (catalogue data): published per instance on a shared node.
     ports: tuple[int, ...] = ()
+    # What the image version says it holds (catalogue data: ``python``, ``cuda``, ``torch``,
+    # ``framework``); empty for a bare host. The simulated shell answers from it (issue 29).
+    software: tuple[tuple[str, str], ...] = ()
 
     @property
     def master_addr(self) -> str:

@@ -38,7 +38,7 @@ from slices.drivers.pfs import SAFE_NAME as PFS_SAFE_NAME
 from slices.drivers.sim_shell import SimShell
 from slices.drivers.sim_web import open_sim_tunnel
 from slices.progress import parse_line
-from slices.telemetry.workload import WORKLOADS, SimWorkload
+from slices.telemetry.workload import SimWorkload, workload_for
 
 # Realistic seconds per step on one node (image pulls dominate), before scaling.
 STEP_SECONDS: dict[str, float] = {
@@ -249,15 +249,15 @@ class SimDriver:
 
     # -- telemetry ---------------------------------------------------------------------------
     def telemetry(self, spec: InstanceSpec, node: NodeTarget, gpu_model: str) -> SimTelemetry:
-        """Samples from the workload model (``SIM_WORKLOAD``: training, idle or failing)."""
-        workload = spec.env.get("SIM_WORKLOAD", "training")
+        """Samples from the workload model (``workload_for``: ``SIM_WORKLOAD``, else training for
+        a recipe run and idle for a host nothing runs on)."""
         return SimTelemetry(
             SimWorkload(
                 instance_id=spec.instance_id,
                 host=node.hostname,
                 rank=node.rank,
                 gpus=node.gpus,
-                workload=workload if workload in WORKLOADS else "training",
+                workload=workload_for(spec.env),
                 gpu_model=gpu_model,
                 started_at=time.time(),
                 failing_gpu=spec.env.get("SIM_FAILING_GPU", "0"),
