@@ -227,6 +227,21 @@ class GatewayTarget:
     ssh_port: int
     host_key: str  # pinned: the host key line or its SHA256 fingerprint
     keys_file: str  # the jump user's authorized_keys, which the console owns
+    # The forwarder's routes file ("" = the gateway forwards no ports) and what it holds: each
+    # instance's public port to where its sshd runs now (issue 29).
+    routes_file: str = ""
+    routes: tuple[GatewayRoute, ...] = ()
+
+
+@dataclass(frozen=True)
+class GatewayRoute:
+    """One forwarded port of a gateway: ``port`` (public, the instance's for its life) to the
+    instance's sshd where it runs now (``address:dest_port``)."""
+
+    port: int
+    address: str
+    dest_port: int
+    label: str = ""  # the instance's slug, for operators reading the file
 
 
 @dataclass(frozen=True)

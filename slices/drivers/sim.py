@@ -34,6 +34,7 @@ from slices.drivers.base import (
     WorkloadOutput,
 )
 from slices.drivers.gateway import keys_file as gateway_keys_file
+from slices.drivers.gateway import routes_file as gateway_routes_file
 from slices.drivers.pfs import SAFE_NAME as PFS_SAFE_NAME
 from slices.drivers.sim_shell import SimShell
 from slices.drivers.sim_web import open_sim_tunnel
@@ -159,7 +160,11 @@ class SimDriver:
         it, and only counted: nothing is written anywhere."""
         text, count = gateway_keys_file(grants)
         log(f"[sim] wrote {count} key(s) to {gateway.keys_file} on {gateway.host}")
-        return StepResult({"keys": count, "bytes": len(text), "simulated": True})
+        routes = 0
+        if gateway.routes_file:
+            _routes_text, routes = gateway_routes_file(gateway.routes)
+            log(f"[sim] wrote {routes} route(s) to {gateway.routes_file} on {gateway.host}")
+        return StepResult({"keys": count, "bytes": len(text), "routes": routes, "simulated": True})
 
     def open_tunnel(self, spec: InstanceSpec, node: NodeTarget, port: int) -> socket.socket:
         """A simulated web app on ``port`` (labelled so), served in this process: nothing is

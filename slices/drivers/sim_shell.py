@@ -478,7 +478,7 @@ class SimShell:
         torch = software.get("torch", "")
         if not torch:
             self._emit(
-                "Traceback (most recent call last):\r\n  File \"/root/train.py\", line 1, in <module>\r\n"
+                'Traceback (most recent call last):\r\n  File "/root/train.py", line 1, in <module>\r\n'
                 "ModuleNotFoundError: No module named 'torch' (simulated: this instance's image "
                 "has no PyTorch)\r\n"
             )

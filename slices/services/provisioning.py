@@ -648,15 +648,9 @@ def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
     port = int(first.instance_ssh_port or settings.SLICES_INSTANCE_SSH_PORT or first.port)
     user = settings.SLICES_INSTANCE_SSH_USER
     gateway = access.region_gateway(instance) if first.instance_ssh_port else None
-    ssh = access.SshAccess(
-        alias=instance.slug,
-        host=first.address,
-        port=port,
-        user=user,
-        jump_user=gateway.user if gateway else "",
-        jump_host=gateway.host if gateway else "",
-        jump_port=gateway.port if gateway else 22,
-    ).command
+    if gateway is not None:
+        access.assign_gateway_port(instance)  # kept for the instance's life (issue 29)
+    ssh = access.shown_access(instance, first.address, port, user, gateway).command
     unpaid = False
     with transaction.atomic():
         if not transition(
