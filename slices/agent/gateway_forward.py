@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 logger = logging.getLogger("gateway_forward")
 CHUNK = 64 * 1024
@@ -103,7 +104,7 @@ class Forwarder:
             if port not in self.servers:
                 try:
                     self.servers[port] = await asyncio.start_server(
-                        lambda r, w, p=port: self._accept(p, r, w), self.bind, port
+                        self._acceptor(port), self.bind, port
                     )
                 except OSError as exc:
                     logger.warning("port %d: cannot listen: %s", port, exc)
@@ -119,6 +120,12 @@ class Forwarder:
                 await server.wait_closed()
         for task in self.conns.pop(port, set()):
             task.cancel()
+
+    def _acceptor(self, port: int) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], None]:
+        def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self._accept(port, reader, writer)
+
+        return accept
 
     def _accept(
         self, port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -121,9 +121,12 @@ def assign_gateway_port(instance: Instance) -> int | None:
     if first is None or _runtime(first) not in SSHD_RUNTIMES:
         return None
     low, high = span
+    region_id = instance.region_id
+    if region_id is None:
+        return None
     for _attempt in range(PORT_TRIES):
         used = set(
-            Instance.objects.filter(region_id=instance.region_id, gateway_port__isnull=False)
+            Instance.objects.filter(region_id=region_id, gateway_port__isnull=False)
             .exclude(pk=instance.pk)
             .values_list("gateway_port", flat=True)
         )
@@ -167,12 +170,11 @@ def gateway_routes(gateway: Gateway) -> tuple[GatewayRoute, ...]:
         rank=0,
         ssh_port__isnull=False,
     ).values_list("instance__gateway_port", "node__address", "ssh_port", "instance__public_id")
-    return tuple(
-        sorted(
-            GatewayRoute(int(port), str(address), int(dest), f"gpc-{str(public_id)[:8]}")
-            for port, address, dest, public_id in rows
-        )
-    )
+    routes = [
+        GatewayRoute(int(port or 0), str(address), int(dest or 0), f"gpc-{str(public_id)[:8]}")
+        for port, address, dest, public_id in rows
+    ]
+    return tuple(sorted(routes, key=lambda r: r.port))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from django.test import Client
 from billing import clock
 from billing import services as billing
 from billing.seed import seed_default_prices
+from marketplace.models import Asset
 from slices.choices import InstanceState
 from slices.drivers.base import InstanceSpec, Mount, NodeTarget
 from slices.drivers.sim_apps import open_sim_app_tunnel
@@ -131,12 +132,8 @@ def test_the_instance_page_names_its_image_and_its_mounted_models_and_datasets(
 
     billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
     model = get_asset_by_hub_id("model", "Qwen/Qwen2.5-7B-Instruct")
-    dataset = next(
-        a
-        for a in __import__("marketplace.models", fromlist=["Asset"]).Asset.objects.filter(
-            kind="dataset", license__requires_acceptance=False
-        )
-    )
+    dataset = Asset.objects.filter(kind="dataset", license__requires_acceptance=False).first()
+    assert dataset is not None
     inst = run_order(
         alice,
         django_capture_on_commit_callbacks,
@@ -276,19 +273,19 @@ def _run(shell: SimShell, line: str) -> str:
 
 
 def _spec(**kw) -> InstanceSpec:  # noqa: ANN003
-    base = dict(
-        instance_id="00000000-0000-0000-0000-000000000001",
-        slug="gpc-00000000",
-        name="box",
-        owner="o",
-        image="",
-        entrypoint="",
-        env={},
-        mounts=(),
-        ssh_public_key="",
-        nodes=(),
-        gpus_per_node=2,
-    )
+    base = {
+        "instance_id": "00000000-0000-0000-0000-000000000001",
+        "slug": "gpc-00000000",
+        "name": "box",
+        "owner": "o",
+        "image": "",
+        "entrypoint": "",
+        "env": {},
+        "mounts": (),
+        "ssh_public_key": "",
+        "nodes": (),
+        "gpus_per_node": 2,
+    }
     return InstanceSpec(**{**base, **kw})
 
 
