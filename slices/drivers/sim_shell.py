@@ -476,7 +476,8 @@ class SimShell:
             )
             return
         torch = software.get("torch", "")
-        if not torch:
+        if not torch and (software or not self.spec.image):
+            # A bare host, or an image the catalogue says has no PyTorch.
             self._emit(
                 'Traceback (most recent call last):\r\n  File "/root/train.py", line 1, in <module>\r\n'
                 "ModuleNotFoundError: No module named 'torch' (simulated: this instance's image "
@@ -484,13 +485,14 @@ class SimShell:
             )
             return
         cuda = software.get("cuda", "")
+        # The image's versions when the catalogue knows them; none claimed otherwise.
+        versions = f" {torch}+cu{cuda.replace('.', '')}, CUDA {cuda}," if torch and cuda else ","
         world = max(1, len(self.node.gpus)) * max(1, len(self.spec.nodes))
         step_s = 0.4 * self.time_scale
         lines = [
             (
                 0.3,
-                f"[rank {self.node.rank}] torch {torch}+cu{cuda.replace('.', '')}, CUDA {cuda}, "
-                f"{len(self.node.gpus)} GPU(s) visible",
+                f"[rank {self.node.rank}] torch{versions} {len(self.node.gpus)} GPU(s) visible",
             ),
             (
                 0.6,
@@ -519,8 +521,11 @@ class SimShell:
         """``python -c`` for the one-liners people check an image with: torch's version and
         whether it sees the GPUs. Anything else is not simulated (and says so)."""
         torch = software.get("torch", "")
-        if "torch" in code and not torch:
+        if "torch" in code and not torch and (software or not self.spec.image):
             self._emit("ModuleNotFoundError: No module named 'torch'\r\n")
+            return
+        if "torch" in code and not torch:
+            self._emit("python -c: this image's versions are not in the catalogue (simulated)\r\n")
             return
         out = []
         if "torch.__version__" in code:
