@@ -374,3 +374,127 @@ def test_the_demo_labels_its_ssh_command_simulated(
         assert 'data-simulated="1"' in html
     api = alice_client.get(f"/api/v1/instances/{inst.public_id}/")
     assert api.json()["ssh"]["simulated"] is True
+
+
+# -- one SSH address for the instance's life (the database side; the real hosts in
+#    test_ssh_stable_endpoint.py) ---------------------------------------------------------------
+def test_the_shipped_fleet_forwards_ports_and_a_bad_range_is_refused() -> None:
+    from slices.fleetfile import SHIPPED_FLEET, FleetFileError, load_fleet_file, parse_fleet
+    from tests.slices.factories import SMALL_FLEET
+
+    spec = load_fleet_file(SHIPPED_FLEET)
+    assert all(r.gateway is not None and r.gateway.ports == "40000-49999" for r in spec.regions)
+    with_ports = SMALL_FLEET.replace(
+        "name_zh: 厦门\n",
+        "name_zh: 厦门\n    gateway: {host: gw.example.com, address: 10.0.0.2, "
+        "ports: 40000-40009}\n",
+        1,
+    )
+    assert [r.gateway.ports for r in parse_fleet(with_ports).regions if r.gateway] == [
+        "40000-40009"
+    ]
+    for bad in ("40009-40000", "80-90", "40000", "a-b"):
+        with pytest.raises(FleetFileError, match="ports"):
+            parse_fleet(with_ports.replace("40000-40009", bad))
+
+
+def test_the_routes_file_is_plain_and_sorted() -> None:
+    from slices.agent.gateway_forward import parse_routes
+    from slices.drivers.base import DriverError, GatewayRoute
+    from slices.drivers.gateway import routes_file
+
+    text, count = routes_file(
+        [
+            GatewayRoute(40017, "10.11.1.3", 30211, "gpc-6f3a2b1c"),
+            GatewayRoute(40001, "fd00::1", 30000),
+        ]
+    )
+    assert count == 2
+    lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    assert lines == ["40001 fd00::1 30000 -", "40017 10.11.1.3 30211 gpc-6f3a2b1c"]
+    assert parse_routes(text) == {40001: ("fd00::1", 30000), 40017: ("10.11.1.3", 30211)}
+    for bad in (
+        GatewayRoute(40017, "10.0.0.1; rm -rf /", 22),
+        GatewayRoute(0, "10.0.0.1", 22),
+        GatewayRoute(40017, "10.0.0.1", 70000),
+        GatewayRoute(40017, "10.0.0.1", 22, "a b"),
+    ):
+        with pytest.raises(DriverError):
+            routes_file([bad])
+    with pytest.raises(DriverError):
+        routes_file([GatewayRoute(40017, "10.0.0.1", 22), GatewayRoute(40017, "10.0.0.2", 22)])
+
+
+def test_the_gateway_port_is_kept_through_stop_start_and_migration_and_freed_at_release(
+    world, alice, alice_client, django_capture_on_commit_callbacks
+) -> None:  # noqa: ANN001
+    from slices import services
+    from slices.models import Gateway, Node, Region
+    from slices.services import access, migration, power
+
+    region = Region.objects.get(code="xiamen")
+    gw = Gateway.objects.create(
+        region=region, host="gw-xiamen.example.com", address="10.0.0.2", ports="40000-40003"
+    )
+    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
+    inst = run_order(alice, django_capture_on_commit_callbacks, cards=8)
+    port = inst.gateway_port
+    assert port is not None and 40000 <= port <= 40003
+    command = f"ssh -p {port} root@gw-xiamen.example.com"
+    assert access.ssh_access(inst).command == command
+    routes = access.gateway_routes(gw)
+    assert [(r.port, r.address) for r in routes] == [(port, inst.nodes.get().node.address)]
+    # The running event says the same command.
+    assert inst.events.filter(code="running").last().params["ssh"] == command
+
+    first = inst.nodes.get().node
+    with django_capture_on_commit_callbacks(execute=True):
+        power.stop_instance(inst, by="alice")
+    inst.refresh_from_db()
+    assert inst.gateway_port == port and access.gateway_routes(gw) == ()
+    services.change_node_state(first, "drain", "test")
+    with django_capture_on_commit_callbacks(execute=True):
+        power.start_instance(inst, by="alice")
+    inst.refresh_from_db()
+    second = inst.nodes.get().node
+    assert second.pk != first.pk and inst.gateway_port == port
+    assert access.ssh_access(inst).command == command
+    assert [r.address for r in access.gateway_routes(gw)] == [second.address]
+
+    services.change_node_state(first, "return", "test")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert migration.fail_node(Node.objects.get(pk=second.pk), "test", "gone")
+    inst.refresh_from_db()
+    assert inst.state == InstanceState.RUNNING, list(inst.events.values_list("code", "text"))
+    third = inst.nodes.get().node
+    assert third.pk != second.pk and inst.gateway_port == port
+    assert access.ssh_access(inst).command == command
+    for lang, word in (("zh-hans", "地址都不变"), ("en", "the address stays the same")):
+        html = _get(alice_client, f"/instances/{inst.public_id}/", lang)
+        assert command in html and word in html
+
+    with django_capture_on_commit_callbacks(execute=True):
+        services.release_instance(inst, by="alice")
+    inst.refresh_from_db()
+    assert inst.gateway_port is None
+    assert port not in [r.port for r in access.gateway_routes(gw)]
+
+
+def test_a_full_port_range_leaves_the_next_instance_on_ssh_j(
+    world, alice, django_capture_on_commit_callbacks
+) -> None:  # noqa: ANN001
+    from slices.models import Gateway, Region
+    from slices.services import access
+
+    Gateway.objects.create(
+        region=Region.objects.get(code="xiamen"),
+        host="gw-xiamen.example.com",
+        address="10.0.0.2",
+        ports="40000-40000",
+    )
+    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
+    first = run_order(alice, django_capture_on_commit_callbacks, cards=1)
+    second = run_order(alice, django_capture_on_commit_callbacks, cards=1)
+    assert first.gateway_port == 40000 and second.gateway_port is None
+    assert access.ssh_access(first).command == "ssh -p 40000 root@gw-xiamen.example.com"
+    assert access.ssh_access(second).jump == "gpc@gw-xiamen.example.com"
