@@ -90,6 +90,10 @@ class InstanceSpec:
     # What the image version says it holds (catalogue data: ``python``, ``cuda``, ``torch``,
     # ``framework``); empty for a bare host. The simulated shell answers from it (issue 29).
     software: tuple[tuple[str, str], ...] = ()
+    # The instance's sshd host key (OpenSSH private key text), the console's for the instance's
+    # life, so the key a customer pinned stays valid on any node it runs on (issue 29). Never in
+    # a repr (a spec may be logged); "" = the node makes one.
+    ssh_host_key: str = field(default="", repr=False)
 
     @property
     def master_addr(self) -> str:

@@ -29,6 +29,8 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -148,6 +150,27 @@ def assign_gateway_port(instance: Instance) -> int | None:
         instance.refresh_from_db(fields=["gateway_port"])
         return instance.gateway_port
     return None
+
+
+def ensure_host_key(instance: Instance) -> str:
+    """The instance sshd's host key (ed25519, OpenSSH private key text), made at its first start
+    and kept for its life: the driver installs it on every node the instance runs on, so the key
+    a customer pinned stays valid after a migration. Written with a compare-and-set (two workers
+    keep the first)."""
+    if instance.ssh_host_key:
+        return instance.ssh_host_key
+    text = (
+        Ed25519PrivateKey.generate()
+        .private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+        .decode()
+    )
+    Instance.objects.filter(pk=instance.pk, ssh_host_key="").update(ssh_host_key=text)
+    instance.refresh_from_db(fields=["ssh_host_key"])
+    return instance.ssh_host_key
 
 
 def clear_gateway_port(instance: Instance) -> None:

@@ -256,6 +256,7 @@ def build_spec(instance: Instance) -> InstanceSpec:
         disks=disks,
         system_disk_gb=instance.system_disk_gb,
         ports=_image_ports(instance),
+        ssh_host_key=instance.ssh_host_key,
     )
 
 
@@ -357,6 +358,7 @@ def _provision_attempt(instance: Instance, driver: NodeDriver, *, first: bool) -
 
 def _provision(instance: Instance, driver: NodeDriver, *, first: bool = True) -> str:
     access.assign_ssh_ports(instance)  # the instance's sshd on each node (kept on a retry)
+    access.ensure_host_key(instance)  # ... and its host key, the same on every node (issue 29)
     spec = build_spec(instance)
     logs = _Logs()
     if (first and instance.attempts == 0) or not instance.events.filter(

@@ -5,12 +5,15 @@ Xiamen's gateway forwards ports (``Gateway.ports``): the instance gets one of th
 start and the page shows ``ssh -p <port> root@<gateway>``. The customer saves that in a
 ``~/.ssh/config`` once; it keeps working after a stop and a start on the other host, and after the
 host fails and the instance is migrated: the console rewrites the gateway's routes file, the
-forwarder sends the same port to wherever the instance's sshd runs now. Every host key is pinned
-(``StrictHostKeyChecking yes``). Released, the port answers nothing and is free again.
+forwarder sends the same port to wherever the instance's sshd runs now, with the host key the
+console made for the instance (``Instance.ssh_host_key``), so the key Alice pinned stays valid on
+a fresh node. Every host key is pinned (``StrictHostKeyChecking yes``). Released, the port answers
+nothing and is free again.
 """
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -183,7 +186,8 @@ def test_one_address_from_the_first_start_to_the_release_through_stop_start_and_
     assert f"{port} 127.0.0.1 {part.ssh_port} {inst.slug}" in forwarder.read_text()
 
     # Alice saves the config block once and pins the instance's host key.
-    a.pin(port, _host_key(fleet, inst))
+    pinned = _host_key(fleet, inst)
+    a.pin(port, pinned)
     with a.config.open("a") as f:
         f.write("\n" + config_block)
     done = a.until(shown.alias, "echo first && id -u")
@@ -214,8 +218,10 @@ def test_one_address_from_the_first_start_to_the_release_through_stop_start_and_
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "after-start"
 
-    # The host fails: the instance is migrated back to the first host, the address stays.
+    # The host fails: the instance is migrated back to the first host, which has nothing of it
+    # left (a fresh node): the address and the host key Alice pinned stay.
     services.change_node_state(first, "return", "swapped")
+    shutil.rmtree(fleet.workdirs[first.hostname] / "instances" / inst.slug, ignore_errors=True)
     with django_capture_on_commit_callbacks(execute=True):
         assert migration.fail_node(second.node, "test", "host taken away")
     inst.refresh_from_db()
@@ -225,6 +231,7 @@ def test_one_address_from_the_first_start_to_the_release_through_stop_start_and_
     assert inst.gateway_port == port
     assert access.ssh_access(inst).command == command
     assert f"{port} 127.0.0.1 {third.ssh_port} {inst.slug}" in forwarder.read_text()
+    assert _host_key(fleet, inst) == pinned  # the console's key for the instance, not a new one
     done = a.until(shown.alias, "echo after-migration")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "after-migration"
