@@ -39,6 +39,15 @@ class AvailabilitySerializer(serializers.Serializer):
         "64-GPU slice on the fewest SUs possible (α–β model).",
         allow_null=True,
     )
+    orderable = serializers.BooleanField(
+        help_text="The model has a published price: it can be ordered (false: the fleet has it, "
+        "nobody can order it yet)."
+    )
+    host = serializers.DictField(
+        allow_null=True,
+        help_text="What each card comes with: vcpus_per_gpu, memory_gib_per_gpu, the NVIDIA "
+        "driver and the highest CUDA it runs (slices/hostspec.py); null when not listed.",
+    )
 
 
 class InstanceNodeSerializer(FieldsBoundOnce, serializers.Serializer):

@@ -498,3 +498,19 @@ def test_a_full_port_range_leaves_the_next_instance_on_ssh_j(
     assert first.gateway_port == 40000 and second.gateway_port is None
     assert access.ssh_access(first).command == "ssh -p 40000 root@gw-xiamen.example.com"
     assert access.ssh_access(second).jump == "gpc@gw-xiamen.example.com"
+
+
+def test_the_availability_api_says_what_can_be_ordered_and_what_a_card_comes_with(
+    world, alice_client
+) -> None:  # noqa: ANN001
+    rows = alice_client.get("/api/v1/availability/").json()
+    by_model = {r["gpu_model"]: r for r in rows}
+    assert by_model["H800"]["orderable"] is False  # the seed's placeholder price
+    assert by_model["RTX4090"]["orderable"] is True
+    spec = host_spec("RTX4090")
+    assert by_model["RTX4090"]["host"] == {
+        "vcpus_per_gpu": spec.vcpus_per_gpu,
+        "memory_gib_per_gpu": spec.memory_gib_per_gpu,
+        "driver": spec.driver,
+        "cuda": spec.cuda,
+    }
