@@ -118,7 +118,7 @@ RESOURCE_KIND_LABELS = {"instance": _("Instance"), "storage": _("Storage")}
 
 
 class UsageState(models.TextChoices):
-    OPEN = "open", _("Billing")
+    OPEN = "open", _("Charging")
     CLOSED = "closed", _("Closed")
 
 

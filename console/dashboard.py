@@ -40,13 +40,20 @@ class Dashboard:
     # On-demand 元 per card-hour by GPU model key (published prices only): the apps strip's
     # rates, from the same look at the price book as the offers.
     app_rates: dict[str, Decimal]
+    # GPU models the fleet has but nobody can order yet (no published price): named apart,
+    # never in "Available now" nor counted (issue 29).
+    coming: tuple[str, ...] = ()
 
 
 def build_dashboard(user: User) -> Dashboard:
     prices = {gpu_model_key(p.gpu_model): p for p, _terms in price_list()}
     offers = []
+    coming: dict[str, None] = {}
     for row in availability():
         price = prices.get(gpu_model_key(row.gpu_model))
+        if price is None or price.is_placeholder:
+            coming[row.gpu_model] = None
+            continue
         offers.append(
             OfferRow(
                 row,
@@ -64,6 +71,7 @@ def build_dashboard(user: User) -> Dashboard:
         app_rates={
             key: p.on_demand_per_card_hour for key, p in prices.items() if not p.is_placeholder
         },
+        coming=tuple(coming),
     )
 
 
@@ -82,15 +90,22 @@ class Landing:
     images: int
 
 
+def orderable(rows: list[Availability], sheet: PriceSheet) -> list[Availability]:
+    """The rows whose GPU model has a published price: what a customer can order (a model with
+    no price, or a placeholder one, is not offered, so it is not counted either)."""
+    priced = {gpu_model_key(p.gpu_model) for p in sheet.prices if p.orderable}
+    return [r for r in rows if gpu_model_key(r.gpu_model) in priced]
+
+
 def build_landing() -> Landing:
     sheet = price_sheet()
-    rows = availability()
+    rows = orderable(availability(), sheet)
     regions = list(dict.fromkeys(row.region_name for row in rows))
     # The price book's spelling ("RTX 4090") for the fleet's codes ("RTX4090").
     spelled = {gpu_model_key(p.gpu_model): p.gpu_model for p in sheet.prices}
     gpu_models = list(
         dict.fromkeys(spelled.get(gpu_model_key(r.gpu_model), r.gpu_model) for r in rows)
-    ) or [p.gpu_model for p in sheet.prices]
+    ) or [p.gpu_model for p in sheet.prices if p.orderable]
     counts = catalogue_counts()
     return Landing(
         sheet=sheet,

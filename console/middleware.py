@@ -1,4 +1,5 @@
-"""The console's own middleware: static files under ASGI, no caching of signed-in pages."""
+"""The console's own middleware: static files under ASGI, no caching of signed-in pages, a page
+for a form's address opened by hand (405)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import IO
 
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
+from django.template.response import TemplateResponse
+from django.urls import Resolver404, resolve
 from django.utils.cache import patch_cache_control
 from whitenoise.middleware import WhiteNoiseMiddleware
 
@@ -68,3 +71,48 @@ class PrivatePagesMiddleware:
         if user is not None and user.is_authenticated:
             patch_cache_control(response, private=True, no_store=True)  # also drops "public"
         return response
+
+
+def holding_page(path: str) -> str:
+    """The nearest page above ``path`` that the console serves (``/instances/<id>/stop/`` ->
+    ``/instances/<id>/``): where the form that posts to ``path`` lives; "/" when none does."""
+    parts = [p for p in path.split("/") if p]
+    while parts:
+        parts.pop()
+        candidate = "/" + "".join(f"{p}/" for p in parts)
+        try:
+            resolve(candidate)
+        except Resolver404:
+            continue
+        return candidate
+    return "/"
+
+
+class MethodNotAllowedPageMiddleware:
+    """A browser that opens the address of a POST-only view (a bookmark, a reload after a
+    redirect, a link copied from the address bar) gets a page, not Django's empty 405: it says
+    the address takes a form's submission and links the page that holds the form. The status
+    stays 405 with its ``Allow`` header; the API (``/api/``, JSON 405 from DRF) is left alone."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        response = self.get_response(request)
+        if (
+            response.status_code != 405
+            or request.method not in ("GET", "HEAD")
+            or request.path_info.startswith("/api/")
+            or getattr(response, "streaming", False)
+            or getattr(response, "content", b"")
+        ):
+            return response
+        page = TemplateResponse(
+            request,
+            "405.html",
+            {"holding_page": holding_page(request.path_info)},
+            status=405,
+        )
+        if response.has_header("Allow"):
+            page["Allow"] = response["Allow"]
+        return page.render()

@@ -177,6 +177,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "allauth.account.middleware.AccountMiddleware",
+    # A POST-only address opened in the browser: a page with a link to the form (issue 29).
+    "console.middleware.MethodNotAllowedPageMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"

@@ -116,6 +116,33 @@ def get_listed_image(slug: str) -> Image:
         raise Http404 from None
 
 
+def image_software(ref: str) -> tuple[tuple[str, str], ...]:
+    """What an image version holds, as (name, version) pairs: ``framework`` (its name and
+    version), ``python``, ``cuda`` and ``torch`` (from its contents, "PyTorch 2.1.2"); () for no
+    image or one no longer listed. The simulated shell answers ``python --version`` from it."""
+    if not ref:
+        return ()
+    version = (
+        ImageVersion.objects.filter(slug=str(ref))
+        .select_related("image")
+        .only("framework_version", "python", "cuda", "contents", "image__framework")
+        .first()
+    )
+    if version is None:
+        return ()
+    pairs = [
+        ("framework", f"{version.image.framework} {version.framework_version}".strip()),
+        ("python", version.python),
+        ("cuda", version.cuda),
+    ]
+    for item in version.contents or []:
+        name, _, number = str(item).partition(" ")
+        if name == "PyTorch" and number:
+            pairs.append(("torch", number.split()[0]))
+            break
+    return tuple((k, v) for k, v in pairs if v)
+
+
 def get_image_version(ref: str) -> ImageVersion:
     """A listed image version by slug (what ``?image=`` carries) or public id; 404 otherwise."""
     qs = ImageVersion.objects.listed().select_related("image")

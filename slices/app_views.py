@@ -35,10 +35,14 @@ def app_list(request: HttpRequest) -> HttpResponse:
     # One look at the price book and the wallet for every app; no capacity look-up (the app's
     # page says what is free now).
     rates = app_service.price_rates()
-    balance = billing.get_wallet_summary(request.user).spendable
+    summary = billing.get_wallet_summary(request.user)
+    balance = summary.spendable
+    trial = app_service.trial_left(request.user, summary)
     rows = []
     for app in aiapps.shipped_apps():
-        offer = app_service.app_offer(request.user, app, rates=rates, balance=balance, full=False)
+        offer = app_service.app_offer(
+            request.user, app, rates=rates, balance=balance, trial=trial, full=False
+        )
         rows.append(
             {
                 "app": app,

@@ -255,7 +255,8 @@ def _build(doc: Any) -> FleetSpec:
     return FleetSpec(tuple(regions), tuple(models.values()), tuple(clusters), demand)
 
 
-_GATEWAY_KEYS = {"host", "port", "user", "address", "ssh_port", "host_key", "keys_file"}
+_GATEWAY_KEYS = {"host", "port", "user", "address", "ssh_port", "host_key", "keys_file", "ports"}
+PORT_RANGE_RE = re.compile(r"^(\d{4,5})-(\d{4,5})$")
 
 
 def _gateway(r: _LDict, region: str) -> GatewaySpec:
@@ -290,7 +291,16 @@ def _gateway(r: _LDict, region: str) -> GatewaySpec:
     keys_file = _get(g, "keys_file", str, False, DEFAULT_KEYS_FILE)
     if not KEYS_FILE_RE.match(keys_file) or ".." in keys_file.split("/"):
         raise FleetFileError(_line(g, "keys_file"), f"keys_file {keys_file!r}: an absolute path")
-    return GatewaySpec(host, ports["port"], user, address, ports["ssh_port"], host_key, keys_file)
+    forwarded = str(_get(g, "ports", str, False, "")).strip()
+    if forwarded:
+        m = PORT_RANGE_RE.match(forwarded)
+        if not m or not 1024 <= int(m[1]) <= int(m[2]) <= 65535:
+            raise FleetFileError(
+                _line(g, "ports"), f"gateway ports {forwarded!r}: <low>-<high> within 1024-65535"
+            )
+    return GatewaySpec(
+        host, ports["port"], user, address, ports["ssh_port"], host_key, keys_file, forwarded
+    )
 
 
 _CLUSTER_KEYS = {

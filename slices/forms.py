@@ -37,13 +37,21 @@ class OrderPreviewForm(forms.Form):
         gpu_models: list[str],
         images: list[tuple[str, str]],
         cards: list[tuple[int, str]] | None = None,
+        unorderable: set[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         if cards:
             self.fields["cards"].choices = cards
         self.fields["region"].choices = [("", _("Any region"))] + regions
-        self.fields["gpu_model"].choices = [(m, gpu_product_name(m)) for m in gpu_models]
+        # A model without a published price is named so, never as an offer (issue 29).
+        closed = unorderable or set()
+        self.fields["gpu_model"].choices = [
+            (m, _("%(model)s (not yet available)") % {"model": gpu_product_name(m)})
+            if m in closed
+            else (m, gpu_product_name(m))
+            for m in gpu_models
+        ]
         self.fields["image"].choices = [("", _("No image (bare CUDA host)"))] + images
 
 
@@ -52,7 +60,7 @@ class OrderForm(forms.Form):
 
     name = forms.CharField(label=_("Instance name"), max_length=63, required=False)
     ssh_key = forms.ChoiceField(label=_("SSH key"), required=False)
-    billing_mode = forms.ChoiceField(label=_("Billing"), choices=BillingMode.choices)
+    billing_mode = forms.ChoiceField(label=_("Billing mode"), choices=BillingMode.choices)
     term_days = forms.TypedChoiceField(
         label=_("Term"), coerce=int, required=False, empty_value=None
     )

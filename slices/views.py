@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count, Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import get_language, gettext_noop
@@ -19,6 +21,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods
 
 from billing.choices import BillingMode
+from billing.services import gpu_model_key as billing_key
 from console.auth import staff_required
 from console.errors import DomainError
 from console.htmx import render_page, stop_polling
@@ -43,12 +46,14 @@ from slices.forms import (
     filter_instances,
     instance_filter_counts,
 )
+from slices.hostspec import host_spec
 from slices.messages import event_text, failure_text, step_label
 from slices.models import Cluster, Disk, Instance, Node, NodeFailure, NodeWatch, Region
 from slices.services import NoCapacity, apps, migration, pfs_files, power, recipes, storage
 from slices.services import disks as disk_service
 from slices.services.eta import instance_eta
 from slices.services.instances import instance_cost, instance_costs
+from slices.services.ordering import priced_models
 
 
 @login_required
@@ -116,10 +121,15 @@ def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
     ]
     if data.get("gpu_model") in choices.gpu_models and data["gpu_model"] not in models:
         models.append(data["gpu_model"])  # from a shared URL: the allocator says why not here
+    # A model the fleet has but nobody can order yet (no published price) is listed as such,
+    # never as available (issue 29); default_order never opens the form on one.
+    priced = priced_models(choices.prices)
+    unorderable = {m for m in models if billing_key(m) not in priced}
     form = OrderPreviewForm(
         data,
         regions=choices.regions,
         gpu_models=models,
+        unorderable=unorderable,
         images=choices.images,
         cards=services.card_choices(choices, data.get("gpu_model", ""), data.get("region", "")),
     )
@@ -127,15 +137,17 @@ def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
     if "ssh_key" not in data and keys.default:
         data["ssh_key"] = keys.default
     data.setdefault("billing_mode", BillingMode.ON_DEMAND)
+    own_disks = list(Disk.objects.for_owner(request.user).live().select_related("region"))
     order_form = OrderForm(
         data,
         ssh_keys=keys.choices,
         terms=services.term_days_for(data.get("gpu_model", ""), choices.prices),
         disks=[
             (str(d.public_id), f"{d.name} · {d.size_gb} GB · {d.region.display_name}")
-            for d in Disk.objects.for_owner(request.user).live().select_related("region")
+            for d in own_disks
         ],
     )
+    picked_disks = set(data.getlist("disks")) if hasattr(data, "getlist") else set()
     preview = None
     if choices.gpu_models and form.is_valid():
         preview = services.preview_order(
@@ -157,6 +169,13 @@ def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
         else "",
         "availability": choices.availability,
         "min_runway_hours": Decimal(services.min_runway_seconds()) / 3600,
+        # What each orderable GPU model's card comes with, and the chosen order's totals.
+        "offer_specs": [(m, host_spec(m)) for m in choices.gpu_models if m not in unorderable],
+        "unorderable": unorderable,
+        "host": host_spec(preview.gpu_model) if preview else None,
+        "system_disk_gb": settings.SLICES_SYSTEM_DISK_GB,
+        # The data disks are the cloud disks the order attaches (the form's "disks").
+        "data_disks": [d for d in own_disks if str(d.public_id) in picked_disks],
     }
 
 
@@ -165,6 +184,13 @@ def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
 def instance_new(request: HttpRequest) -> HttpResponse:
     """The order form: choices in the query string, a live placement, quote and mount check;
     posting it orders (nothing is reserved before)."""
+    if request.method == "GET" and "csrfmiddlewaretoken" in request.GET:
+        # The whole order form sent as a GET (a browser without JavaScript pressed "Update the
+        # quote"): the same choices at an address without the CSRF token, so the token stays in
+        # no history, log or Referer beyond this one request (issue 29).
+        query = request.GET.copy()
+        query.pop("csrfmiddlewaretoken")
+        return redirect(f"{request.path}?{query.urlencode()}")
     data = (request.POST if request.method == "POST" else request.GET).copy()
     context = _order_context(request, data)
     if request.method == "POST":
@@ -201,6 +227,31 @@ def instance_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     return render_page(request, "slices/instance_detail.html", context, part)
 
 
+def _software(instance: Instance) -> dict[str, Any]:
+    """What the instance runs and reads: its image version and container, and its read-only
+    mounts by kind (models, datasets), each with its catalogue page (read from the instance's
+    own fields, no query: the order wrote them)."""
+    mounted: dict[str, list[dict[str, str]]] = {"model": [], "dataset": []}
+    for m in instance.mounts or []:
+        kind = str(m.get("kind") or "")
+        if kind not in mounted:
+            continue
+        slug = str(m.get("slug") or "")
+        mounted[kind].append(
+            {
+                "hub_id": str(m.get("hub_id") or slug),
+                "target": str(m.get("target") or ""),
+                "url": reverse(f"marketplace:{kind}-detail", args=[slug]) if slug else "",
+            }
+        )
+    return {
+        "image": instance.image,
+        "container": instance.container,
+        "models": mounted["model"],
+        "datasets": mounted["dataset"],
+    }
+
+
 def _detail_context(instance: Instance) -> dict[str, Any]:
     nodes = list(instance.nodes.order_by("rank"))
     provisioning = instance.state == InstanceState.PROVISIONING
@@ -232,6 +283,7 @@ def _detail_context(instance: Instance) -> dict[str, Any]:
     since = instance.running_at or instance.created_at
     return {
         "instance": instance,
+        "software": _software(instance),
         "nodes": nodes,
         "progress": lifecycle.instance_progress([n.step or None for n in nodes]),
         **_node_overview(nodes, provisioning),

@@ -39,6 +39,15 @@ class AvailabilitySerializer(serializers.Serializer):
         "64-GPU slice on the fewest SUs possible (α–β model).",
         allow_null=True,
     )
+    orderable = serializers.BooleanField(
+        help_text="The model has a published price: it can be ordered (false: the fleet has it, "
+        "nobody can order it yet)."
+    )
+    host = serializers.DictField(
+        allow_null=True,
+        help_text="What each card comes with: vcpus_per_gpu, memory_gib_per_gpu, the NVIDIA "
+        "driver and the highest CUDA it runs (slices/hostspec.py); null when not listed.",
+    )
 
 
 class InstanceNodeSerializer(FieldsBoundOnce, serializers.Serializer):
@@ -86,7 +95,10 @@ class InstanceView:
 
     @property
     def ssh(self) -> dict[str, object] | None:
-        return self._ssh.as_dict() if self._ssh else None
+        if not self._ssh:
+            return None
+        # On the simulated fleet the command has the real form but reaches nothing (issue 29).
+        return {**self._ssh.as_dict(), "simulated": self.instance.driver == "sim"}
 
     @property
     def ssh_config(self) -> str:
@@ -215,10 +227,13 @@ class InstanceSerializer(FieldsBoundOnce, serializers.Serializer):
     auto_release_at = serializers.DateTimeField(allow_null=True)
     ssh = serializers.DictField(
         allow_null=True,
-        help_text="Once running: host and port of the instance's own sshd (a node address, "
-        "reached through the region's SSH gateway), user, command (works verbatim: "
-        "ssh -J <jump> root@<host> -p <port>), gateway (host, port, user; null without one), "
-        "jump (ProxyJump's user@host[:port]) and alias (the ssh_config Host).",
+        help_text="Once running: host and port to reach (where the region's gateway forwards "
+        "ports, the gateway's host and the instance's own port on it, the same from its first "
+        "start to its release: command ssh -p <port> root@<gateway>; otherwise the node "
+        "address of its sshd, reached through the gateway: ssh -J <jump> root@<host> -p <port>), "
+        "user, command (works verbatim), gateway (host, port, user of the jump; null without "
+        "one), jump (ProxyJump's user@host[:port]), alias (the ssh_config Host) and simulated "
+        "(true on the simulated fleet: the command has the real form but reaches nothing).",
     )
     ssh_config = serializers.CharField(
         allow_blank=True,

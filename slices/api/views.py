@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
@@ -18,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from billing.services import gpu_model_key
 from console.api.compiled import CompiledQuery, Many, prefetched, prefetched_many
 from console.api.exceptions import ApiError
 from console.api.idempotency import idempotency_key
@@ -43,11 +45,13 @@ from slices.api.serializers import (
 )
 from slices.choices import EventKind
 from slices.forms import InstanceListFilter, filter_instances
+from slices.hostspec import host_spec
 from slices.messages import event_text
 from slices.models import Cluster, Disk, DiskAttachment, Instance, InstanceNode, ShareLink
 from slices.perf import expected_performance
 from slices.services import apps, power, storage
 from slices.services import disks as disk_service
+from slices.services.ordering import priced_models
 
 
 class AvailabilityView(APIView):
@@ -67,8 +71,10 @@ class AvailabilityView(APIView):
             if c.slices_allowed
         }
         rows = []
+        priced = priced_models()
         for a in services.availability():
             perf = None
+            spec = host_spec(a.gpu_model)
             c = clusters.get((a.region, a.gpu_model))
             # An SU-less or empty cluster (possible mid-edit in the admin) has no slice estimate.
             su_capacity = max((su.capacity for su in c.sus.all()), default=0) if c else 0
@@ -89,6 +95,8 @@ class AvailabilityView(APIView):
                     "slices": a.slices,
                     "largest_slice": a.largest_slice,
                     "slice_performance": perf,
+                    "orderable": gpu_model_key(a.gpu_model) in priced,
+                    "host": asdict(spec) if spec else None,
                 }
             )
         return Response(AvailabilitySerializer(rows, many=True).data)

@@ -87,6 +87,13 @@ class InstanceSpec:
     system_disk_gb: int = 0
     # The image's service ports (catalogue data): published per instance on a shared node.
     ports: tuple[int, ...] = ()
+    # What the image version says it holds (catalogue data: ``python``, ``cuda``, ``torch``,
+    # ``framework``); empty for a bare host. The simulated shell answers from it (issue 29).
+    software: tuple[tuple[str, str], ...] = ()
+    # The instance's sshd host key (OpenSSH private key text), the console's for the instance's
+    # life, so the key a customer pinned stays valid on any node it runs on (issue 29). Never in
+    # a repr (a spec may be logged); "" = the node makes one.
+    ssh_host_key: str = field(default="", repr=False)
 
     @property
     def master_addr(self) -> str:
@@ -236,6 +243,21 @@ class GatewayTarget:
     ssh_port: int
     host_key: str  # pinned: the host key line or its SHA256 fingerprint
     keys_file: str  # the jump user's authorized_keys, which the console owns
+    # The forwarder's routes file ("" = the gateway forwards no ports) and what it holds: each
+    # instance's public port to where its sshd runs now (issue 29).
+    routes_file: str = ""
+    routes: tuple[GatewayRoute, ...] = ()
+
+
+@dataclass(frozen=True)
+class GatewayRoute:
+    """One forwarded port of a gateway: ``port`` (public, the instance's for its life) to the
+    instance's sshd where it runs now (``address:dest_port``)."""
+
+    port: int
+    address: str
+    dest_port: int
+    label: str = ""  # the instance's slug, for operators reading the file
 
 
 @dataclass(frozen=True)

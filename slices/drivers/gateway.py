@@ -10,6 +10,12 @@ forwarding); ``port-forwarding`` turns local forwarding back on, and ``permitope
 the key's own instance endpoints: ``ssh -J`` (``-W host:port``, a ``direct-tcpip`` channel) reaches
 them and nothing else. The forced command answers any session (a shell, a command) with
 ``/bin/false``: the gateway gives no shell to a customer key.
+
+A gateway with forwarded ports (``Gateway.ports``, issue 29) also gets a routes file beside the
+keys file, one line per running instance: its public port (the instance's from its first start
+to its release), the node address and port of its sshd now. ``slices/agent/gateway_forward.py``
+on the gateway reads it and forwards each port, so ``ssh -p <port> root@<gateway>`` stays the same
+across stop, start and migration.
 """
 
 from __future__ import annotations
@@ -17,9 +23,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from slices.drivers.base import DriverError, GatewayGrant
+from slices.drivers.base import DriverError, GatewayGrant, GatewayRoute
 
 FORCED_COMMAND = "/bin/false"
+ROUTES_HEADER = (
+    "# Written by the GPU console (issue 29): the whole file is replaced on every change.\n"
+    "# <public port> <node address> <instance sshd port> <instance>: read by gateway_forward.py\n"
+)
 HEADER = (
     "# Written by the GPU console (issue 19): the whole file is replaced on every change.\n"
     "# One line per customer key, restricted to forwarding to that customer's instances.\n"
@@ -86,3 +96,21 @@ def keys_file(grants: Iterable[GatewayGrant], *, exclude: Iterable[str] = ()) ->
         if len(labels) == 1
     )
     return HEADER + "".join(f"{line}\n" for line in lines), len(lines)
+
+
+def routes_file(routes: Iterable[GatewayRoute]) -> tuple[str, int]:
+    """The forwarder's routes file (header, then one line per public port, sorted) and how many
+    routes it holds; ``DriverError`` for a port, address or label that is not plain, or a public
+    port given twice (nothing of it could be written)."""
+    lines: dict[int, str] = {}
+    for route in routes:
+        target = _hostport(route.address, route.dest_port)  # checks address and port
+        if not isinstance(route.port, int) or isinstance(route.port, bool):
+            raise DriverError("bad_identifier", f"public port {route.port!r}", permanent=True)
+        if not 0 < route.port < 65536 or route.port in lines:
+            raise DriverError("bad_identifier", f"public port {route.port!r}", permanent=True)
+        if not LABEL_RE.fullmatch(route.label):
+            raise DriverError("bad_identifier", f"route label {route.label!r}", permanent=True)
+        host, _, port = target.rpartition(":")
+        lines[route.port] = f"{route.port} {host.strip('[]')} {port} {route.label or '-'}".rstrip()
+    return ROUTES_HEADER + "".join(f"{lines[p]}\n" for p in sorted(lines)), len(lines)

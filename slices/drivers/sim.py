@@ -35,11 +35,12 @@ from slices.drivers.base import (
     WorkloadOutput,
 )
 from slices.drivers.gateway import keys_file as gateway_keys_file
+from slices.drivers.gateway import routes_file as gateway_routes_file
 from slices.drivers.pfs import SAFE_NAME as PFS_SAFE_NAME
 from slices.drivers.sim_shell import SimShell
 from slices.drivers.sim_web import open_sim_tunnel
 from slices.progress import parse_line
-from slices.telemetry.workload import WORKLOADS, SimWorkload
+from slices.telemetry.workload import SimWorkload, workload_for
 
 # Realistic seconds per step on one node (image pulls dominate), before scaling.
 STEP_SECONDS: dict[str, float] = {
@@ -184,7 +185,11 @@ class SimDriver:
         it, and only counted: nothing is written anywhere."""
         text, count = gateway_keys_file(grants)
         log(f"[sim] wrote {count} key(s) to {gateway.keys_file} on {gateway.host}")
-        return StepResult({"keys": count, "bytes": len(text), "simulated": True})
+        routes = 0
+        if gateway.routes_file:
+            _routes_text, routes = gateway_routes_file(gateway.routes)
+            log(f"[sim] wrote {routes} route(s) to {gateway.routes_file} on {gateway.host}")
+        return StepResult({"keys": count, "bytes": len(text), "routes": routes, "simulated": True})
 
     def open_tunnel(self, spec: InstanceSpec, node: NodeTarget, port: int) -> socket.socket:
         """A simulated web app on ``port`` (labelled so), served in this process: nothing is
@@ -275,15 +280,15 @@ class SimDriver:
 
     # -- telemetry ---------------------------------------------------------------------------
     def telemetry(self, spec: InstanceSpec, node: NodeTarget, gpu_model: str) -> SimTelemetry:
-        """Samples from the workload model (``SIM_WORKLOAD``: training, idle or failing)."""
-        workload = spec.env.get("SIM_WORKLOAD", "training")
+        """Samples from the workload model (``workload_for``: ``SIM_WORKLOAD``, else training for
+        a recipe run and idle for a host nothing runs on)."""
         return SimTelemetry(
             SimWorkload(
                 instance_id=spec.instance_id,
                 host=node.hostname,
                 rank=node.rank,
                 gpus=node.gpus,
-                workload=workload if workload in WORKLOADS else "training",
+                workload=workload_for(spec.env),
                 gpu_model=gpu_model,
                 started_at=time.time(),
                 failing_gpu=spec.env.get("SIM_FAILING_GPU", "0"),

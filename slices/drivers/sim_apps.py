@@ -363,6 +363,16 @@ class _App:
             )
         if "model" in data and not isinstance(data["model"], str):
             raise self._refuse(400, "'model' must be a string.", "invalid_model")
+        if "model" in data and data["model"] != self.model:
+            # What vLLM answers for a model it does not serve (issue 29): the stand-in serves
+            # the one model it was started with, as /v1/models lists it.
+            self._error(
+                404,
+                f"The model `{data['model']}` does not exist.",
+                code="model_not_found",
+                kind="NotFoundError",
+            )
+            raise _Refused("unknown model")
         options = data.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
 

@@ -22,7 +22,13 @@ import unicodedata
 from datetime import datetime
 
 from slices.drivers.base import DriverError, InstanceSpec, NodeTarget
-from slices.telemetry.workload import WORKLOADS, SimWorkload, profile_for
+from slices.hostspec import host_spec
+from slices.telemetry.workload import SimWorkload, profile_for, workload_for
+
+# A bare host (no image): Ubuntu 22.04's Python, the host's CUDA toolkit, no PyTorch.
+BARE_PYTHON = "3.10"
+# When the catalogue gives the GPU model no host figures.
+DEFAULT_DRIVER, DEFAULT_CUDA = "550.54.15", "12.4"
 
 BANNER = (
     "\x1b[1;33m[simulated]\x1b[0m This is a simulated shell on the console's digital twin: "
@@ -35,6 +41,8 @@ HELP = (
     "  nvidia-smi [-L]    the instance's GPUs\r\n"
     "  ls [/pfs]          files (the parallel file system under /pfs)\r\n"
     "  df -h              file systems\r\n"
+    "  nproc, free -h     the CPUs and memory that come with the GPUs\r\n"
+    "  python --version, nvcc --version   the image's versions\r\n"
     "  python train.py    a short training run (Ctrl-C stops it)\r\n"
     "  echo, pwd, cd, hostname, whoami, uname -a, stty size, env, clear, help, exit\r\n"
 )
@@ -197,6 +205,9 @@ class SimShell:
             "df": self._df,
             "python": self._python,
             "python3": self._python,
+            "nvcc": self._nvcc,
+            "nproc": self._nproc,
+            "free": self._free,
             "echo": self._echo,
             "pwd": self._pwd,
             "cd": self._cd,
@@ -228,7 +239,7 @@ class SimShell:
         known = {"/", "/root", "/pfs", "/tmp", *self._mount_targets()}  # noqa: S108 - simulated
         path = target if target.startswith("/") else f"{self.cwd.rstrip('/')}/{target}"
         path = "/" + "/".join(p for p in path.split("/") if p and p != ".")
-        if path not in known:
+        if path not in known and not self._mounted_below(path):
             self._emit(f"bash: cd: {target}: No such file or directory\r\n")
             return
         self.cwd = path
@@ -268,6 +279,14 @@ class SimShell:
     def _mount_targets(self) -> list[str]:
         return [m.target for m in self.spec.mounts] + [d.target for d in self.spec.disks]
 
+    def _mounted_below(self, path: str) -> list[str]:
+        """The names directly under ``path`` that lead to a mount point (``/models`` ->
+        ``["llama-7b"]`` for ``/models/llama-7b``): the directories the mounts create."""
+        prefix = path.rstrip("/") + "/"
+        return sorted(
+            {t[len(prefix) :].split("/")[0] for t in self._mount_targets() if t.startswith(prefix)}
+        )
+
     def _ls(self, args: list[str]) -> None:
         paths = [a for a in args if not a.startswith("-")] or [self.cwd]
         for path in paths:
@@ -283,6 +302,9 @@ class SimShell:
                 )
             elif path in self._mount_targets():
                 names = ["config.json", "README.md"]
+            elif self._mounted_below(path):
+                # /models holds the model mounts (/models/<name>), as df -h lists them.
+                names = self._mounted_below(path)
             else:
                 self._emit(f"ls: cannot access '{path}': No such file or directory\r\n")
                 continue
@@ -321,13 +343,12 @@ class SimShell:
 
     # -- nvidia-smi -------------------------------------------------------------------------
     def _workload(self) -> SimWorkload:
-        workload = self.spec.env.get("SIM_WORKLOAD", "training")
         return SimWorkload(
             instance_id=self.spec.instance_id,
             host=self.node.hostname,
             rank=self.node.rank,
             gpus=self.node.gpus,
-            workload=workload if workload in WORKLOADS else "training",
+            workload=workload_for(self.spec.env),
             gpu_model=self.gpu_model or "H800",
             started_at=time.time() - 600,
             failing_gpu=self.spec.env.get("SIM_FAILING_GPU", "0"),
@@ -347,12 +368,11 @@ class SimShell:
                 )
             return
         bar = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
+        driver, cuda = self._driver()
         lines = [
             datetime.now().strftime("%a %b %d %H:%M:%S %Y"),
             "+" + "-" * 89 + "+",
-            "| NVIDIA-SMI 550.54.15"
-            + " " * 14
-            + "Driver Version: 550.54.15      CUDA Version: 12.4     |",
+            f"| NVIDIA-SMI {driver:<23}Driver Version: {driver:<15}CUDA Version: {cuda:<9}|",
             "|" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "|",
             "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
             "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
@@ -402,22 +422,77 @@ class SimShell:
         self._emit("\r\n".join(lines) + "\r\n")
 
     # -- python train.py ----------------------------------------------------------------------
+    # -- the host's and the image's versions ---------------------------------------------------
+    def _software(self) -> dict[str, str]:
+        return dict(self.spec.software)
+
+    def _driver(self) -> tuple[str, str]:
+        """The host's NVIDIA driver and the highest CUDA it runs (the catalogue's figures)."""
+        spec = host_spec(self.gpu_model)
+        return (spec.driver, spec.cuda) if spec else (DEFAULT_DRIVER, DEFAULT_CUDA)
+
+    def _nvcc(self, args: list[str]) -> None:
+        # The image's CUDA toolkit; a bare host has the driver's.
+        cuda = self._software().get("cuda") or self._driver()[1]
+        self._emit(
+            "nvcc: NVIDIA (R) Cuda compiler driver\r\n"
+            f"Cuda compilation tools, release {cuda}, V{cuda}\r\n"
+        )
+
+    def _nproc(self, args: list[str]) -> None:
+        spec = host_spec(self.gpu_model)
+        cpus = spec.vcpus(len(self.node.gpus)) if spec else max(1, 8 * len(self.node.gpus))
+        self._emit(f"{cpus}\r\n")
+
+    def _free(self, args: list[str]) -> None:
+        spec = host_spec(self.gpu_model)
+        gib = spec.memory_gib(len(self.node.gpus)) if spec else 32
+        used = max(1, gib // 20)
+        self._emit(
+            "               total        used        free      shared  buff/cache   available\r\n"
+            f"Mem:      {gib:>8}Gi {used:>10}Gi {gib - used:>10}Gi {0:>10}Gi {0:>10}Gi "
+            f"{gib - used:>10}Gi\r\n"
+            f"Swap:     {0:>8}B {0:>10}B {0:>10}B\r\n"
+        )
+
     def _python(self, args: list[str]) -> None:
+        software = self._software()
+        version = software.get("python") or BARE_PYTHON
         script = args[0] if args else ""
+        if script in ("--version", "-V"):
+            self._emit(f"Python {version}\r\n")
+            return
+        if script == "-c":
+            self._python_c(args[1] if len(args) > 1 else "", software)
+            return
         if not script:
-            self._emit("Python 3.10.12 is simulated here without a prompt: run python train.py\r\n")
+            self._emit(
+                f"Python {version} is simulated here without a prompt: run python train.py\r\n"
+            )
             return
         if script not in ("train.py", "/root/train.py") and not script.endswith("/train.py"):
             self._emit(
                 f"python: can't open file '{self.cwd}/{script}': [Errno 2] No such file or directory\r\n"
             )
             return
+        torch = software.get("torch", "")
+        if not torch and (software or not self.spec.image):
+            # A bare host, or an image the catalogue says has no PyTorch.
+            self._emit(
+                'Traceback (most recent call last):\r\n  File "/root/train.py", line 1, in <module>\r\n'
+                "ModuleNotFoundError: No module named 'torch' (simulated: this instance's image "
+                "has no PyTorch)\r\n"
+            )
+            return
+        cuda = software.get("cuda", "")
+        # The image's versions when the catalogue knows them; none claimed otherwise.
+        versions = f" {torch}+cu{cuda.replace('.', '')}, CUDA {cuda}," if torch and cuda else ","
         world = max(1, len(self.node.gpus)) * max(1, len(self.spec.nodes))
         step_s = 0.4 * self.time_scale
         lines = [
             (
                 0.3,
-                f"[rank {self.node.rank}] torch 2.3.1+cu121, CUDA 12.1, {len(self.node.gpus)} GPU(s) visible",
+                f"[rank {self.node.rank}] torch{versions} {len(self.node.gpus)} GPU(s) visible",
             ),
             (
                 0.6,
@@ -441,6 +516,30 @@ class SimShell:
         lines.append((end + 0.1, "training finished 完成"))
         start = time.monotonic()
         self._job = [(start + at * self.time_scale, text) for at, text in lines]
+
+    def _python_c(self, code: str, software: dict[str, str]) -> None:
+        """``python -c`` for the one-liners people check an image with: torch's version and
+        whether it sees the GPUs. Anything else is not simulated (and says so)."""
+        torch = software.get("torch", "")
+        if "torch" in code and not torch and (software or not self.spec.image):
+            self._emit("ModuleNotFoundError: No module named 'torch'\r\n")
+            return
+        if "torch" in code and not torch:
+            self._emit("python -c: this image's versions are not in the catalogue (simulated)\r\n")
+            return
+        out = []
+        if "torch.__version__" in code:
+            out.append(f"{torch}+cu{software.get('cuda', '').replace('.', '')}")
+        if "torch.version.cuda" in code:
+            out.append(software.get("cuda", ""))
+        if "is_available()" in code:
+            out.append("True" if self.node.gpus else "False")
+        if "device_count()" in code:
+            out.append(str(len(self.node.gpus)))
+        if not out:
+            self._emit("python -c: only torch's version and GPU checks are simulated here\r\n")
+            return
+        self._emit("\r\n".join(out) + "\r\n")
 
     def _release_due(self) -> None:
         """Move the running program's lines whose time has come to the output."""

@@ -68,6 +68,10 @@ class Gateway(models.Model):
         _("authorized keys file"), max_length=255, default="/etc/gpc-gateway/authorized_keys"
     )
     synced_at = models.DateTimeField(_("keys last written"), null=True, blank=True)
+    # "<low>-<high>": public ports the gateway forwards, one per instance for its whole life, to
+    # wherever the instance runs now (its forwarder reads the routes file the console writes
+    # beside keys_file); blank: no forwarder, customers jump with ssh -J (issue 29).
+    ports = models.CharField(_("forwarded SSH ports"), max_length=11, blank=True)
     in_fleet_file = models.BooleanField(default=True)
 
     class Meta:
@@ -77,6 +81,18 @@ class Gateway(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
+
+    def port_range(self) -> tuple[int, int] | None:
+        if not self.ports:
+            return None
+        low, _, high = self.ports.partition("-")
+        return int(low), int(high)
+
+    @property
+    def routes_file(self) -> str:
+        """The forwarder's routes, beside the keys file (one directory for the operator)."""
+        directory = self.keys_file.rsplit("/", 1)[0] or "/"
+        return f"{directory}/routes"
 
 
 class GpuModel(models.Model):

@@ -74,6 +74,12 @@ class Instance(models.Model):
     failure_params = models.JSONField(default=dict, blank=True)
     ssh_host = models.CharField(_("SSH host"), max_length=255, blank=True)
     ssh_port = models.PositiveIntegerField(_("SSH port"), null=True, blank=True)
+    # Its public port on the region's gateway, kept from the first start to the release: the
+    # gateway forwards it to whichever node the instance is on now (issue 29).
+    gateway_port = models.PositiveIntegerField(_("gateway SSH port"), null=True, blank=True)
+    # Its sshd's host key (OpenSSH private key), made once: the same on every node it runs on,
+    # so the host key a customer pinned survives a migration (issue 29).
+    ssh_host_key = models.TextField(_("SSH host key"), blank=True, editable=False)
     ssh_user = models.CharField(_("SSH user"), max_length=32, blank=True)
     # Web ports the customer declared at order time ([{"port": 7860, "name": "Gradio"}], at most
     # 10), opened through the console's port proxy beside the image's own (issue 19).
@@ -122,6 +128,13 @@ class Instance(models.Model):
         constraints = (
             models.UniqueConstraint(
                 fields=("owner", "idempotency_key"), name="slices_instance_idempotency_key"
+            ),
+            # One instance per public port of a region's gateway (two picking one at once: the
+            # second's write fails and it picks again).
+            models.UniqueConstraint(
+                fields=("region", "gateway_port"),
+                condition=models.Q(gateway_port__isnull=False),
+                name="slices_instance_gateway_port",
             ),
         )
 

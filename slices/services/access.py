@@ -13,6 +13,12 @@
   ``transition``) and every ``SLICES_GATEWAY_SYNC_INTERVAL`` seconds (beat).
 - ``ssh_access`` is what the page and the API show: the command that works verbatim and the
   ``~/.ssh/config`` block.
+- A gateway with forwarded ports (``Gateway.ports``, issue 29) gives each instance one public
+  port of its own (``Instance.gateway_port``), allocated at its first start and kept until its
+  release, through stop, start and migration: the shown endpoint is ``root@<gateway>:<port>``
+  and stays the same, so a saved ``~/.ssh/config`` keeps working. The gateway's forwarder
+  (``slices/agent/gateway_forward.py``) sends the port to wherever the instance's sshd runs now,
+  from the routes file ``sync_gateway`` writes with the keys file (``gateway_routes``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -31,7 +39,7 @@ from console import services as console_services
 from console.sshkeys import canonical_openssh
 from slices.choices import InstanceState
 from slices.drivers import get_driver
-from slices.drivers.base import DriverError, GatewayGrant, GatewayTarget
+from slices.drivers.base import DriverError, GatewayGrant, GatewayRoute, GatewayTarget
 from slices.drivers.gateway import canonical_key
 from slices.models import Gateway, Instance, InstanceNode
 from slices.services import jobs
@@ -101,6 +109,99 @@ def clear_ssh_ports(instance: Instance) -> int:
     )
 
 
+def assign_gateway_port(instance: Instance) -> int | None:
+    """The instance's public port on its region's gateway: the one it has (kept for its life),
+    else a free one of the gateway's range, picked at random and written with a compare-and-set
+    (the unique constraint ``slices_instance_gateway_port`` refuses one taken meanwhile; the next
+    try sees it). None when the gateway forwards no ports, the runtime gives no sshd, or the
+    range is full (the instance is then reached with ``ssh -J`` as before)."""
+    if instance.gateway_port:
+        return instance.gateway_port
+    gateway = region_gateway(instance)
+    span = gateway.port_range() if gateway is not None else None
+    if span is None:
+        return None
+    first = instance.nodes.select_related("node").order_by("rank").first()
+    if first is None or _runtime(first) not in SSHD_RUNTIMES:
+        return None
+    low, high = span
+    region_id = instance.region_id
+    if region_id is None:
+        return None
+    for _attempt in range(PORT_TRIES):
+        used = set(
+            Instance.objects.filter(region_id=region_id, gateway_port__isnull=False)
+            .exclude(pk=instance.pk)
+            .values_list("gateway_port", flat=True)
+        )
+        free = [p for p in range(low, high + 1) if p not in used]
+        if not free:
+            logger.warning("no free gateway port on %s", gateway)
+            return None
+        port = secrets.choice(free)
+        try:
+            with transaction.atomic():
+                won = Instance.objects.filter(pk=instance.pk, gateway_port__isnull=True).update(
+                    gateway_port=port
+                )
+        except IntegrityError:
+            continue  # another instance took it meanwhile: look again
+        if won:
+            instance.gateway_port = port
+            return port
+        instance.refresh_from_db(fields=["gateway_port"])
+        return instance.gateway_port
+    return None
+
+
+def ensure_host_key(instance: Instance) -> str:
+    """The instance sshd's host key (ed25519, OpenSSH private key text), made at its first start
+    and kept for its life: the driver installs it on every node the instance runs on, so the key
+    a customer pinned stays valid after a migration. Written with a compare-and-set (two workers
+    keep the first)."""
+    if instance.ssh_host_key:
+        return instance.ssh_host_key
+    text = (
+        Ed25519PrivateKey.generate()
+        .private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+        .decode()
+    )
+    Instance.objects.filter(pk=instance.pk, ssh_host_key="").update(ssh_host_key=text)
+    instance.refresh_from_db(fields=["ssh_host_key"])
+    return instance.ssh_host_key
+
+
+def clear_gateway_port(instance: Instance) -> None:
+    """Released: its public port is free for another instance (never before: stop, start and
+    migration keep it)."""
+    Instance.objects.filter(pk=instance.pk).update(gateway_port=None)
+    instance.gateway_port = None
+
+
+def gateway_routes(gateway: Gateway) -> tuple[GatewayRoute, ...]:
+    """Where each forwarded port goes now: the running instances of the region that have a
+    public port, to their first node's sshd (none while stopped or moving: the port answers
+    nothing then, and is the same when they run again)."""
+    if gateway.port_range() is None:
+        return ()
+    rows = InstanceNode.objects.filter(
+        node__cluster__region_id=gateway.region_id,
+        instance__state=InstanceState.RUNNING,
+        instance__gateway_port__isnull=False,
+        rank=0,
+        ssh_port__isnull=False,
+    ).values_list("instance__gateway_port", "node__address", "ssh_port", "instance__public_id")
+    routes = [
+        GatewayRoute(int(port or 0), str(address), int(dest or 0), f"gpc-{str(public_id)[:8]}")
+        for port, address, dest, public_id in rows
+    ]
+    return tuple(sorted(routes, key=lambda r: r.port))
+
+
 # ---------------------------------------------------------------------------------------------
 # The gateway's keys
 # ---------------------------------------------------------------------------------------------
@@ -156,7 +257,8 @@ def gateway_grants(gateway: Gateway) -> tuple[GatewayGrant, ...]:
     return tuple(grants)
 
 
-def gateway_target(gateway: Gateway) -> GatewayTarget:
+def gateway_target(gateway: Gateway, routes: tuple[GatewayRoute, ...] = ()) -> GatewayTarget:
+    forwards = gateway.port_range() is not None
     return GatewayTarget(
         host=gateway.host,
         port=gateway.port,
@@ -165,6 +267,8 @@ def gateway_target(gateway: Gateway) -> GatewayTarget:
         ssh_port=gateway.ssh_port,
         host_key=gateway.host_key_fingerprint,
         keys_file=gateway.keys_file,
+        routes_file=gateway.routes_file if forwards else "",
+        routes=routes if forwards else (),
     )
 
 
@@ -189,13 +293,14 @@ def sync_gateway(gateway_id: int, driver: object | None = None) -> str:
         if gateway is None:
             return "no gateway"
         grants = gateway_grants(gateway)
+        routes = gateway_routes(gateway)
         drv = driver or get_driver()
         sync = getattr(drv, "sync_gateway", None)
         if sync is None:
             return "driver cannot sync gateways"
         lines: list[str] = []
         try:
-            result = sync(gateway_target(gateway), grants, lines.append)
+            result = sync(gateway_target(gateway, routes), grants, lines.append)
         except DriverError as exc:
             logger.warning("gateway %s: keys not written: %s", gateway, exc)
             return f"failed: {exc.code}"
@@ -313,9 +418,31 @@ def region_gateway(instance: Instance) -> Gateway | None:
         return None
 
 
+def shown_access(
+    instance: Instance, host: str, port: int, user: str, gateway: Gateway | None
+) -> SshAccess:
+    """What a customer types: ``ssh -p <its port> root@<gateway>`` when the gateway forwards
+    ports and the instance has one (the same for its whole life), else ``ssh -J`` through the
+    gateway to the node's sshd, else the node's address."""
+    if gateway is not None and gateway.port_range() is not None and instance.gateway_port:
+        return SshAccess(
+            alias=instance.slug, host=gateway.host, port=instance.gateway_port, user=user
+        )
+    return SshAccess(
+        alias=instance.slug,
+        host=host,
+        port=port,
+        user=user,
+        jump_user=gateway.user if gateway else "",
+        jump_host=gateway.host if gateway else "",
+        jump_port=gateway.port if gateway else 22,
+    )
+
+
 def ssh_access(instance: Instance) -> SshAccess | None:
     """The endpoint of a running instance (``Instance.ssh_host``/``ssh_port``, its first node's
-    sshd), through its region's gateway when the region has one; None otherwise."""
+    sshd), through its region's gateway when the region has one (its forwarded port when it
+    has one: ``shown_access``); None otherwise."""
     if instance.state != InstanceState.RUNNING or not instance.ssh_host:
         return None
     # Through the gateway only to the instance's own sshd (the nodes come from the queryset's
@@ -323,12 +450,10 @@ def ssh_access(instance: Instance) -> SshAccess | None:
     first = min(instance.nodes.all(), key=lambda n: n.rank, default=None)
     own = first is not None and first.ssh_port is not None and first.ssh_port == instance.ssh_port
     gateway = region_gateway(instance) if own else None
-    return SshAccess(
-        alias=instance.slug,
-        host=instance.ssh_host,
-        port=int(instance.ssh_port or 22),
-        user=instance.ssh_user or "root",
-        jump_user=gateway.user if gateway else "",
-        jump_host=gateway.host if gateway else "",
-        jump_port=gateway.port if gateway else 22,
+    return shown_access(
+        instance,
+        instance.ssh_host,
+        int(instance.ssh_port or 22),
+        instance.ssh_user or "root",
+        gateway,
     )

@@ -78,7 +78,7 @@ class AppChoice:
     cards: int
     per_hour: Decimal
     available: bool | None  # the cards are free now (None: not asked, on a list of apps)
-    trial_hours: Decimal | None  # how long the trial credit lasts at this price
+    trial_hours: Decimal | None  # how long the trial credit left lasts at this price (None: spent)
     balance_hours: Decimal | None  # how long the account's spendable balance lasts
 
 
@@ -96,6 +96,9 @@ class AppOffer:
     trial_credit: Decimal
     image: Any
     problems: list[str] = field(default_factory=list)
+    # What is left of the trial credit: all of it for a visitor (what a new account gets), the
+    # wallet's trial balance for a signed-in user; 0 once spent, and then no trial claim is shown.
+    trial_left: Decimal = billing.TRIAL_CREDIT
 
     @property
     def launchable(self) -> bool:
@@ -103,8 +106,9 @@ class AppOffer:
 
 
 def app_hours(amount: Decimal, per_hour: Decimal) -> Decimal | None:
-    """How long ``amount`` lasts at ``per_hour`` (hours, one decimal), or None when free."""
-    if per_hour <= 0:
+    """How long ``amount`` lasts at ``per_hour`` (hours, one decimal), or None when free or when
+    there is nothing to spend (a trial credit spent makes no claim)."""
+    if per_hour <= 0 or amount <= 0:
         return None
     return (amount / per_hour).quantize(Decimal("0.1"))
 
@@ -127,8 +131,21 @@ def _capacity(gpu_model: str, cards: int) -> bool:
     return True
 
 
+def trial_left(user: Any, summary: Any = None) -> Decimal:
+    """What the trial credit has left for ``user``: the whole credit for a visitor (what signing
+    up gives), the wallet's trial balance for an account (0 once spent or never granted)."""
+    if not getattr(user, "is_authenticated", False):
+        return billing.TRIAL_CREDIT
+    summary = summary if summary is not None else billing.get_wallet_summary(user)
+    return max(Decimal(summary.trial), Decimal("0"))
+
+
 def _choice(
-    option: GpuOption, cards: int, balance: Decimal, rates: dict[str, Decimal]
+    option: GpuOption,
+    cards: int,
+    balance: Decimal,
+    rates: dict[str, Decimal],
+    trial: Decimal = billing.TRIAL_CREDIT,
 ) -> AppChoice | None:
     rate = rates.get(billing.gpu_model_key(option.gpu_model))
     if rate is None:
@@ -140,7 +157,7 @@ def _choice(
         cards=cards,
         per_hour=per_hour,
         available=None,
-        trial_hours=app_hours(billing.TRIAL_CREDIT, per_hour),
+        trial_hours=app_hours(trial, per_hour),
         balance_hours=app_hours(balance, per_hour),
     )
 
@@ -154,6 +171,7 @@ def app_offer(
     model: str | None = None,
     rates: dict[str, Decimal] | None = None,
     balance: Decimal | None = None,
+    trial: Decimal | None = None,
     full: bool = True,
 ) -> AppOffer:
     """The app's offer for ``user``; ``gpu_model``, ``cards`` and ``model`` are the page's
@@ -162,13 +180,17 @@ def app_offer(
     With ``full``, whether the chosen cards are free now is asked of the allocator (for the
     chosen GPU model only; without a choice, the first of the app's GPU models that is free)."""
     rates = price_rates() if rates is None else rates
-    if balance is None:
-        balance = billing.get_wallet_summary(user).spendable
+    if balance is None or trial is None:
+        summary = billing.get_wallet_summary(user)
+        balance = summary.spendable if balance is None else balance
+        trial = trial_left(user, summary) if trial is None else trial
     wanted = app.gpu_option(gpu_model) if gpu_model else None
     problems: list[str] = []
     if gpu_model and wanted is None:
         problems.append(gettext_noop("This app does not run on that GPU model."))
-    presets = [c for c in (_choice(o, o.recommended_cards, balance, rates) for o in app.gpus) if c]
+    presets = [
+        c for c in (_choice(o, o.recommended_cards, balance, rates, trial) for o in app.gpus) if c
+    ]
     target = wanted.gpu_model if wanted is not None else None
     if target is None and presets:
         target = presets[0].option.gpu_model
@@ -178,7 +200,7 @@ def app_offer(
     choices: list[AppChoice] = []
     for choice in presets:
         if choice.option.gpu_model == target and cards is not None and cards != choice.cards:
-            choice = _choice(choice.option, cards, balance, rates) or choice
+            choice = _choice(choice.option, cards, balance, rates, trial) or choice
         choices.append(choice)
     chosen = next((c for c in choices if c.option.gpu_model == target), None)
     if full and chosen is not None and chosen.cards > 0:
@@ -198,6 +220,7 @@ def app_offer(
             trial_credit=billing.TRIAL_CREDIT,
             image=None,
             problems=problems,
+            trial_left=trial,
         )
     if chosen is not None and not (
         chosen.option.min_cards <= chosen.cards <= chosen.option.max_cards
@@ -235,6 +258,7 @@ def app_offer(
         trial_credit=billing.TRIAL_CREDIT,
         image=image,
         problems=problems,
+        trial_left=trial,
     )
 
 

@@ -146,6 +146,7 @@ def _load_gateways(
                 "ssh_port": g.ssh_port,
                 "host_key_fingerprint": g.host_key,
                 "keys_file": g.keys_file,
+                "ports": g.ports,
                 "in_fleet_file": True,
             },
         )

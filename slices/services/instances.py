@@ -694,6 +694,7 @@ def finish_teardown(instance: Instance) -> bool:
         release_allocation(Allocation.objects.get(pk=instance.allocation_id))
     if won:
         access.clear_ssh_ports(instance)  # its nodes were cleaned: their sshd ports are free
+        access.clear_gateway_port(instance)  # released or failed: its public port too
     instance.refresh_from_db()
     if instance.state == InstanceState.RELEASING:
         return transition(

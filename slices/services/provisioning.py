@@ -256,6 +256,7 @@ def build_spec(instance: Instance) -> InstanceSpec:
         disks=disks,
         system_disk_gb=instance.system_disk_gb,
         ports=_image_ports(instance),
+        ssh_host_key=instance.ssh_host_key,
     )
 
 
@@ -357,6 +358,7 @@ def _provision_attempt(instance: Instance, driver: NodeDriver, *, first: bool) -
 
 def _provision(instance: Instance, driver: NodeDriver, *, first: bool = True) -> str:
     access.assign_ssh_ports(instance)  # the instance's sshd on each node (kept on a retry)
+    access.ensure_host_key(instance)  # ... and its host key, the same on every node (issue 29)
     spec = build_spec(instance)
     logs = _Logs()
     if (first and instance.attempts == 0) or not instance.events.filter(
@@ -648,15 +650,9 @@ def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
     port = int(first.instance_ssh_port or settings.SLICES_INSTANCE_SSH_PORT or first.port)
     user = settings.SLICES_INSTANCE_SSH_USER
     gateway = access.region_gateway(instance) if first.instance_ssh_port else None
-    ssh = access.SshAccess(
-        alias=instance.slug,
-        host=first.address,
-        port=port,
-        user=user,
-        jump_user=gateway.user if gateway else "",
-        jump_host=gateway.host if gateway else "",
-        jump_port=gateway.port if gateway else 22,
-    ).command
+    if gateway is not None:
+        access.assign_gateway_port(instance)  # kept for the instance's life (issue 29)
+    ssh = access.shown_access(instance, first.address, port, user, gateway).command
     unpaid = False
     with transaction.atomic():
         if not transition(

@@ -28,13 +28,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
 from django.http import Http404
 from django.utils import timezone
 
+from marketplace import services as marketplace
 from slices.choices import EventKind, EventLevel, InstanceState
 from slices.drivers import get_driver
 from slices.drivers.base import DriverError, InstanceSpec, NodeTarget, Shell
@@ -133,6 +134,8 @@ def authorize(user: Any, public_id: Any, rank: int) -> TerminalGrant:
     node = next((n for n in spec.nodes if n.rank == rank), None)
     if node is None:
         raise TerminalRefused("not_found", f"no node of rank {rank}")
+    # The image's versions, for a shell that answers from the catalogue (the simulated one).
+    spec = replace(spec, software=marketplace.image_software(instance.image))
     return TerminalGrant(
         instance_id=instance.pk,
         public_id=str(instance.public_id),

@@ -2,7 +2,9 @@
 the instance's job. Pure and deterministic (a function of instance, node, GPU and second), so two
 relays agree and tests can predict it. Every sample says ``"simulated": true``.
 
-Workloads (the instance's ``SIM_WORKLOAD`` environment variable; ``training`` by default):
+Workloads (the instance's ``SIM_WORKLOAD`` environment variable; by default ``training`` for an
+instance that runs a training recipe, ``idle`` for any other: a host that was only started runs
+nothing on its GPUs, and reads idle, issue 29):
 
 - ``training``: 90-99 % utilisation, memory nearly full, with a dip to a few per cent while a
   checkpoint is written (``CHECKPOINT_SECONDS`` long, every ``CHECKPOINT_EVERY`` seconds);
@@ -51,6 +53,15 @@ DEFAULT_PROFILE = PROFILES["H800"]
 @lru_cache(maxsize=64)
 def profile_for(gpu_model: str) -> GpuProfile:
     return PROFILES.get(gpu_model.replace(" ", "").upper(), DEFAULT_PROFILE)
+
+
+def workload_for(env: dict[str, str]) -> str:
+    """The instance's simulated workload: ``SIM_WORKLOAD`` when it names one, else ``training``
+    for a recipe run (``RECIPE`` set: it trains from the start) and ``idle`` for anything else."""
+    asked = env.get("SIM_WORKLOAD", "")
+    if asked in WORKLOADS:
+        return asked
+    return "training" if env.get("RECIPE") else "idle"
 
 
 def _noise(*parts: object) -> float:

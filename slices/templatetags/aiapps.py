@@ -20,9 +20,14 @@ register = template.Library()
 
 
 @register.inclusion_tag("slices/_featured_apps.html")
-def featured_apps(rates: dict[str, Decimal] | None = None) -> dict[str, Any]:
+def featured_apps(
+    rates: dict[str, Decimal] | None = None, trial: Decimal | None = None
+) -> dict[str, Any]:
     """``rates``: on-demand 元 per card-hour by GPU model key, when the page has read the price
-    book already (the dashboard); else one look at it for every app (not a quote each)."""
+    book already (the dashboard); else one look at it for every app (not a quote each).
+    ``trial``: what the account's trial credit has left (the dashboard's wallet); None for a
+    visitor (the whole credit a new account gets). Spent, no app claims trial hours."""
+    left = billing.TRIAL_CREDIT if trial is None else trial
     language = get_language() or "zh-hans"
     if rates is None:
         rates = {
@@ -42,7 +47,7 @@ def featured_apps(rates: dict[str, Decimal] | None = None) -> dict[str, Any]:
                 "cards": option.recommended_cards,
                 "gpu": GPU_LABELS.get(option.gpu_model, option.gpu_model),
                 "per_hour": per_hour,
-                "trial_hours": app_hours(billing.TRIAL_CREDIT, per_hour) if per_hour else None,
+                "trial_hours": app_hours(left, per_hour) if per_hour else None,
             }
         )
     return {"rows": rows, "trial_credit": billing.TRIAL_CREDIT}

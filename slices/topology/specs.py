@@ -77,6 +77,9 @@ class GatewaySpec:
     ssh_port: int
     host_key: str  # pinned: SHA256:<base64> or the host key line
     keys_file: str  # the jump user's authorized_keys, written by the console
+    # "<low>-<high>": the gateway forwards these public ports, one per instance for its life,
+    # to wherever the instance runs now (slices/agent/gateway_forward.py); "" = none (issue 29).
+    ports: str = ""
 
 
 @dataclass(frozen=True)

@@ -373,7 +373,8 @@ def test_idle_instance_is_released_when_chosen_at_order_time(
 
 
 def test_training_instance_is_not_idle(order, settings, django_capture_on_commit_callbacks) -> None:
-    instance = order(2, GPC_RELEASE_WHEN_IDLE="1")
+    # A job runs on it (a host only started reads idle since issue 29).
+    instance = order(2, SIM_WORKLOAD="training", GPC_RELEASE_WHEN_IDLE="1")
     now = _idle_for(instance, settings)
     with django_capture_on_commit_callbacks(execute=True):
         decision = telemetry.check_idle(instance, now)

@@ -22,8 +22,11 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def sampled(sim_fleet, funded, django_capture_on_commit_callbacks) -> Instance:
-    """A running 8-card instance with two minutes and a bit of samples in the process's ring."""
-    instance = run_order(funded, django_capture_on_commit_callbacks)
+    """A running 8-card instance, training, with two minutes and a bit of samples in the
+    process's ring."""
+    instance = run_order(
+        funded, django_capture_on_commit_callbacks, platform_env={"SIM_WORKLOAD": "training"}
+    )
     relay_module.get_ring.cache_clear()
     relay = Relay(layer=None)  # the process's ring: what the views read
     relay.refresh()

@@ -4,6 +4,7 @@ the workload's output, teardown), each one or two fixed commands on one node's c
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import posixpath
 import re
@@ -758,7 +759,11 @@ class SshDriver(SshConnections):
         if runtime == "process":
             files = _sshd_files(paths)
             config = INSTANCE_SSHD_CONFIG.format(port=port, address=_listen(node), root=paths.root)
-            self.write_files(client, paths.root, [(files["config"], config, 0o600)])
+            written: list[tuple[str, str | bytes, int]] = [(files["config"], config, 0o600)]
+            if spec.ssh_host_key:
+                # The console's key for the instance: the same on every node (issue 29).
+                written += _host_key_files(files["hostkey"], spec.ssh_host_key)
+            self.write_files(client, paths.root, written)
             # Inside the instance's namespaces (the process rule): the sshd, and every session it
             # accepts, end with the instance.
             script = render(
@@ -831,6 +836,17 @@ def _listen(node: NodeTarget) -> str:
     if not re.fullmatch(r"[A-Za-z0-9.:-]{1,253}", node.address):
         raise DriverError("bad_identifier", f"node address {node.address!r}", permanent=True)
     return node.address
+
+
+def _host_key_files(path: str, private: str) -> list[tuple[str, str | bytes, int]]:
+    """The host key and its ``.pub`` from the console's OpenSSH private key text (refused when
+    it is not one ed25519 key: nothing else is written as a host key)."""
+    try:
+        key = paramiko.Ed25519Key.from_private_key(io.StringIO(private))
+    except (paramiko.SSHException, ValueError):
+        raise DriverError("bad_identifier", "the instance's host key", permanent=True) from None
+    public = f"{key.get_name()} {key.get_base64()}\n"
+    return [(path, private, 0o600), (f"{path}.pub", public, 0o644)]
 
 
 def _sshd_files(paths: _Paths) -> dict[str, str]:

@@ -5,7 +5,8 @@ The gateway is managed like a node: over SSH with the console's key as ``SLICES_
 host key pinned (``Gateway.host_key_fingerprint``; no trust on first use). Its keys file (the jump
 user's ``authorized_keys``) is replaced whole over SFTP: written to a temporary file beside it,
 made readable (mode 644: sshd reads it as the jump user, who must not be able to change it), then
-renamed over the old one, so sshd never reads half a file. Its directory is the operator's (see
+renamed over the old one, so sshd never reads half a file. A gateway that forwards ports gets its
+routes file (``routes`` beside the keys file) the same way. The directory is the operator's (see
 the README): the driver creates nothing else on the gateway and runs no command there.
 """
 
@@ -26,7 +27,7 @@ from slices.drivers.base import (
     NodeTarget,
     StepResult,
 )
-from slices.drivers.gateway import keys_file
+from slices.drivers.gateway import keys_file, routes_file
 from slices.drivers.ssh.client import SshConnections
 from slices.drivers.ssh.commands import clean_abs
 
@@ -76,10 +77,20 @@ def sync_gateway_keys(
     grants: tuple[GatewayGrant, ...],
     log: LogFn,
 ) -> StepResult:
-    """Replace the gateway's whole keys file with ``grants`` (the console's key left out)."""
+    """Replace the gateway's whole keys file with ``grants`` (the console's key left out), and
+    its routes file with ``gateway.routes`` when it forwards ports (issue 29)."""
     path = clean_abs(gateway.keys_file, "the gateway's keys file")
     text, count = keys_file(grants, exclude=(management_key(conn),))
+    routes_path = routes_text = ""
+    routes = 0
+    if gateway.routes_file:
+        routes_path = clean_abs(gateway.routes_file, "the gateway's routes file")
+        routes_text, routes = routes_file(gateway.routes)
     with conn.session(gateway_node(gateway), last=True) as client:
         replace_file(client, path, text.encode(), 0o644)
+        if routes_path:
+            replace_file(client, routes_path, routes_text.encode(), 0o644)
     log(f"wrote {count} key(s) to {path} on {gateway.host}")
-    return StepResult({"keys": count, "bytes": len(text)})
+    if routes_path:
+        log(f"wrote {routes} route(s) to {routes_path} on {gateway.host}")
+    return StepResult({"keys": count, "bytes": len(text), "routes": routes})
