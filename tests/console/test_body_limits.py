@@ -117,8 +117,8 @@ def test_an_api_body_over_its_limit_gets_the_json_error_body() -> None:
     ("path", "host"),
     [
         ("/storage/pfs/upload/", "testserver"),
-        (f"/apps/{uuid.uuid4()}/v1/images/edits", "testserver"),
-        ("/upload", f"{uuid.uuid4()}-8080.localhost"),  # any path of an app host
+        ("/apps/0b4f3a9e-5d4c-4a3b-9c2d-1e0f9a8b7c6d/v1/images/edits", "testserver"),
+        ("/upload", "0b4f3a9e-5d4c-4a3b-9c2d-1e0f9a8b7c6d-8080.localhost"),  # an app host
     ],
 )
 def test_upload_and_proxy_routes_take_bodies_past_the_forms_limit(path: str, host: str) -> None:
