@@ -131,6 +131,7 @@ from billing.settlement import (
 )
 from console.api.compiled import CompiledQuery, Many
 from console.errors import ErrorCode
+from console.verification.services import require_verified
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser
@@ -845,6 +846,7 @@ def start_topup(
     the same key with another amount raises ``IdempotencyMismatch``.
     """
     value = validate_topup_amount(amount)
+    require_verified(user, "topup")  # 实名认证 (VERIFICATION_REQUIRED_FOR), 403 otherwise
     get_provider(provider)  # unknown providers fail before anything is stored
     wallet = get_or_create_wallet(user)
     fingerprint = _fingerprint(amount=value, provider=provider)
