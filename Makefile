@@ -36,12 +36,15 @@ demo: $(VENV)/.synced
 serve: $(VENV)/.synced
 	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-per-message-deflate false
 
-# Browser journeys need Debian's Chromium; the SSH tests need openssh-server.
+# Browser journeys need Debian's Chromium; the SSH tests need openssh-server; invoice PDFs embed
+# the Chinese font of fonts-wqy-microhei (INVOICE_FONT_PATH, billing/invoicing/pdf.py).
+CJK_FONT := /usr/share/fonts/truetype/wqy/wqy-microhei.ttc
 system-deps:
-	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/sbin/sshd ]; then \
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/sbin/sshd ] || [ ! -f $(CJK_FONT) ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium openssh-server >/dev/null; \
-	  else echo "Please install Debian packages: chromium openssh-server"; exit 1; fi; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium openssh-server fonts-wqy-microhei >/dev/null \
+	      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium openssh-server fonts-wqy-microhei >/dev/null; }; \
+	  else echo "Please install Debian packages: chromium openssh-server fonts-wqy-microhei"; exit 1; fi; \
 	fi
 
 # The LLaMA LoRA recipe's own environment (torch CPU, transformers, peft): what the image ships,

@@ -83,6 +83,7 @@ from billing.errors import (
     InvalidWebhook,
     PriceNotSet,
 )
+from billing.invoicing import services as invoicing
 from billing.ledger import (
     WalletSummary,
     get_or_create_wallet,
@@ -277,6 +278,7 @@ def refund_cash(
     cash = wallet_account(wallet, AccountKind.CASH)
     if cash.balance < amount:
         raise InsufficientFunds(gettext_noop("The cash balance is %(cash)s 元."), cash=cash.balance)
+    invoicing.ensure_refundable(wallet, amount)  # invoiced cash: reverse the invoice first
     return post(
         TransactionKind.REFUND,
         [(cash, -amount), (system_account(AccountKind.REFUNDS), amount)],

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.urls import path
 
 from billing import views
+from billing.invoicing import views as invoice_views
 
 app_name = "billing"
 urlpatterns = [
@@ -19,4 +20,21 @@ urlpatterns = [
         name="sandbox-checkout",
     ),
     path("billing/webhooks/sandbox/", views.sandbox_webhook, name="sandbox-webhook"),
+    # 发票 (billing/invoicing/)
+    path("billing/invoices/", invoice_views.invoices, name="invoices"),
+    path("billing/invoices/<uuid:public_id>/pdf/", invoice_views.invoice_pdf, name="invoice-pdf"),
+    path(
+        "billing/invoices/<uuid:public_id>/red-pdf/",
+        invoice_views.invoice_red_pdf,
+        name="invoice-red-pdf",
+    ),
+    path("ops/invoices/", invoice_views.ops_invoices, name="ops-invoices"),
+    path(
+        "ops/invoices/<uuid:public_id>/pdf/", invoice_views.ops_invoice_pdf, name="ops-invoice-pdf"
+    ),
+    path(
+        "ops/invoices/<uuid:public_id>/<str:verb>/",
+        invoice_views.ops_invoice_action,
+        name="ops-invoice-action",
+    ),
 ]

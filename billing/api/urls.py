@@ -11,11 +11,13 @@ from billing.api.views import (
     UsageSessionViewSet,
     WalletView,
 )
+from billing.invoicing.api import InvoiceViewSet
 
 router = DefaultRouter()
 router.register("billing/transactions", TransactionViewSet, basename="billing-transaction")
 router.register("billing/usage-sessions", UsageSessionViewSet, basename="billing-usage-session")
 router.register("billing/top-ups", TopUpViewSet, basename="billing-top-up")
+router.register("billing/invoices", InvoiceViewSet, basename="billing-invoice")
 urlpatterns: list = [
     path("billing/wallet/", WalletView.as_view(), name="billing-wallet"),
     path("billing/quotes/", QuoteView.as_view(), name="billing-quote"),
