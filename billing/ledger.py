@@ -133,9 +133,7 @@ def post(
     for account, amount in sorted(legs, key=lambda leg: leg[0].pk):
         # Rounded to the cent in SQL: SQLite adds NUMERIC in floating point, and a voucher spent
         # down to 13.599999999999994 could never be spent to 0 (its CHECK balance >= 0 failed).
-        Account.objects.filter(pk=account.pk).update(
-            balance=Round(models.F("balance") + amount, 2)
-        )
+        Account.objects.filter(pk=account.pk).update(balance=Round(models.F("balance") + amount, 2))
     return txn
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.urls import path
 
 from billing import views
+from billing.bills import views as bill_views
 from billing.invoicing import views as invoice_views
 
 app_name = "billing"
@@ -20,6 +21,9 @@ urlpatterns = [
         name="sandbox-checkout",
     ),
     path("billing/webhooks/sandbox/", views.sandbox_webhook, name="sandbox-webhook"),
+    # 费用中心: 账单明细 and 月账单 (billing/bills/)
+    path("billing/bills/", bill_views.bills, name="bills"),
+    path("billing/bills/export/", bill_views.bills_export, name="bills-export"),
     # 发票 (billing/invoicing/)
     path("billing/invoices/", invoice_views.invoices, name="invoices"),
     path("billing/invoices/<uuid:public_id>/pdf/", invoice_views.invoice_pdf, name="invoice-pdf"),

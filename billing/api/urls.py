@@ -11,6 +11,7 @@ from billing.api.views import (
     UsageSessionViewSet,
     WalletView,
 )
+from billing.bills.api import BillExportView, MonthlyBillView
 from billing.invoicing.api import InvoiceViewSet
 
 router = DefaultRouter()
@@ -22,4 +23,6 @@ urlpatterns: list = [
     path("billing/wallet/", WalletView.as_view(), name="billing-wallet"),
     path("billing/quotes/", QuoteView.as_view(), name="billing-quote"),
     path("billing/prices/", PriceListView.as_view(), name="billing-prices"),
+    path("billing/bills/", MonthlyBillView.as_view(), name="billing-bills"),
+    path("billing/bills/export/", BillExportView.as_view(), name="billing-bills-export"),
 ]
