@@ -92,7 +92,7 @@ class InvoiceViewSet(ListRetrieveViewSet):
     serializer_class = InvoiceSerializer
 
     def get_queryset(self) -> QuerySet[Invoice]:
-        return services.invoices_for(self.request.user)  # type: ignore[arg-type]
+        return services.invoices_for(self.request.user)
 
     @extend_schema(
         summary="Request an electronic invoice of consumed cash (普票 or 专票)",
@@ -103,7 +103,7 @@ class InvoiceViewSet(ListRetrieveViewSet):
     def create(self, request: Request) -> Response:
         payload = InvoiceRequestSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        row = services.request_invoice(request.user, **payload.validated_data)  # type: ignore[arg-type]
+        row = services.request_invoice(request.user, **payload.validated_data)
         return Response(InvoiceSerializer(row).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -118,7 +118,7 @@ class InvoiceViewSet(ListRetrieveViewSet):
     )
     @action(detail=True, methods=["get"])
     def pdf(self, request: Request, public_id: str) -> FileResponse:
-        row = services.get_invoice_for_user(request.user, public_id)  # type: ignore[arg-type]
+        row = services.get_invoice_for_user(request.user, public_id)
         if not row.pdf:
             raise Http404
         return pdf_response(row.pdf, f"invoice-{row.number}.pdf")

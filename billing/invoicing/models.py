@@ -15,9 +15,6 @@ def _private_storage():  # noqa: ANN202 - the storage callable a FileField takes
     return private_storage
 
 
-MONEY = {"max_digits": 18, "decimal_places": 2}  # as billing.models.MONEY
-
-
 class InvoiceKind(models.TextChoices):
     NORMAL = "normal", _("Electronic general invoice (普票)")
     SPECIAL = "special", _("Electronic special VAT invoice (专票)")
@@ -59,7 +56,7 @@ class Invoice(models.Model):
     address_phone = models.CharField(_("address and phone"), max_length=200, blank=True)
     bank_account = models.CharField(_("bank and account"), max_length=200, blank=True)
     email = models.EmailField(_("delivery email"), blank=True)
-    amount = models.DecimalField(_("amount"), **MONEY)
+    amount = models.DecimalField(_("amount"), max_digits=18, decimal_places=2)  # billing MONEY
     state = models.CharField(
         _("state"), max_length=10, choices=InvoiceState.choices, default=InvoiceState.REQUESTED
     )

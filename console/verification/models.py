@@ -15,11 +15,11 @@ class PrivateStorage(FileSystemStorage):
     """Files under ``PRIVATE_FILES_DIR`` (read at each use, so tests move it), never under a
     public URL: views that check the owner serve them."""
 
-    @property  # type: ignore[override]
+    @property
     def base_location(self) -> str:
         return str(settings.PRIVATE_FILES_DIR)
 
-    @property  # type: ignore[override]
+    @property
     def location(self) -> str:
         return os.path.abspath(self.base_location)
 

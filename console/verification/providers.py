@@ -58,7 +58,8 @@ PROVIDERS: dict[str, type] = {"sandbox": SandboxProvider}
 def get_provider() -> VerificationProvider:
     name = settings.VERIFICATION_PROVIDER
     try:
-        return PROVIDERS[name]()  # type: ignore[no-any-return]
+        provider: VerificationProvider = PROVIDERS[name]()
+        return provider
     except KeyError:
         raise ImproperlyConfigured(
             f"VERIFICATION_PROVIDER={name!r} is not one of {sorted(PROVIDERS)}"

@@ -57,10 +57,13 @@ def test_lines_sum_to_the_ledger_to_the_cent(march) -> None:
     assert total.voucher + total.trial + total.cash == total.amount
     # What each bucket paid, from the ledger itself.
     by_kind: dict[str, Decimal] = {}
-    for kind, amount in Entry.objects.filter(
-        account__wallet__owner=march, transaction__kind__in=["usage", "term_purchase", "reversal"]
-    ).exclude(transaction__kind="reversal", transaction__reverses__kind="topup").values_list(
-        "account__kind", "amount"
+    for kind, amount in (
+        Entry.objects.filter(
+            account__wallet__owner=march,
+            transaction__kind__in=["usage", "term_purchase", "reversal"],
+        )
+        .exclude(transaction__kind="reversal", transaction__reverses__kind="topup")
+        .values_list("account__kind", "amount")
     ):
         by_kind[kind] = by_kind.get(kind, Decimal(0)) - amount
     assert total.voucher == by_kind["voucher"] > 0

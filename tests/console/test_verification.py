@@ -108,13 +108,17 @@ def test_personal_verification_by_api_keeps_only_the_masked_number(
     assert services.verified(user) == row
     # The decision is mailed, in both languages.
     assert len(mail.outbox) == 1
-    assert "实名认证" in mail.outbox[0].subject and "Your account is verified" in mail.outbox[0].body
+    assert (
+        "实名认证" in mail.outbox[0].subject and "Your account is verified" in mail.outbox[0].body
+    )
 
 
 @pytest.mark.django_db
 def test_a_wrong_check_character_is_a_field_error() -> None:
     user = UserFactory(verified=False)
-    r = _api(user).post(API, {"kind": "personal", "real_name": "张三", "id_number": ID_NUMBER[:-1] + "1"})
+    r = _api(user).post(
+        API, {"kind": "personal", "real_name": "张三", "id_number": ID_NUMBER[:-1] + "1"}
+    )
     assert r.status_code == 400
     assert r.json()["error"] == "invalid" and "id_number" in r.json()["fields"]
     assert not Verification.objects.exists()
@@ -124,7 +128,9 @@ def test_a_wrong_check_character_is_a_field_error() -> None:
 def test_the_sandbox_can_refuse_and_the_person_tries_again() -> None:
     user = UserFactory(verified=False)
     api = _api(user)
-    r = api.post(API, {"kind": "personal", "real_name": SANDBOX_REJECTED_NAME, "id_number": ID_NUMBER})
+    r = api.post(
+        API, {"kind": "personal", "real_name": SANDBOX_REJECTED_NAME, "id_number": ID_NUMBER}
+    )
     assert r.status_code == 201 and r.json()["state"] == "rejected" and r.json()["reason"]
     assert services.verified(user) is None
     r = api.post(API, {"kind": "personal", "real_name": "张三", "id_number": ID_NUMBER})
