@@ -255,3 +255,18 @@ def test_the_gate_follows_its_setting(settings) -> None:
     services.require_verified_for_order(user, 128)
     settings.VERIFICATION_REQUIRED_FOR = []
     services.require_verified(user, "invoice")
+
+
+@pytest.mark.django_db
+def test_the_demo_customer_is_verified_by_the_sandbox_once() -> None:
+    """The demo needs no verification step: demo_setup verifies its customer (idempotent)."""
+    from console.management.commands.demo_setup import Command
+    from console.models import User
+
+    for _ in range(2):
+        Command()._ensure_user("demo", "demo@example.com", "demo-password-2026", False)
+        Command()._ensure_user("ops", "ops@example.com", "ops-password-2026", True)
+    demo = User.objects.get(username="demo")
+    assert services.verified(demo).provider == "sandbox"
+    assert Verification.objects.filter(owner=demo).count() == 1
+    assert services.verified(User.objects.get(username="ops")) is None
