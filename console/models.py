@@ -138,4 +138,5 @@ class TrialCreditClaim(models.Model):
 
 
 # Real-name verification keeps its models in its own package (console/verification/).
+from console.notices.models import Notice, NoticePreference  # noqa: E402, F401
 from console.verification.models import Verification  # noqa: E402, F401

@@ -764,3 +764,7 @@ INVOICE_FONT_PATH: str = _get("INVOICE_FONT_PATH", env.str, "")
 # The seller printed on invoices.
 INVOICE_SELLER_NAME: str = _get("INVOICE_SELLER_NAME", env.str, "GPU Console (sandbox seller)")
 INVOICE_SELLER_TAX_ID: str = _get("INVOICE_SELLER_TAX_ID", env.str, "91110108MA01ABCD2H")
+# Notices (console/notices/): SMS through a backend; the embedded default writes each message to
+# var/sms/ as mail goes to var/mail/ (a provider's backend implements send(phone, text)).
+SMS_BACKEND: str = _get("SMS_BACKEND", env.str, "console.notices.sms.FileBackend")
+SMS_FILE_PATH = Path(_get("SMS_FILE_PATH", env.str, str(STATE_DIR / "sms")))

@@ -11,6 +11,7 @@ from rest_framework.routers import APIRootView, DefaultRouter
 
 from console import views
 from console.lockout import limit_failed_logins
+from console.notices import views as notice_views
 from console.verification import views as verification_views
 
 # /api/v1/: every app's router merged into one browsable root, plus each app's extra API paths.
@@ -57,6 +58,11 @@ urlpatterns = [
         name="account-verification-licence",
     ),
     path("ops/verifications/", verification_views.review_queue, name="ops-verifications"),
+    # 站内信 and notification settings (console/notices/).
+    path("notifications/", notice_views.inbox, name="notifications"),
+    path("notifications/badge/", notice_views.badge, name="notifications-badge"),
+    path("notifications/read-all/", notice_views.read_all, name="notifications-read-all"),
+    path("notifications/<uuid:public_id>/read/", notice_views.read, name="notification-read"),
     path(
         "ops/verifications/<uuid:public_id>/decide/",
         verification_views.review_decide,

@@ -49,6 +49,7 @@ from billing.models import Account, Entry, Wallet
 from billing.money import ZERO, round_cents, to_decimal
 from console.errors import ErrorCode
 from console.ids import uuid_or_404
+from console.notices import services as notices
 from console.verification.checks import credit_code_valid, normalize
 from console.verification.services import require_verified, verified
 
@@ -367,29 +368,33 @@ def ensure_refundable(wallet: Wallet, amount: Decimal) -> None:
 
 # --- notices -------------------------------------------------------------------------------------
 def _mail_on_commit(row: Invoice) -> None:
-    """Mail the customer that the invoice is ready (Chinese first, then English)."""
-    to = row.email or row.wallet.owner.email
-    if not to:
+    """Tell the customer the invoice is ready (console/notices/: inbox and mail, once); a delivery
+    address other than the account's gets the mail too."""
+    owner = row.wallet.owner
+    params = {"number": row.number, "amount": row.amount}
+    notices.notify(
+        owner,
+        "invoice_issued",
+        params,
+        key=f"invoice:{row.public_id}:issued",
+        link="/billing/invoices/",
+    )
+    if not row.email or row.email == owner.email:
         return
-    amount, number = row.amount, row.number
+    to, language = row.email, notices.preference(owner).language
 
     def send() -> None:
-        parts = []
-        for language in ("zh-hans", "en"):
-            with override(language):
-                parts.append(
-                    (
-                        _("Your invoice %(number)s is issued") % {"number": number},
-                        _(
-                            "Your electronic invoice %(number)s of %(amount)s 元 is issued; "
-                            "download it at /billing/invoices/."
-                        )
-                        % {"number": number, "amount": amount},
-                    )
+        with override(language):
+            subject = _("Your invoice %(number)s is issued") % params
+            body = (
+                _(
+                    "Your electronic invoice %(number)s of %(amount)s 元 is issued; download it at "
+                    "/billing/invoices/."
                 )
-        subject = f"{settings.ACCOUNT_EMAIL_SUBJECT_PREFIX}{parts[0][0]} / {parts[1][0]}"
+                % params
+            )
         try:
-            send_mail(subject, f"{parts[0][1]}\n\n{parts[1][1]}\n", None, [to])
+            send_mail(f"{settings.ACCOUNT_EMAIL_SUBJECT_PREFIX}{subject}", body + "\n", None, [to])
         except Exception:  # a lost mail must not undo the issue
             logger.exception("could not mail an issued invoice")
 

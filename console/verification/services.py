@@ -27,15 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
-from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.http import Http404
 from django.utils import timezone
-from django.utils.translation import gettext as _
-from django.utils.translation import gettext_noop, override
+from django.utils.translation import gettext_noop
 
 from console.errors import DomainError, ErrorCode
 from console.ids import uuid_or_404
+from console.notices import services as notices
 from console.verification import checks
 from console.verification.models import (
     ORGANISATION_KINDS,
@@ -333,38 +332,15 @@ def licence_file(user: User, public_id: Any) -> Verification:
 
 
 # --- the decision, notified ----------------------------------------------------------------------
-def _decision_text(row: Verification) -> tuple[str, str]:
-    if row.state == VerificationState.APPROVED:
-        subject = _("Your real-name verification was approved")
-        body = _(
-            "Your account is verified (%(name)s). Top-ups, invoices and large orders are open."
-        )
-    else:
-        subject = _("Your real-name verification was rejected")
-        body = _("Your verification (%(name)s) was rejected: %(reason)s. You can submit again.")
-    return subject, body % {
-        "name": row.display_name,
-        "reason": _(row.reason) if row.reason else "-",
-    }
-
-
 def _notify_on_commit(row: Verification) -> None:
-    """Mail the decision (Chinese first, then English: the account keeps no language yet)."""
+    """Tell the account of the decision (inbox, mail; console/notices/), once per decision."""
     if row.state == VerificationState.PENDING:
         return
-    email = row.owner.email
-
-    def send() -> None:
-        parts = []
-        for language in ("zh-hans", "en"):
-            with override(language):
-                parts.append(_decision_text(row))
-        subject = f"{settings.ACCOUNT_EMAIL_SUBJECT_PREFIX}{parts[0][0]} / {parts[1][0]}"
-        body = f"{parts[0][1]}\n\n{parts[1][1]}\n"
-        try:
-            send_mail(subject, body, None, [email])
-        except Exception:  # a lost mail must not undo the decision
-            logger.exception("could not mail a verification decision")
-
-    if email:
-        transaction.on_commit(send)
+    approved = row.state == VerificationState.APPROVED
+    notices.notify(
+        row.owner,
+        "verification_approved" if approved else "verification_rejected",
+        {"name": row.display_name, "reason": row.reason or "-"},
+        key=f"verification:{row.public_id}:{row.state}",
+        link=VERIFICATION_URL,
+    )

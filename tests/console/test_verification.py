@@ -106,11 +106,10 @@ def test_personal_verification_by_api_keeps_only_the_masked_number(
     assert row.id_number_hash == services.id_number_hash(ID_NUMBER.lower())
     assert ID_NUMBER not in caplog.text
     assert services.verified(user) == row
-    # The decision is mailed, in both languages.
+    # The decision is notified (console/notices/): inbox and mail, in the account's language.
     assert len(mail.outbox) == 1
-    assert (
-        "实名认证" in mail.outbox[0].subject and "Your account is verified" in mail.outbox[0].body
-    )
+    assert "实名认证已通过" in mail.outbox[0].subject and "张三" in mail.outbox[0].body
+    assert user.notices.get().event == "verification_approved"
 
 
 @pytest.mark.django_db
