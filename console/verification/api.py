@@ -7,7 +7,6 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -60,8 +59,6 @@ def status_body(user: Any) -> dict[str, Any]:
 
 
 class VerificationView(APIView):
-    parser_classes = (JSONParser, MultiPartParser, FormParser)
-
     @extend_schema(
         summary="Your real-name verification",
         responses=VerificationStatusSerializer,
