@@ -525,3 +525,4 @@ class BillingNotice(models.Model):
 
 # Invoices keep their models in their own package (billing/invoicing/).
 from billing.invoicing.models import Invoice  # noqa: E402, F401
+from billing.transfers.models import BankTransfer  # noqa: E402, F401

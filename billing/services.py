@@ -130,6 +130,7 @@ from billing.settlement import (
     settle_usage,
     settlement_window,
 )
+from billing.transfers import services as bank_transfers
 from console.api.compiled import CompiledQuery, Many
 from console.errors import ErrorCode
 from console.verification.services import require_verified
@@ -877,6 +878,8 @@ def start_topup(
                 gettext_noop("This Idempotency-Key was used for another request.")
             ) from None
         return existing, False
+    if provider == "bank_transfer":  # 对公转账: the remittance code the customer writes
+        bank_transfers.on_created(payment)
     return payment, True
 
 

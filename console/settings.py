@@ -768,3 +768,11 @@ INVOICE_SELLER_TAX_ID: str = _get("INVOICE_SELLER_TAX_ID", env.str, "91110108MA0
 # var/sms/ as mail goes to var/mail/ (a provider's backend implements send(phone, text)).
 SMS_BACKEND: str = _get("SMS_BACKEND", env.str, "console.notices.sms.FileBackend")
 SMS_FILE_PATH = Path(_get("SMS_FILE_PATH", env.str, str(STATE_DIR / "sms")))
+# 对公转账: the account customers pay by bank transfer (billing/transfers/).
+BANK_TRANSFER_ACCOUNT_NAME: str = _get(
+    "BANK_TRANSFER_ACCOUNT_NAME", env.str, "GPU Console (sandbox account)"
+)
+BANK_TRANSFER_BANK: str = _get("BANK_TRANSFER_BANK", env.str, "Sandbox Bank, Beijing branch")
+BANK_TRANSFER_ACCOUNT_NUMBER: str = _get(
+    "BANK_TRANSFER_ACCOUNT_NUMBER", env.str, "6222 0000 0000 0000 000"
+)

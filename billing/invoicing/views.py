@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
+from django.contrib.auth.decorators import login_required, permission_required
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
@@ -87,6 +87,7 @@ def ops_invoices(request: HttpRequest) -> HttpResponse:
 
 
 @staff_required
+@permission_required("billing.change_invoice", raise_exception=True)
 @require_POST
 def ops_invoice_action(request: HttpRequest, public_id: str, verb: str) -> HttpResponse:
     form = OperatorActionForm(request.POST)

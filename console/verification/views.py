@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
+from django.contrib.auth.decorators import login_required, permission_required
 from django.http import FileResponse, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
@@ -85,6 +85,7 @@ def review_queue(request: HttpRequest) -> HttpResponse:
 
 
 @staff_required
+@permission_required("console.change_verification", raise_exception=True)
 @require_POST
 def review_decide(request: HttpRequest, public_id: str) -> HttpResponse:
     form = DecisionForm(request.POST)
