@@ -82,7 +82,10 @@ def match(code: str, *, bank_reference: str, amount: Any, by: User | None = None
         raise BillingError(gettext_noop("Enter the bank's reference of the transfer."))
     row = BankTransfer.objects.select_related("payment").filter(remittance_code=code).first()
     if row is None:
-        raise BillingError(gettext_noop("No pending transfer has the code %(code)s."), code=code)
+        raise BillingError(
+            gettext_noop("No pending transfer has the code %(remittance_code)s."),
+            remittance_code=code,
+        )
     try:
         value = round_cents(Decimal(str(amount).replace(",", "").strip()))
     except (InvalidOperation, ValueError) as exc:

@@ -66,8 +66,9 @@ def ops_transfers(request: HttpRequest) -> HttpResponse:
     by: Any = request.user
     if request.method == "POST":
         try:
-            if request.FILES.get("statement"):
-                results = services.import_statement(request.FILES["statement"].read(), by=by)
+            upload = request.FILES.get("statement")
+            if upload is not None and not isinstance(upload, list):
+                results = services.import_statement(upload.read(), by=by)
                 credited = sum(1 for r in results if r.outcome == "credited")
                 messages.success(
                     request, _("Statement read: %(n)d transfer(s) credited.") % {"n": credited}

@@ -146,3 +146,10 @@ def test_racing_matches_credit_once(sandbox_payments) -> None:
     assert not [r for r in results if isinstance(r, Exception)], results
     assert _cash(user) == Decimal("1234.56")
     assert services.reconcile() == []
+
+
+@pytest.mark.django_db
+def test_an_unknown_code_names_itself() -> None:
+    with pytest.raises(services.BillingError) as refused:
+        transfers.match("gc00000000", bank_reference="B9", amount="1")
+    assert refused.value.code == "invalid" and "GC00000000" in refused.value.message()
