@@ -707,6 +707,18 @@ def _after_commit(run: _Run) -> None:
         transaction.on_commit(lambda: _request_stops(refs))
     if run.notices:
         _notify_on_commit(run.notices)
+    charged = [wallet_id for wallet_id, due in run.dues.items() if due.owed]
+    if charged:  # the customers' own thresholds in 元 (billing/balance_alerts.py)
+        transaction.on_commit(lambda: _check_thresholds(charged))
+
+
+def _check_thresholds(wallet_ids: list[int]) -> None:
+    from billing import balance_alerts
+
+    try:
+        balance_alerts.check(wallet_ids)
+    except Exception:  # an alert must not undo a settlement
+        logger.exception("could not check the balance thresholds")
 
 
 def _request_stops(refs: list[tuple[str, str]]) -> None:

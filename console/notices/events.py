@@ -27,6 +27,15 @@ EVENTS: dict[str, Event] = {
         ),
         ("inbox", "mail", "sms"),
     ),
+    "low_balance_threshold": Event(
+        _("Balance below my threshold"),
+        gettext_noop("Balance below %(threshold)s 元"),
+        gettext_noop(
+            "Your balance is %(balance)s 元, below the %(threshold)s 元 you asked to be told "
+            "about. Top up to keep your instances running."
+        ),
+        ("inbox", "mail", "sms"),
+    ),
     "stopped": Event(
         _("Stopped for lack of funds"),
         gettext_noop("Instances stopped: balance exhausted"),
@@ -64,5 +73,11 @@ EVENTS: dict[str, Event] = {
 }
 
 # The preferences form: one row per kind of event (the two verification events share one).
-PREFERENCE_EVENTS = ("low_balance", "stopped", "verification_approved", "invoice_issued")
+PREFERENCE_EVENTS = (
+    "low_balance",
+    "low_balance_threshold",
+    "stopped",
+    "verification_approved",
+    "invoice_issued",
+)
 SHARED = {"verification_rejected": "verification_approved"}

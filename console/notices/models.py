@@ -25,6 +25,11 @@ class NoticePreference(models.Model):
     language = models.CharField(_("language"), max_length=10, default="zh-hans")
     phone = models.CharField(_("mobile number"), max_length=20, blank=True)
     channels = models.JSONField(default=dict, blank=True)
+    # The customer's own low-balance threshold (元); armed until it warns, re-armed above it.
+    low_balance_yuan = models.DecimalField(
+        _("low-balance threshold (元)"), max_digits=18, decimal_places=2, null=True, blank=True
+    )
+    low_balance_armed = models.BooleanField(default=True)
 
     class Meta:
         verbose_name = _("notice preference")

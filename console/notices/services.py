@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -24,8 +25,9 @@ from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.http import Http404
 from django.utils import timezone
-from django.utils.translation import gettext, override
+from django.utils.translation import gettext, gettext_noop, override
 
+from console.errors import DomainError
 from console.ids import uuid_or_404
 from console.notices import sms
 from console.notices.events import EVENTS, SHARED
@@ -154,11 +156,33 @@ def mark_all_read(user: Any) -> int:
     )
 
 
+def _threshold(value: Any) -> Decimal | None:
+    text = str(value or "").strip()
+    if not text:
+        return None
+    try:
+        amount = Decimal(text)
+    except InvalidOperation:
+        amount = Decimal(-1)
+    if not amount.is_finite() or amount <= 0 or amount != amount.quantize(Decimal("0.01")):
+        raise DomainError(gettext_noop("Enter a threshold in 元, e.g. 100 or 99.50."))
+    return amount
+
+
 def save_preference(
-    user: User, *, language: str, phone: str, channels: dict[str, list[str]]
+    user: User,
+    *,
+    language: str,
+    phone: str,
+    channels: dict[str, list[str]],
+    low_balance_yuan: Any = None,
 ) -> NoticePreference:
     known = {code for code, _name in settings.LANGUAGES}
+    threshold = _threshold(low_balance_yuan)
     pref, _created = NoticePreference.objects.get_or_create(owner=user)
+    if threshold != pref.low_balance_yuan:
+        pref.low_balance_armed = True
+    pref.low_balance_yuan = threshold
     pref.language = language if language in known else settings.LANGUAGE_CODE
     pref.phone = phone.strip()[:20]
     pref.channels = {

@@ -13,6 +13,7 @@ from django.shortcuts import redirect
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from console.errors import DomainError
 from console.htmx import render_page
 from console.notices import services
 from console.notices.events import EVENTS, PREFERENCE_EVENTS
@@ -45,12 +46,17 @@ def inbox(request: HttpRequest) -> HttpResponse:
             event: [c for c in ("mail", "sms") if request.POST.get(f"{event}-{c}")]
             for event in PREFERENCE_EVENTS
         }
-        services.save_preference(
-            request.user,  # type: ignore[arg-type]
-            language=request.POST.get("language", ""),
-            phone=request.POST.get("phone", ""),
-            channels=channels,
-        )
+        try:
+            services.save_preference(
+                request.user,  # type: ignore[arg-type]
+                language=request.POST.get("language", ""),
+                phone=request.POST.get("phone", ""),
+                channels=channels,
+                low_balance_yuan=request.POST.get("low_balance_yuan", ""),
+            )
+        except DomainError as exc:
+            messages.error(request, exc.message())
+            return redirect("notifications")
         messages.success(request, _("Notification settings saved."))
         return redirect("notifications")
     return render_page(request, "console/notifications.html", _context(request), "inbox")
