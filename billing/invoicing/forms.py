@@ -16,16 +16,16 @@ class InvoiceRequestForm(forms.Form):
         help_text=_("Empty: your verified name or organisation."),
     )
     tax_id = forms.CharField(
-        label=_("Taxpayer ID (税号)"),
+        label=_("Taxpayer ID"),
         max_length=24,
         required=False,
         help_text=_("Empty: your organisation's unified social credit code."),
     )
     address_phone = forms.CharField(
-        label=_("Address and phone (专票)"), max_length=200, required=False
+        label=_("Address and phone (special VAT invoice)"), max_length=200, required=False
     )
     bank_account = forms.CharField(
-        label=_("Bank and account number (专票)"), max_length=200, required=False
+        label=_("Bank and account number (special VAT invoice)"), max_length=200, required=False
     )
     email = forms.EmailField(label=_("Send to email"), required=False)
     amount = forms.DecimalField(

@@ -16,8 +16,8 @@ def _private_storage():  # noqa: ANN202 - the storage callable a FileField takes
 
 
 class InvoiceKind(models.TextChoices):
-    NORMAL = "normal", _("Electronic general invoice (普票)")
-    SPECIAL = "special", _("Electronic special VAT invoice (专票)")
+    NORMAL = "normal", _("Electronic general invoice")
+    SPECIAL = "special", _("Electronic special VAT invoice")
 
 
 class TitleType(models.TextChoices):

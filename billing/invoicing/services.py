@@ -167,7 +167,7 @@ def request_invoice(
     """
     require_verified(user, "invoice")
     if kind not in InvoiceKind.values:
-        raise InvoiceError(gettext_noop("Choose 普票 or 专票."), field="kind")
+        raise InvoiceError(gettext_noop("Choose a general or a special VAT invoice."), field="kind")
     if title_type not in TitleType.values:
         raise InvoiceError(
             gettext_noop("Choose an individual or an organisation title."), field="title_type"
@@ -183,7 +183,7 @@ def request_invoice(
     if kind == InvoiceKind.SPECIAL and (not organisation or title_type != TitleType.ORGANISATION):
         raise InvoiceError(
             gettext_noop(
-                "A 专票 is issued to a verified organisation only; individuals get a 普票."
+                "A special VAT invoice is issued to a verified organisation only; individuals get a general invoice."
             ),
             field="kind",
         )
@@ -205,8 +205,14 @@ def request_invoice(
             raise InvoiceError(gettext_noop("Enter the invoice title."), field="title")
     if kind == InvoiceKind.SPECIAL:
         for name, message in (
-            ("address_phone", gettext_noop("A 专票 needs the registered address and phone.")),
-            ("bank_account", gettext_noop("A 专票 needs the bank and account number.")),
+            (
+                "address_phone",
+                gettext_noop("A special VAT invoice needs the registered address and phone."),
+            ),
+            (
+                "bank_account",
+                gettext_noop("A special VAT invoice needs the bank and account number."),
+            ),
         ):
             if not fields[name]:
                 raise InvoiceError(message, field=name)
@@ -358,7 +364,7 @@ def ensure_refundable(wallet: Wallet, amount: Decimal) -> None:
     if balance.held_cash and amount > balance.refundable:
         raise InvoiceError(
             gettext_noop(
-                "%(held)s 元 of this cash was invoiced: reverse the invoice (冲红) before refunding "
+                "%(held)s 元 of this cash was invoiced: reverse the invoice (red-letter) before refunding "
                 "it; %(refundable)s 元 can be refunded now."
             ),
             held=balance.held_cash,

@@ -35,7 +35,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('public_id', models.UUIDField(default=uuid.uuid4, editable=False, unique=True)),
-                ('kind', models.CharField(choices=[('normal', 'Electronic general invoice (普票)'), ('special', 'Electronic special VAT invoice (专票)')], max_length=10, verbose_name='invoice type')),
+                ('kind', models.CharField(choices=[('normal', 'Electronic general invoice'), ('special', 'Electronic special VAT invoice')], max_length=10, verbose_name='invoice type')),
                 ('title_type', models.CharField(choices=[('personal', 'Individual'), ('organisation', 'Organisation')], max_length=12, verbose_name='title type')),
                 ('title', models.CharField(max_length=200, verbose_name='invoice title')),
                 ('tax_id', models.CharField(blank=True, max_length=20, verbose_name='taxpayer ID')),

@@ -84,13 +84,13 @@ def is_gated(action: str) -> bool:
 
 _REFUSALS = {
     "topup": gettext_noop(
-        "Online top-ups need a verified account (实名认证). Verify at %(verification_url)s."
+        "Online top-ups need a verified account (real-name verification). Verify at %(verification_url)s."
     ),
     "invoice": gettext_noop(
-        "Invoices need a verified account (实名认证). Verify at %(verification_url)s."
+        "Invoices need a verified account (real-name verification). Verify at %(verification_url)s."
     ),
     "large_order": gettext_noop(
-        "Orders of %(cards)d cards or more need a verified account (实名认证). Verify at %(verification_url)s."
+        "Orders of %(cards)d cards or more need a verified account (real-name verification). Verify at %(verification_url)s."
     ),
 }
 
