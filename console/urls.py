@@ -62,7 +62,7 @@ urlpatterns = [
     path("notifications/", notice_views.inbox, name="notifications"),
     path("notifications/badge/", notice_views.badge, name="notifications-badge"),
     path("notifications/read-all/", notice_views.read_all, name="notifications-read-all"),
-    path("notifications/<uuid:public_id>/read/", notice_views.read, name="notification-read"),
+    path("notifications/<uuid:public_id>/read/", notice_views.read, name="notifications-read-one"),
     path(
         "ops/verifications/<uuid:public_id>/decide/",
         verification_views.review_decide,

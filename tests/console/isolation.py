@@ -51,6 +51,7 @@ def _notice(owner: Any) -> dict[str, Any]:
 OBJECT_ROUTES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "account-verification-licence": _licence,
     "notification-read": _notice,
+    "notifications-read-one": _notice,
     "notification-detail": _notice,
     # pages
     "account:ssh-key-delete": _ssh_key,

@@ -86,6 +86,9 @@ def test_the_inbox_page_badge_and_mark_read(alice, alice_client, bob_client) -> 
     assert 'hx-get="/notifications/badge/"' in alice_client.get("/billing/").content.decode()
     page = alice_client.get("/notifications/").content.decode()
     assert 'data-unread="2"' in page and "余额不足" in page
+    assert (
+        f'hx-post="/notifications/{one.public_id}/read/"' in page
+    )  # the page's route, not the API's
     en = alice_client.get("/notifications/", HTTP_ACCEPT_LANGUAGE="en").content.decode()
     assert "Low balance" in en
     # htmx marks one read and gets the list back.
