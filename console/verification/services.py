@@ -182,6 +182,17 @@ def submit_personal(user: User, *, real_name: str, id_number: str) -> Verificati
             field="id_number",
         )
     _ensure_none_live(user)
+    digest = id_number_hash(number)
+    taken = Verification.objects.filter(
+        id_number_hash=digest, state=VerificationState.APPROVED
+    ).exclude(owner=user)
+    if taken.exists():  # one ID number verifies one account
+        raise VerificationError(
+            gettext_noop("This ID number already verifies another account."),
+            code=ErrorCode.CONFLICT,
+            http_status=409,
+            field="id_number",
+        )
     provider = get_provider()
     result = provider.check_person(name, number)
     now = timezone.now()
@@ -195,7 +206,7 @@ def submit_personal(user: User, *, real_name: str, id_number: str) -> Verificati
                 provider_reference=result.reference,
                 real_name=name,
                 id_number_masked=checks.mask_id_number(number),
-                id_number_hash=id_number_hash(number),
+                id_number_hash=digest,
                 reason=result.reason,
                 decided_at=now,
             )

@@ -4,7 +4,7 @@ accounts glue, with real key material and real tokens through the services."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import date, datetime, timedelta
 
 import factory
 from cryptography.hazmat.primitives import serialization
@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from console import services
 from console.models import ApiToken, SshKey, User
-from console.verification.checks import mask_id_number
+from console.verification.checks import mask_id_number, resident_id_check_char
 from console.verification.models import Verification, VerificationKind, VerificationState
 from console.verification.services import id_number_hash
 
@@ -41,9 +41,17 @@ class UserFactory(factory.django.DjangoModelFactory):
             verify_personally(obj)
 
 
+def resident_id(serial: int) -> str:
+    """A valid resident ID number (GB 11643 check character), one per ``serial``."""
+    born = date(1949, 1, 1) + timedelta(days=serial % 20000)
+    first17 = f"110105{born:%Y%m%d}{serial // 20000 % 1000:03d}"
+    return first17 + resident_id_check_char(first17)
+
+
 def verify_personally(user: User) -> Verification:
-    """An approved personal verification, as the sandbox provider records it (no mail sent)."""
-    number = "11010519491231002X"
+    """An approved personal verification, as the sandbox provider records it (no mail sent);
+    each user's own ID number (one number verifies one account)."""
+    number = resident_id(user.pk)
     return Verification.objects.create(
         owner=user,
         kind=VerificationKind.PERSONAL,

@@ -269,3 +269,14 @@ def test_the_demo_customer_is_verified_by_the_sandbox_once() -> None:
     assert services.verified(demo).provider == "sandbox"
     assert Verification.objects.filter(owner=demo).count() == 1
     assert services.verified(User.objects.get(username="ops")) is None
+
+
+@pytest.mark.django_db
+def test_one_id_number_verifies_one_account() -> None:
+    first, second = UserFactory(verified=False), UserFactory(verified=False)
+    assert (
+        services.submit_personal(first, real_name="张三", id_number=ID_NUMBER).state == "approved"
+    )
+    r = _api(second).post(API, {"kind": "personal", "real_name": "张三", "id_number": ID_NUMBER})
+    assert r.status_code == 409 and "id_number" in r.json()["fields"]
+    assert services.verified(second) is None
