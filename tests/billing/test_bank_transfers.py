@@ -42,6 +42,8 @@ def test_the_customer_gets_a_remittance_code_by_api_and_form(alice, alice_client
     assert transfers.CODE.fullmatch(code)
     page = alice_client.get(f"/billing/transfers/{body['id']}/").content.decode()
     assert code in page and ("5,000.00" in page or "5000.00" in page)
+    overview = alice_client.get("/billing/").content.decode()
+    assert 'id="bank-transfer-form"' in overview and 'action="/billing/transfers/"' in overview
     r = alice_client.post("/billing/transfers/", {"amount": "300"})
     assert r.status_code == 302 and "/billing/transfers/" in r["Location"]
     assert BankTransfer.objects.count() == 2

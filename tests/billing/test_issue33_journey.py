@@ -52,7 +52,7 @@ def test_verify_top_up_invoice_and_export(
     # An online top-up is refused until the account is verified.
     page.goto("/billing/")
     page.fill("#id_amount", "100")
-    page.locator("#topup-form button[type=submit]").first.click()
+    page.locator("#topup-form button[type=submit]").click()
     expect(page.locator("#verification-required")).to_be_visible()
     page.locator("#verification-required a").click()
     expect(page).to_have_url(re.compile(r"/account/verification/$"))
@@ -73,7 +73,7 @@ def test_verify_top_up_invoice_and_export(
     # Now the top-up goes through the sandbox checkout.
     page.goto("/billing/")
     page.fill("#id_amount", "100")
-    page.locator("#topup-form button[type=submit]").first.click()
+    page.locator("#topup-form button[type=submit]").click()
     page.locator("#sandbox-pay button[value=pay]").click()
     expect(page.locator("#balance-cash")).to_contain_text("100.00")
 
