@@ -36,12 +36,15 @@ demo: $(VENV)/.synced
 serve: $(VENV)/.synced
 	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-per-message-deflate false --ws-max-size 262144
 
-# Browser journeys need Debian's Chromium; the SSH tests need openssh-server.
+# Browser journeys need Debian's Chromium; the SSH tests need openssh-server; invoice PDFs embed
+# the Chinese font of fonts-wqy-microhei (INVOICE_FONT_PATH, billing/invoicing/pdf.py).
+CJK_FONT := /usr/share/fonts/truetype/wqy/wqy-microhei.ttc
 system-deps:
-	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/sbin/sshd ]; then \
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/sbin/sshd ] || [ ! -f $(CJK_FONT) ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium openssh-server >/dev/null; \
-	  else echo "Please install Debian packages: chromium openssh-server"; exit 1; fi; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium openssh-server fonts-wqy-microhei >/dev/null \
+	      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium openssh-server fonts-wqy-microhei >/dev/null; }; \
+	  else echo "Please install Debian packages: chromium openssh-server fonts-wqy-microhei"; exit 1; fi; \
 	fi
 
 # The LLaMA LoRA recipe's own environment (torch CPU, transformers, peft): what the image ships,
@@ -92,7 +95,8 @@ test-integration: $(VENV)/.synced system-deps
 TYPED := console/services.py console/dashboard.py slices/services/ slices/models/ marketplace/services.py billing/services.py \
 	billing/ledger.py billing/settlement.py billing/sql.py billing/errors.py billing/statements.py \
 	billing/views.py billing/tasks.py billing/api/ billing/providers/ billing/offers.py console/errors.py console/api/exceptions.py \
-	console/ids.py console/loading.py console/retries.py
+	console/ids.py console/loading.py console/retries.py console/verification/ billing/invoicing/ billing/bills/ \
+	billing/transfers/ console/notices/
 
 # lint-imports checks the boundaries written in pyproject.toml [tool.importlinter].
 lint: $(VENV)/.synced

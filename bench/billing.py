@@ -60,6 +60,12 @@ def main() -> int:
         default=200,
         help="how many sessions the naive per-session loop settles (a sample; 0 skips it)",
     )
+    parser.add_argument(
+        "--export-interval",
+        type=int,
+        default=60,
+        help="the bill-export bench's settlement interval in s (60: 43,200 lines; 0 skips it)",
+    )
     args = parser.parse_args()
 
     import django
@@ -74,6 +80,14 @@ def main() -> int:
         old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
         try:
             status |= run(args, n, connection)
+        finally:
+            connection.creation.destroy_test_db(old_name, verbosity=0)
+    if args.export_interval:
+        from bench.bill_export import run_export
+
+        old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+        try:
+            status |= run_export(args.export_interval)
         finally:
             connection.creation.destroy_test_db(old_name, verbosity=0)
     return status

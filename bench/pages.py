@@ -142,6 +142,7 @@ def build_world() -> World:
     from billing.settlement import settle_usage
     from console import services as console_services
     from console.models import User
+    from console.verification import services as verification
     from marketplace import aiapps
     from marketplace.models import Asset, Image
     from slices import services
@@ -159,6 +160,8 @@ def build_world() -> World:
     try:
         billing.grant_trial_credit(user)
         billing.grant_voucher(user, Decimal("20000"), reason="bench", valid_days=30)
+        # 实名认证 through the sandbox provider: top-ups and the 128-card slice need it.
+        verification.submit_personal(user, real_name="Bench", id_number="11010519491231002X")
         payment, _created = billing.start_topup(user, Decimal("30000"), provider="sandbox")
         billing.confirm_payment(
             str(payment.public_id),

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from django.db import IntegrityError, models, transaction
 from django.db.models import Sum
+from django.db.models.functions import Round
 
 from billing import clock
 from billing.choices import AccountKind, MemoCode, PaymentState, TransactionKind
@@ -130,7 +131,9 @@ def post(
     )
     Entry.objects.bulk_create([Entry(transaction=txn, account=a, amount=x) for a, x in legs])
     for account, amount in sorted(legs, key=lambda leg: leg[0].pk):
-        Account.objects.filter(pk=account.pk).update(balance=models.F("balance") + amount)
+        # Rounded to the cent in SQL: SQLite adds NUMERIC in floating point, and a voucher spent
+        # down to 13.599999999999994 could never be spent to 0 (its CHECK balance >= 0 failed).
+        Account.objects.filter(pk=account.pk).update(balance=Round(models.F("balance") + amount, 2))
     return txn
 
 

@@ -521,3 +521,8 @@ class BillingNotice(models.Model):
 
     def __str__(self) -> str:
         return self.message
+
+
+# Invoices keep their models in their own package (billing/invoicing/).
+from billing.invoicing.models import Invoice  # noqa: E402, F401
+from billing.transfers.models import BankTransfer  # noqa: E402, F401

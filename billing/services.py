@@ -83,6 +83,7 @@ from billing.errors import (
     InvalidWebhook,
     PriceNotSet,
 )
+from billing.invoicing import services as invoicing
 from billing.ledger import (
     WalletSummary,
     get_or_create_wallet,
@@ -129,8 +130,10 @@ from billing.settlement import (
     settle_usage,
     settlement_window,
 )
+from billing.transfers import services as bank_transfers
 from console.api.compiled import CompiledQuery, Many
 from console.errors import ErrorCode
+from console.verification.services import require_verified
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser
@@ -276,6 +279,7 @@ def refund_cash(
     cash = wallet_account(wallet, AccountKind.CASH)
     if cash.balance < amount:
         raise InsufficientFunds(gettext_noop("The cash balance is %(cash)s 元."), cash=cash.balance)
+    invoicing.ensure_refundable(wallet, amount)  # invoiced cash: reverse the invoice first
     return post(
         TransactionKind.REFUND,
         [(cash, -amount), (system_account(AccountKind.REFUNDS), amount)],
@@ -845,6 +849,7 @@ def start_topup(
     the same key with another amount raises ``IdempotencyMismatch``.
     """
     value = validate_topup_amount(amount)
+    require_verified(user, "topup")  # 实名认证 (VERIFICATION_REQUIRED_FOR), 403 otherwise
     get_provider(provider)  # unknown providers fail before anything is stored
     wallet = get_or_create_wallet(user)
     fingerprint = _fingerprint(amount=value, provider=provider)
@@ -873,6 +878,8 @@ def start_topup(
                 gettext_noop("This Idempotency-Key was used for another request.")
             ) from None
         return existing, False
+    if provider == "bank_transfer":  # 对公转账: the remittance code the customer writes
+        bank_transfers.on_created(payment)
     return payment, True
 
 

@@ -53,6 +53,7 @@ from billing.models import (
 from billing.money import ZERO, charge_for, round_cents
 from billing.sql import bulk_set, insert_rows, pg_array
 from console.events import notify_user
+from console.notices import services as notice_service
 from console.retries import retry_transient
 
 logger = logging.getLogger(__name__)
@@ -640,22 +641,26 @@ def _apply_decision(
     if decision.warn or decision.rearm:
         run.warned[wallet_id] = sorted((warned | set(decision.warn)) - set(decision.rearm))
     for threshold in decision.warn:
-        message = _(
-            "Low balance: about %(minutes)d minutes left at %(burn)s 元/h. "
-            "Top up to keep your instances running."
-        ) % {
+        params = {
             "minutes": (decision.runway_seconds or 0) // 60,
             "burn": round_cents(decision.burn_per_hour),
         }
-        run.notices.append(
-            BillingNotice(
-                wallet_id=wallet_id,
-                kind=NoticeKind.LOW_BALANCE,
-                threshold_seconds=threshold,
-                message=message,
-                created_at=run.now,
+        message = (
+            _(
+                "Low balance: about %(minutes)d minutes left at %(burn)s 元/h. "
+                "Top up to keep your instances running."
             )
+            % params
         )
+        notice = BillingNotice(
+            wallet_id=wallet_id,
+            kind=NoticeKind.LOW_BALANCE,
+            threshold_seconds=threshold,
+            message=message,
+            created_at=run.now,
+        )
+        notice.params = params  # type: ignore[attr-defined]  # for console/notices
+        run.notices.append(notice)
     if decision.stop:
         # The session keys handed to the decision are UsageSession primary keys.
         for key in decision.stop:
@@ -664,11 +669,11 @@ def _apply_decision(
             "Your balance cannot cover the next minute of usage: %(n)d instance(s) "
             "were stopped. Disks and files are kept."
         ) % {"n": len(decision.stop)}
-        run.notices.append(
-            BillingNotice(
-                wallet_id=wallet_id, kind=NoticeKind.STOPPED, message=message, created_at=run.now
-            )
+        notice = BillingNotice(
+            wallet_id=wallet_id, kind=NoticeKind.STOPPED, message=message, created_at=run.now
         )
+        notice.params = {"n": len(decision.stop)}  # type: ignore[attr-defined]
+        run.notices.append(notice)
 
 
 def _write_back(run: _Run) -> None:
@@ -702,6 +707,18 @@ def _after_commit(run: _Run) -> None:
         transaction.on_commit(lambda: _request_stops(refs))
     if run.notices:
         _notify_on_commit(run.notices)
+    charged = [wallet_id for wallet_id, due in run.dues.items() if due.owed]
+    if charged:  # the customers' own thresholds in 元 (billing/balance_alerts.py)
+        transaction.on_commit(lambda: _check_thresholds(charged))
+
+
+def _check_thresholds(wallet_ids: list[int]) -> None:
+    from billing import balance_alerts
+
+    try:
+        balance_alerts.check(wallet_ids)
+    except Exception:  # an alert must not undo a settlement
+        logger.exception("could not check the balance thresholds")
 
 
 def _request_stops(refs: list[tuple[str, str]]) -> None:
@@ -716,6 +733,15 @@ def _notify_on_commit(notices: list[BillingNotice]) -> None:
         )
     )
     messages = [(str(owners[n.wallet_id]), n.kind, n.message) for n in notices]
+    told = [
+        (
+            n.wallet_id,
+            str(n.kind),
+            getattr(n, "params", {}),
+            f"billing:{n.wallet_id}:{n.kind}:{n.threshold_seconds or 0}:{n.created_at.timestamp()}",
+        )
+        for n in notices
+    ]
 
     def send() -> None:
         for public_id, kind, message in messages:
@@ -723,5 +749,17 @@ def _notify_on_commit(notices: list[BillingNotice]) -> None:
                 notify_user(public_id, f"billing.{kind}", {"message": message})
             except Exception:  # a dropped toast must not undo a settlement
                 logger.exception("could not notify %s", public_id)
+        # The inbox, mail and SMS (console/notices/): once per warning, whatever retries.
+        users = dict(
+            Wallet.objects.filter(pk__in={t[0] for t in told}).values_list("pk", "owner_id")
+        )
+        for wallet_id, kind, params, key in told:
+            try:
+                with transaction.atomic():
+                    notice_service.notify_user_id(
+                        users[wallet_id], kind, params, key=key, link="/billing/"
+                    )
+            except Exception:
+                logger.exception("could not record notice %s", key)
 
     transaction.on_commit(send)

@@ -21,6 +21,8 @@ from billing.models import Account, BillingNotice, UsageSession, Wallet
 from billing.providers import get_provider
 from billing.providers.sandbox import SandboxProvider, sandbox_enabled
 from console.htmx import render_page
+from console.verification.services import VerificationRequired
+from console.verification.views import refusal_response
 
 if TYPE_CHECKING:
     from console.models import User
@@ -94,6 +96,8 @@ def topup(request: AuthenticatedRequest) -> HttpResponse:
         return redirect("billing:overview")
     try:
         payment, _created = services.start_topup(request.user, form.cleaned_data["amount"])
+    except VerificationRequired as exc:
+        return refusal_response(request, exc)
     except services.BillingError as exc:
         messages.error(request, exc.message())
         return redirect("billing:overview")

@@ -45,6 +45,7 @@ class ErrorCode(StrEnum):
     QUOTA_EXCEEDED = "quota_exceeded"
     PRICE_NOT_SET = "price_not_set"
     TOO_LARGE = "too_large"  # a request body over DATA_UPLOAD_MAX_MEMORY_SIZE (413)
+    VERIFICATION_REQUIRED = "verification_required"  # 实名认证 first (403)
     UNAVAILABLE = "unavailable"  # a transient outage (database, Redis): 503 with Retry-After
     ERROR = "error"
 

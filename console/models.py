@@ -135,3 +135,8 @@ class TrialCreditClaim(models.Model):
 
     def __str__(self) -> str:
         return self.mailbox
+
+
+# Real-name verification keeps its models in its own package (console/verification/).
+from console.notices.models import Notice, NoticePreference  # noqa: E402, F401
+from console.verification.models import Verification  # noqa: E402, F401

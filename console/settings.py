@@ -806,3 +806,42 @@ LOGGING = {
 
 CONSOLE_VERSION = "0.1.0"
 CONSOLE_MODE_LABEL = _("Production") if PRODUCTION else _("Embedded demo (simulated fleet)")
+
+# --- Real-name verification (实名认证), invoices (发票), bill exports: issue 33 -----------------
+# Who checks a person's name, ID number and face: "sandbox" (labelled as such, decides at once)
+# is the only provider shipped; console/verification/providers.py names the interface.
+VERIFICATION_PROVIDER: str = _get("VERIFICATION_PROVIDER", env.str, "sandbox")
+# What needs a verified account (console/verification/services.py, GATED_ACTIONS): online
+# top-ups, invoices and slices of VERIFICATION_LARGE_ORDER_CARDS cards or more. The trial credit,
+# the demo and small hosts never do. An empty list turns the gate off.
+VERIFICATION_REQUIRED_FOR: list[str] = _get(
+    "VERIFICATION_REQUIRED_FOR", env.list, ["topup", "invoice", "large_order"]
+)
+VERIFICATION_LARGE_ORDER_CARDS: int = _get("VERIFICATION_LARGE_ORDER_CARDS", env.int, 64)
+# A business licence upload (PNG, JPEG or PDF) is refused above this size.
+VERIFICATION_LICENCE_MAX_BYTES: int = _get(
+    "VERIFICATION_LICENCE_MAX_BYTES", env.int, 5 * 1024 * 1024
+)
+# Uploaded licences and issued invoice PDFs: never under a public URL, served by views that check
+# the owner (or an operator).
+PRIVATE_FILES_DIR = Path(_get("PRIVATE_FILES_DIR", env.str, str(STATE_DIR / "private")))
+# The smallest invoice a customer may request (元).
+INVOICE_MIN_AMOUNT: str = _get("INVOICE_MIN_AMOUNT", env.str, "1.00")
+# The TrueType font embedded in invoice PDFs for Chinese text (`make system-deps` installs
+# fonts-wqy-microhei); empty: the first of billing/invoicing/pdf.py's FONT_CANDIDATES found.
+INVOICE_FONT_PATH: str = _get("INVOICE_FONT_PATH", env.str, "")
+# The seller printed on invoices.
+INVOICE_SELLER_NAME: str = _get("INVOICE_SELLER_NAME", env.str, "GPU Console (sandbox seller)")
+INVOICE_SELLER_TAX_ID: str = _get("INVOICE_SELLER_TAX_ID", env.str, "91110108MA01ABCD2H")
+# Notices (console/notices/): SMS through a backend; the embedded default writes each message to
+# var/sms/ as mail goes to var/mail/ (a provider's backend implements send(phone, text)).
+SMS_BACKEND: str = _get("SMS_BACKEND", env.str, "console.notices.sms.FileBackend")
+SMS_FILE_PATH = Path(_get("SMS_FILE_PATH", env.str, str(STATE_DIR / "sms")))
+# 对公转账: the account customers pay by bank transfer (billing/transfers/).
+BANK_TRANSFER_ACCOUNT_NAME: str = _get(
+    "BANK_TRANSFER_ACCOUNT_NAME", env.str, "GPU Console (sandbox account)"
+)
+BANK_TRANSFER_BANK: str = _get("BANK_TRANSFER_BANK", env.str, "Sandbox Bank, Beijing branch")
+BANK_TRANSFER_ACCOUNT_NUMBER: str = _get(
+    "BANK_TRANSFER_ACCOUNT_NUMBER", env.str, "6222 0000 0000 0000 000"
+)

@@ -11,6 +11,8 @@ from rest_framework.routers import APIRootView, DefaultRouter
 
 from console import views
 from console.lockout import limit_failed_logins
+from console.notices import views as notice_views
+from console.verification import views as verification_views
 
 # /api/v1/: every app's router merged into one browsable root, plus each app's extra API paths.
 API_APPS = ("console", "slices", "marketplace", "billing")
@@ -48,6 +50,24 @@ urlpatterns = [
     path("diagnostics/broadcast/", views.diagnostics_broadcast, name="diagnostics-broadcast"),
     path("i18n/", include("django.conf.urls.i18n")),
     path("accounts/", include("console.account_urls")),
+    # Real-name verification (实名认证) and its review queue (console/verification/).
+    path("account/verification/", verification_views.verification, name="account-verification"),
+    path(
+        "account/verification/<uuid:public_id>/licence/",
+        verification_views.licence,
+        name="account-verification-licence",
+    ),
+    path("ops/verifications/", verification_views.review_queue, name="ops-verifications"),
+    # 站内信 and notification settings (console/notices/).
+    path("notifications/", notice_views.inbox, name="notifications"),
+    path("notifications/badge/", notice_views.badge, name="notifications-badge"),
+    path("notifications/read-all/", notice_views.read_all, name="notifications-read-all"),
+    path("notifications/<uuid:public_id>/read/", notice_views.read, name="notifications-read-one"),
+    path(
+        "ops/verifications/<uuid:public_id>/decide/",
+        verification_views.review_decide,
+        name="ops-verification-decide",
+    ),
     path("accounts/", include("allauth.urls")),
     # The pre-allauth name, still used by pages: the same view as allauth's account_login.
     path("accounts/login/", allauth_views.login, name="login"),

@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from billing.choices import BillingMode
 from billing.services import gpu_model_key as billing_key
 from console.auth import staff_required
-from console.errors import DomainError
+from console.errors import DomainError, ErrorCode
 from console.htmx import render_page, stop_polling
 from console.ids import parse_uuid
 from marketplace import recipes as catalogue_recipes
@@ -210,6 +210,8 @@ def instance_new(request: HttpRequest) -> HttpResponse:
                 return redirect("slices:instance-detail", public_id=instance.public_id)
     context["picker"] = asset_picker(request.user, context["asset_ids"], data.get("asset_q", ""))
     status = 409 if context.get("order_error") is not None else 200
+    if getattr(context.get("order_error"), "code", None) == ErrorCode.VERIFICATION_REQUIRED:
+        status = 403  # 实名认证 first: refused as the API refuses
     return render_page(request, "slices/instance_new.html", context, "summary", status=status)
 
 

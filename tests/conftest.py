@@ -76,6 +76,17 @@ def pytest_configure(config: pytest.Config) -> None:
     # PBKDF2 at one iteration (tests/support/hashers.py): the same algorithm and format, without
     # 0.25 s of CPU for every user a test creates or logs in.
     settings.PASSWORD_HASHERS = ["tests.support.hashers.OneIterationPBKDF2PasswordHasher"]
+    # Licences, invoice PDFs and SMS files of the in-process suite go to a temporary folder, not
+    # to var/ (tests that read them set their own per test).
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    scratch = Path(tempfile.mkdtemp(prefix="gc-private-"))
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    settings.PRIVATE_FILES_DIR = scratch / "private"
+    settings.SMS_FILE_PATH = scratch / "sms"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -84,7 +84,7 @@ class TopUpCreateSerializer(serializers.Serializer):
     amount = serializers.DecimalField(
         max_digits=12, decimal_places=2, min_value=Decimal("1.00"), max_value=Decimal("10000000.00")
     )
-    provider = serializers.ChoiceField(choices=["sandbox"], default="sandbox")
+    provider = serializers.ChoiceField(choices=["sandbox", "bank_transfer"], default="sandbox")
 
 
 class TopUpSerializer(serializers.ModelSerializer):

@@ -5,12 +5,16 @@ from __future__ import annotations
 from django.utils.translation import gettext_noop
 
 from billing.errors import BillingError
+from billing.providers.bank_transfer import BankTransferProvider
 from billing.providers.base import PaymentProvider, WebhookEvent
 from billing.providers.sandbox import SandboxProvider, sandbox_enabled
 
 __all__ = ["PaymentProvider", "WebhookEvent", "get_provider"]
 
-_PROVIDERS: dict[str, type[PaymentProvider]] = {"sandbox": SandboxProvider}
+_PROVIDERS: dict[str, type[PaymentProvider]] = {
+    "sandbox": SandboxProvider,
+    "bank_transfer": BankTransferProvider,  # 对公转账 (billing/transfers/)
+}
 
 
 def get_provider(name: str) -> PaymentProvider:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from console.api.views import ApiTokenViewSet, SshKeyViewSet
+from console.notices.api import NoticeViewSet
+from console.verification.api import VerificationView
 
 router = DefaultRouter()
 router.register("ssh-keys", SshKeyViewSet, basename="ssh-key")
 router.register("api-tokens", ApiTokenViewSet, basename="api-token")
-urlpatterns: list = []
+router.register("notifications", NoticeViewSet, basename="notification")
+urlpatterns: list = [
+    path("verification/", VerificationView.as_view(), name="verification"),
+]

@@ -30,6 +30,7 @@ from console import services as console_services
 from console.errors import ErrorCode
 from console.ids import parse_uuid
 from console.names import NameRefused, clean_name
+from console.verification import services as verification
 from marketplace import services as marketplace
 from slices import envpolicy, events, lifecycle, topology
 from slices.choices import AllocationKind, EventKind, EventLevel, InstanceState
@@ -460,6 +461,7 @@ def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
         if region is None:
             raise OrderRefused(gettext_noop("Unknown region %(region)s."), region=region_code)
     _check_shape(req)
+    verification.require_verified_for_order(user, req.cards)  # 实名认证 for large slices (403)
     price = price_name(model.code)
     if price is None:
         raise billing.PriceNotSet(

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from billing import services
+from billing.invoicing import services as invoicing
 from billing.seed import seed_default_prices
 from console.models import User
 from tests.billing.factories import fund, open_session
@@ -28,10 +29,61 @@ def _usage_session(owner: User) -> dict[str, Any]:
     return {"public_id": session.public_id}
 
 
+def _consumed(owner: User) -> None:
+    """Cash the owner consumed (invoiceable): a top-up and a 1-day rental."""
+    seed_default_prices()
+    payment, _ = services.start_topup(owner, "100.00")
+    services.confirm_payment(
+        str(payment.public_id),
+        provider="sandbox",
+        provider_txn_id=f"iso-{payment.public_id}",
+        amount=payment.amount,
+    )
+    services.purchase_term(
+        owner,
+        gpu_model="RTX 4090",
+        cards=1,
+        days=1,
+        resource_kind="instance",
+        resource_id=str(uuid.uuid4()),
+    )
+
+
+def _invoice(owner: User) -> dict[str, Any]:
+    """An issued invoice (with its PDF) of the owner."""
+    _consumed(owner)
+    row = invoicing.request_invoice(owner, kind="normal", title_type="personal")
+    return {"public_id": invoicing.issue_invoice(row.public_id, by=None).public_id}
+
+
+def _reversed_invoice(owner: User) -> dict[str, Any]:
+    kwargs = _invoice(owner)
+    invoicing.reverse_invoice(kwargs["public_id"], by=None, reason="isolation")
+    return kwargs
+
+
+def _invoice_action(owner: User) -> dict[str, Any]:
+    return {**_invoice(owner), "verb": "reverse"}
+
+
+def _transfer(owner: User) -> dict[str, Any]:
+    payment, _ = services.start_topup(owner, "100.00", provider="bank_transfer")
+    return {"public_id": payment.public_id}
+
+
 OBJECT_ROUTES: dict[str, Callable[[User], dict[str, Any]]] = {
     "billing:sandbox-checkout": _payment,
+    "billing:invoice-pdf": _invoice,
+    "billing:invoice-red-pdf": _reversed_invoice,
+    "billing:transfer-detail": _transfer,
+    "billing-invoice-detail": _invoice,
+    "billing-invoice-pdf": _invoice,
     "billing-top-up-detail": _payment,
     "billing-transaction-detail": _transaction,
     "billing-usage-session-detail": _usage_session,
+}
+STAFF_ROUTES: dict[str, Callable[[User], dict[str, Any]]] = {
+    "billing:ops-invoice-action": _invoice_action,
+    "billing:ops-invoice-pdf": _invoice,
 }
 EXEMPT_ROUTES: dict[str, str] = {}

@@ -39,6 +39,7 @@ from billing.settlement import (
 )
 from console.models import User
 from tests.billing.conftest import assert_ledger_consistent
+from tests.console.factories import verify_personally
 
 Settle = Callable[..., Any]
 PATHS = {"sql": settle_usage, "python": settle_usage_in_python}
@@ -47,7 +48,9 @@ START = datetime(2026, 3, 1, 4, 0, 0, 250_000, tzinfo=UTC)
 
 def _user(username: str) -> User:
     """A customer without a password (no hashing: these tests never log in)."""
-    return User.objects.create(username=username, email=f"{username}@example.com")
+    user = User.objects.create(username=username, email=f"{username}@example.com")
+    verify_personally(user)  # 实名认证: these customers top up
+    return user
 
 
 def _session(user: User, rid: str, *, rate: str, cards: int, at: datetime, meter: str = "gpu"):

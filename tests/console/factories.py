@@ -4,14 +4,18 @@ accounts glue, with real key material and real tokens through the services."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import date, datetime, timedelta
 
 import factory
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from django.utils import timezone
 
 from console import services
 from console.models import ApiToken, SshKey, User
+from console.verification.checks import mask_id_number, resident_id_check_char
+from console.verification.models import Verification, VerificationKind, VerificationState
+from console.verification.services import id_number_hash
 
 PASSWORD = "correct-horse-battery-9"
 
@@ -28,6 +32,36 @@ class UserFactory(factory.django.DjangoModelFactory):
     username = factory.Sequence(lambda n: f"customer{n}")
     email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
     password = factory.django.Password(PASSWORD)
+
+    @factory.post_generation
+    def verified(obj: User, create: bool, extracted: bool | None, **kwargs: object) -> None:
+        """Customers are verified (实名认证, as the sandbox approves them) unless made with
+        ``verified=False``: the gate (VERIFICATION_REQUIRED_FOR) stays on in every test."""
+        if create and extracted is not False:
+            verify_personally(obj)
+
+
+def resident_id(serial: int) -> str:
+    """A valid resident ID number (GB 11643 check character), one per ``serial``."""
+    born = date(1949, 1, 1) + timedelta(days=serial % 20000)
+    first17 = f"110105{born:%Y%m%d}{serial // 20000 % 1000:03d}"
+    return first17 + resident_id_check_char(first17)
+
+
+def verify_personally(user: User) -> Verification:
+    """An approved personal verification, as the sandbox provider records it (no mail sent);
+    each user's own ID number (one number verifies one account)."""
+    number = resident_id(user.pk)
+    return Verification.objects.create(
+        owner=user,
+        kind=VerificationKind.PERSONAL,
+        state=VerificationState.APPROVED,
+        provider="sandbox",
+        real_name=user.first_name or user.username,
+        id_number_masked=mask_id_number(number),
+        id_number_hash=id_number_hash(number),
+        decided_at=timezone.now(),
+    )
 
 
 def ed25519_public_key(comment: str = "me@laptop") -> str:

@@ -8,9 +8,15 @@ Other apps add a ``tests/<app>/isolation.py`` with the same names (any may be om
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from console.notices import services as notices
+from console.verification import services as verification
+from console.verification.models import Verification
 from tests.console.factories import make_api_token, make_ssh_key
 
 
@@ -22,7 +28,31 @@ def _token(owner: Any) -> dict[str, Any]:
     return {"public_id": make_api_token(owner)[0].public_id}
 
 
+def _licence(owner: Any) -> dict[str, Any]:
+    """An organisation's verification with its licence file (the owner's personal one removed)."""
+    Verification.objects.filter(owner=owner).delete()
+    row = verification.submit_organisation(
+        owner,
+        kind="enterprise",
+        organisation_name="某某科技有限公司",
+        credit_code="91350100M000100Y43",
+        licence=SimpleUploadedFile("licence.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 64),
+        contact_name="李四",
+        contact_phone="010-12345678",
+    )
+    return {"public_id": row.public_id}
+
+
+def _notice(owner: Any) -> dict[str, Any]:
+    notice = notices.notify(owner, "stopped", {"n": 1}, key=f"isolation:{uuid.uuid4()}")
+    return {"public_id": notice.public_id}
+
+
 OBJECT_ROUTES: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "account-verification-licence": _licence,
+    "notification-read": _notice,
+    "notifications-read-one": _notice,
+    "notification-detail": _notice,
     # pages
     "account:ssh-key-delete": _ssh_key,
     "account:ssh-key-set-default": _ssh_key,
@@ -33,3 +63,5 @@ OBJECT_ROUTES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "api-token-detail": _token,
     "api-token-revoke": _token,
 }
+
+STAFF_ROUTES: dict[str, Callable[[Any], dict[str, Any]]] = {"ops-verification-decide": _licence}

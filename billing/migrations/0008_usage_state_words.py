@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('billing', '0006_settlement_in_sql'),
+        ('billing', '0007_invoices_transfers'),
     ]
 
     operations = [

@@ -1,0 +1,1 @@
+"""发票: electronic invoices for consumed cash (models, services, the PDF), and the bill exports."""

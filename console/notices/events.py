@@ -1,0 +1,83 @@
+"""What each event says (title and text templates, filled from the notice's parameters and
+rendered in the reader's language) and the channels it uses unless the account chose others."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import gettext_noop
+
+
+@dataclass(frozen=True)
+class Event:
+    label: object  # lazy: the event's name on the preferences form
+    title: str  # gettext_noop templates
+    body: str
+    channels: tuple[str, ...]
+
+
+EVENTS: dict[str, Event] = {
+    "low_balance": Event(
+        _("Low balance"),
+        gettext_noop("Low balance"),
+        gettext_noop(
+            "About %(minutes)s minutes of usage are left at %(burn)s 元/h. Top up to keep your "
+            "instances running."
+        ),
+        ("inbox", "mail", "sms"),
+    ),
+    "low_balance_threshold": Event(
+        _("Balance below my threshold"),
+        gettext_noop("Balance below %(threshold)s 元"),
+        gettext_noop(
+            "Your balance is %(balance)s 元, below the %(threshold)s 元 you asked to be told "
+            "about. Top up to keep your instances running."
+        ),
+        ("inbox", "mail", "sms"),
+    ),
+    "stopped": Event(
+        _("Stopped for lack of funds"),
+        gettext_noop("Instances stopped: balance exhausted"),
+        gettext_noop(
+            "Your balance cannot cover the next minute of usage: %(n)s instance(s) were stopped. "
+            "Disks and files are kept."
+        ),
+        ("inbox", "mail", "sms"),
+    ),
+    "verification_approved": Event(
+        _("Verification decisions"),
+        gettext_noop("Your real-name verification was approved"),
+        gettext_noop(
+            "Your account is verified (%(name)s). Top-ups, invoices and large orders are open."
+        ),
+        ("inbox", "mail"),
+    ),
+    "verification_rejected": Event(
+        _("Verification decisions"),
+        gettext_noop("Your real-name verification was rejected"),
+        gettext_noop(
+            "Your verification (%(name)s) was rejected: %(reason)s. You can submit again."
+        ),
+        ("inbox", "mail"),
+    ),
+    "invoice_issued": Event(
+        _("Invoice issued"),
+        gettext_noop("Your invoice %(number)s is issued"),
+        gettext_noop(
+            "Your electronic invoice %(number)s of %(amount)s 元 is issued; download it at "
+            "/billing/invoices/."
+        ),
+        ("inbox", "mail"),
+    ),
+}
+
+# The preferences form: one row per kind of event (the two verification events share one).
+PREFERENCE_EVENTS = (
+    "low_balance",
+    "low_balance_threshold",
+    "stopped",
+    "verification_approved",
+    "invoice_issued",
+)
+SHARED = {"verification_rejected": "verification_approved"}
