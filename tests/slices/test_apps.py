@@ -197,7 +197,9 @@ def test_a_launch_orders_an_instance_that_is_ready_when_the_app_answers_and_its_
     assert body["data"][0]["id"]
     answer = visitor.post(
         f"{base}/chat/completions",
-        data=json.dumps({"model": "x", "messages": [{"role": "user", "content": "你好"}]}),
+        data=json.dumps(
+            {"model": body["data"][0]["id"], "messages": [{"role": "user", "content": "你好"}]}
+        ),
         content_type="application/json",
         **auth,
     )
