@@ -504,7 +504,7 @@ SLICES_SYSTEM_DISK_GB: int = _get("SLICES_SYSTEM_DISK_GB", env.int, 50)
 # A stopped instance is released after this many days, warned at each of the days before it.
 SLICES_STOPPED_RELEASE_DAYS: int = _get("SLICES_STOPPED_RELEASE_DAYS", env.int, 15)
 SLICES_STOPPED_WARN_DAYS: list[int] = [
-    int(d) for d in _get("SLICES_STOPPED_WARN_DAYS", env.list, ["3", "1"])
+    int(d) for d in _get("SLICES_STOPPED_WARN_DAYS", env.list, ["7", "3", "1"])
 ]
 # A node with a bad health signal from its agent (Xid, NVML failure) for this long is marked failed
 # and leaves the pool until an operator returns it.

@@ -61,6 +61,25 @@ EVENTS: dict[str, Event] = {
         ),
         ("inbox", "mail"),
     ),
+    "node_failed_migrating": Event(
+        _("A node failed: my instance moves"),
+        gettext_noop("Instance %(name)s is moving to another node"),
+        gettext_noop(
+            "The node %(node)s under your instance %(name)s failed. The instance is moving to a "
+            "healthy node and restarts from its latest checkpoint; it is not billed while it "
+            "moves."
+        ),
+        ("inbox", "mail", "sms"),
+    ),
+    "release_warning": Event(
+        _("Before anything is deleted"),
+        gettext_noop("Instance %(name)s will be released in %(days)s day(s)"),
+        gettext_noop(
+            "Your instance %(name)s has been stopped for long and will be released, with its "
+            "system disk, at %(release_at)s. Start it, or copy what you need, before then."
+        ),
+        ("inbox", "mail", "sms"),
+    ),
     "invoice_issued": Event(
         _("Invoice issued"),
         gettext_noop("Your invoice %(number)s is issued"),
@@ -78,6 +97,8 @@ PREFERENCE_EVENTS = (
     "low_balance_threshold",
     "stopped",
     "verification_approved",
+    "node_failed_migrating",
+    "release_warning",
     "invoice_issued",
 )
 SHARED = {"verification_rejected": "verification_approved"}

@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from billing import services as billing
 from billing.choices import CloseReason
+from console.notices import services as notices
 from slices.choices import (
     SCHEDULABLE_STATES,
     AllocationKind,
@@ -306,6 +307,14 @@ def start_migration(instance: Instance, node: Node, *, signal: str = "") -> bool
     )
     close_billing(instance, CloseReason.MIGRATED, code="billing_paused")
     enqueue_on_commit("slices.tasks.migrate_instance_task", instance.pk)
+    # The owner hears of it in the notice centre, by mail and SMS (issue 33), once per move.
+    notices.notify_user_id(
+        instance.owner_id,
+        "node_failed_migrating",
+        {"name": instance.name, "node": node.hostname},
+        key=f"migrating:{instance.pk}:{instance.state_changed_at.isoformat()}",
+        link=f"/instances/{instance.public_id}/",
+    )
     return True
 
 

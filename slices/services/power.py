@@ -27,6 +27,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from billing.choices import BillingMode, CloseReason
+from console.notices import services as notices
 from slices import lifecycle
 from slices.choices import (
     AllocationKind,
@@ -341,6 +342,18 @@ def release_long_stopped(now: datetime) -> tuple[list[str], list[str]]:
                     code="stopped_release_warning",
                     level=EventLevel.WARNING,
                     params={"hours": left, "release_at": due.isoformat()},
+                )
+                # D-7 / D-3 / D-1 before the automatic release (issue 33), each sent once.
+                notices.notify_user_id(
+                    instance.owner_id,
+                    "release_warning",
+                    {
+                        "name": instance.name,
+                        "days": max(1, -(-left // 24)),
+                        "release_at": timezone.localtime(due).strftime("%Y-%m-%d %H:%M"),
+                    },
+                    key=f"stopped_release:{instance.pk}:{stopped_at.isoformat()}:{owed}",
+                    link=f"/instances/{instance.public_id}/",
                 )
                 warned.append(str(instance.public_id))
     return warned, released

@@ -96,6 +96,11 @@ def test_failed_node_of_a_64_card_slice_migrates_within_its_su_and_resumes(
     assert inst.state == InstanceState.RUNNING, list(inst.events.values_list("code", "params"))
     victim.refresh_from_db()
     assert victim.state == NodeState.FAILED
+    # The owner is told, once (issue 33): the notice centre, and mail and SMS after the commit.
+    from console.notices.models import Notice
+
+    told = Notice.objects.get(recipient=funded, event="node_failed_migrating")
+    assert told.params == {"name": inst.name, "node": victim.hostname}
     new_parts = list(inst.nodes.select_related("node").order_by("rank"))
     assert victim.pk not in {p.node_id for p in new_parts}
     replacement = new_parts[0].node

@@ -169,6 +169,12 @@ def test_long_stopped_instance_is_warned_then_released(
     assert inst.events.filter(code="stopped_release_warning").count() == 1
     reconcile(start + timedelta(days=6, hours=1))
     assert inst.events.filter(code="stopped_release_warning").count() == 2
+    # Each warning is also a notice to the owner, sent once (issue 33: D-3, D-1 here).
+    from console.notices.models import Notice
+
+    warned = Notice.objects.filter(recipient=funded, event="release_warning")
+    assert warned.count() == 2
+    assert {n.params["days"] for n in warned} == {"3", "1"}
     with django_capture_on_commit_callbacks(execute=True):
         reconcile(start + timedelta(days=7, minutes=1))
     inst.refresh_from_db()
