@@ -373,6 +373,8 @@ class UsageSession(Metered, models.Model):
     resource_kind = models.CharField(_("resource kind"), max_length=20)
     resource_id = models.CharField(_("resource"), max_length=64)
     label = models.CharField(_("name"), max_length=120, blank=True)
+    # Where the resource runs (a region's code; "" for account-wide storage): the bills' 地域.
+    region = models.CharField(_("region"), max_length=32, blank=True, default="")
     meter = models.CharField(max_length=8, choices=Meter.choices, default=Meter.GPU)
     gpu_model = models.CharField(_("GPU model"), max_length=40, blank=True)
     cards = models.PositiveIntegerField(_("cards"))  # GB for disks
@@ -453,6 +455,7 @@ class TermRental(models.Model):
     resource_kind = models.CharField(max_length=20)
     resource_id = models.CharField(max_length=64)
     label = models.CharField(max_length=120, blank=True)
+    region = models.CharField(max_length=32, blank=True, default="")
     gpu_model = models.CharField(max_length=40)
     cards = models.PositiveIntegerField()
     days = models.PositiveIntegerField()

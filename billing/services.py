@@ -597,6 +597,7 @@ def open_usage_session(
     label: str = "",
     meter: str = Meter.GPU,
     at: datetime | None = None,
+    region: str = "",
 ) -> UsageSession:
     """Start billing a resource at ``at`` (default now) at the current price; idempotent.
 
@@ -628,6 +629,7 @@ def open_usage_session(
                 resource_kind=resource_kind,
                 resource_id=str(resource_id),
                 label=label[:120],
+                region=region[:32],
                 meter=meter,
                 gpu_model=gpu_model,
                 cards=units,
@@ -763,6 +765,7 @@ def purchase_term(
     resource_kind: str,
     resource_id: str,
     label: str = "",
+    region: str = "",
 ) -> TermRental:
     """Pay a long-term rental up front at the term's price, locked for the whole term.
 
@@ -803,6 +806,7 @@ def purchase_term(
         resource_kind=resource_kind,
         resource_id=str(resource_id),
         label=label,
+        region=region[:32],
         gpu_model=gpu_model,
         cards=cards,
         days=days,

@@ -18,6 +18,7 @@ from billing.errors import BillingError
 FILTERS = [
     OpenApiParameter("month", str, description="YYYY-MM (default: this month)"),
     OpenApiParameter("product", str, description="a resource kind: instance, storage"),
+    OpenApiParameter("region", str, description="a region's code: xiamen, yinchuan, ulanqab"),
     OpenApiParameter("resource", str, description="part of a resource id"),
 ]
 
@@ -35,7 +36,7 @@ def _money(t: lines.Totals) -> dict[str, str]:
 
 class MonthlyBillView(APIView):
     @extend_schema(
-        summary="The monthly bill: totals by product, GPU model and member",
+        summary="The monthly bill: totals by product, region, GPU model and member",
         parameters=FILTERS,
         responses=OpenApiTypes.OBJECT,
         tags=["billing"],
@@ -44,7 +45,11 @@ class MonthlyBillView(APIView):
         filters = _filters(request)
         user: Any = request.user
         period, all_lines = lines.month_lines(
-            user, filters["month"] or None, product=filters["product"], resource=filters["resource"]
+            user,
+            filters["month"] or None,
+            product=filters["product"],
+            region=filters["region"],
+            resource=filters["resource"],
         )
         body = {
             "period": period,
@@ -53,6 +58,9 @@ class MonthlyBillView(APIView):
             "ledger_total": str(lines.ledger_month_total(user, period)),
             "by_product": [
                 {"product": r.key, **_money(r.totals)} for r in lines.summary(all_lines, "product")
+            ],
+            "by_region": [
+                {"region": r.key, **_money(r.totals)} for r in lines.summary(all_lines, "region")
             ],
             "by_gpu_model": [
                 {"gpu_model": r.key, **_money(r.totals)}

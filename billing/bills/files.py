@@ -10,7 +10,7 @@ from typing import Any
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from billing.bills.lines import BillLine, item_label, mode_label, product_label
+from billing.bills.lines import BillLine, item_label, mode_label, product_label, region_label
 
 
 def headers() -> list[str]:
@@ -19,6 +19,7 @@ def headers() -> list[str]:
         _("Billing period"),  # 账期
         _("Charged at"),
         _("Product"),  # 产品
+        _("Region"),  # 地域
         _("Resource ID"),  # 资源 ID
         _("Name"),
         _("Billing item"),  # 计费项
@@ -45,6 +46,7 @@ class _Rows:
 
     def __init__(self) -> None:
         self.products: dict[str, str] = {}
+        self.regions: dict[str, str] = {}
         self.items: dict[str, str] = {}
         self.modes: dict[str, str] = {}
         self.times: dict[object, str] = {}
@@ -53,6 +55,9 @@ class _Rows:
         product = self.products.get(line.product)
         if product is None:
             product = self.products[line.product] = product_label(line.product)
+        region = self.regions.get(line.region)
+        if region is None:
+            region = self.regions[line.region] = region_label(line.region)
         item = self.items.get(line.item)
         if item is None:
             item = self.items[line.item] = item_label(line.item)
@@ -68,6 +73,7 @@ class _Rows:
             line.period,
             at,
             product,
+            region,
             safe_text(line.resource_id),
             safe_text(line.label),
             item,

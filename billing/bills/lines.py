@@ -51,6 +51,11 @@ class BillLine:
     cash: Decimal = ZERO  # 现金金额
     member: str = ""  # who in the account (the owner until teams exist)
     transaction_id: int = 0
+    region: str = ""  # 地域: the region's code ("" for account-wide storage)
+
+    @property
+    def region_display(self) -> str:
+        return region_label(self.region)
 
     @property
     def product_display(self) -> str:
@@ -68,6 +73,15 @@ class BillLine:
 def product_label(code: str) -> str:
     label = RESOURCE_KIND_LABELS.get(code)
     return str(label) if label is not None else code
+
+
+# The shipped regions' names (billing reads no fleet table); another region shows its code.
+REGION_LABELS = {"xiamen": _("Xiamen"), "yinchuan": _("Yinchuan"), "ulanqab": _("Ulanqab")}
+
+
+def region_label(code: str) -> str:
+    label = REGION_LABELS.get(code)
+    return str(label) if label is not None else (code or "—")
 
 
 def item_label(item: str) -> str:
@@ -105,9 +119,10 @@ def month_lines(
     *,
     product: str = "",
     resource: str = "",
+    region: str = "",
 ) -> tuple[str, list[BillLine]]:
     """The month's lines (``"YYYY-MM"``, default this month), oldest first; filters by product
-    (resource kind) and resource id (a substring)."""
+    (resource kind), region (its code) and resource id (a substring)."""
     _first, start, end = month_bounds(month, clock.now())
     period = f"{start:%Y-%m}"
     wallet = Wallet.objects.filter(owner=user).first()
@@ -147,11 +162,24 @@ def month_lines(
             "session__gpu_model",
             "session__cards",
             "session__rate",
+            "session__region",
         )
     )
-    for pk, txn_id, frm, to, amount, kind, rid, label, meter, model, cards, rate in rows.iterator(
-        chunk_size=5000
-    ):
+    for (
+        pk,
+        txn_id,
+        frm,
+        to,
+        amount,
+        kind,
+        rid,
+        label,
+        meter,
+        model,
+        cards,
+        rate,
+        where,
+    ) in rows.iterator(chunk_size=5000):
         seconds = Decimal(to - frm)
         disk = meter == Meter.DISK
         by_txn[txn_id].append(
@@ -172,6 +200,7 @@ def month_lines(
                 amount=amount,
                 member=member,
                 transaction_id=txn_id,
+                region=where,
             )
         )
     for rental in TermRental.objects.filter(transaction_id__in=list(spend)).order_by("id"):
@@ -191,6 +220,7 @@ def month_lines(
                 amount=rental.total,
                 member=member,
                 transaction_id=rental.transaction_id,
+                region=rental.region,
             )
         )
     lines: list[BillLine] = []
@@ -201,6 +231,8 @@ def month_lines(
     lines = sorted(lines + reversed_lines, key=lambda line: (line.charged_at, line.bill_no))
     if product:
         lines = [line for line in lines if line.product == product]
+    if region:
+        lines = [line for line in lines if line.region == region]
     if resource:
         lines = [line for line in lines if resource in line.resource_id]
     return period, lines
@@ -221,20 +253,26 @@ def _correction_lines(
         "pk", "kind"
     ):
         what[txn_id] = kind
-    subjects: dict[int, tuple[str, str, str]] = {}
-    for txn_id, kind, rid, model in UsageCharge.objects.filter(
+    subjects: dict[int, tuple[str, str, str, str]] = {}
+    for txn_id, kind, rid, model, where in UsageCharge.objects.filter(
         transaction_id__in=reversed_ids
     ).values_list(
-        "transaction_id", "session__resource_kind", "session__resource_id", "session__gpu_model"
+        "transaction_id",
+        "session__resource_kind",
+        "session__resource_id",
+        "session__gpu_model",
+        "session__region",
     ):
-        subjects.setdefault(txn_id, (kind, rid, model))
+        subjects.setdefault(txn_id, (kind, rid, model, where))
     for r in TermRental.objects.filter(transaction_id__in=reversed_ids):
-        subjects.setdefault(r.transaction_id, (r.resource_kind, r.resource_id, r.gpu_model))
+        subjects.setdefault(
+            r.transaction_id, (r.resource_kind, r.resource_id, r.gpu_model, r.region)
+        )
     out = []
     for pk, at, reverses in corrections:
         parts = paid.get(pk, {})
         voucher, trial, cash = (parts.get(k, ZERO) for k in ("voucher", "trial", "cash"))
-        kind, rid, model = subjects.get(reverses, ("", "", ""))
+        kind, rid, model, where = subjects.get(reverses, ("", "", "", ""))
         out.append(
             BillLine(
                 bill_no=f"R{pk:012d}",
@@ -254,6 +292,7 @@ def _correction_lines(
                 cash=cash,
                 member=member,
                 transaction_id=pk,
+                region=where,
             )
         )
     return out
@@ -285,7 +324,7 @@ class SummaryRow:
 
 
 def summary(lines: list[BillLine], by: str) -> list[SummaryRow]:
-    """The monthly bill grouped ``by`` product, gpu_model or member; largest first."""
+    """The monthly bill grouped ``by`` product, region, gpu_model or member; largest first."""
     groups: dict[str, list[BillLine]] = defaultdict(list)
     for line in lines:
         groups[getattr(line, by) or "—"].append(line)
@@ -293,7 +332,13 @@ def summary(lines: list[BillLine], by: str) -> list[SummaryRow]:
     rows = []
     for key, group in groups.items():
         t = totals(group)
-        label = product_label(key) if by == "product" else key
+        label = (
+            product_label(key)
+            if by == "product"
+            else region_label(key if key != "—" else "")
+            if by == "region"
+            else key
+        )
         share = int(t.amount * 100 / whole) if whole > 0 else 0
         rows.append(SummaryRow(key, label, t, max(0, min(100, share))))
     return sorted(rows, key=lambda r: (-r.totals.amount, r.key))

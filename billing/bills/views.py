@@ -22,20 +22,26 @@ FORMATS = {
 
 
 def parse_filters(params: Any) -> dict[str, str] | None:
-    """month (YYYY-MM, default this month), product, resource; None when the month is malformed."""
+    """month (YYYY-MM, default this month), product, region, resource; None when the month is
+    malformed."""
     month = (params.get("month") or "").strip()
     if month and not MONTH.match(month):
         return None
     return {
         "month": month,
         "product": (params.get("product") or "").strip()[:20],
+        "region": (params.get("region") or "").strip()[:32],
         "resource": (params.get("resource") or "").strip()[:64],
     }
 
 
 def export_bytes(user: Any, filters: dict[str, str], fmt: str) -> tuple[bytes, str]:
     period, rows = lines.month_lines(
-        user, filters["month"] or None, product=filters["product"], resource=filters["resource"]
+        user,
+        filters["month"] or None,
+        product=filters["product"],
+        region=filters["region"],
+        resource=filters["resource"],
     )
     name = f"bill-{period}.{fmt}"
     if fmt == "xlsx":
@@ -55,6 +61,7 @@ def bills(request: HttpRequest) -> HttpResponse:
         line
         for line in all_lines
         if (not filters["product"] or line.product == filters["product"])
+        and (not filters["region"] or line.region == filters["region"])
         and (not filters["resource"] or filters["resource"] in line.resource_id)
     ]
     page = Paginator(shown, 100).get_page(request.GET.get("page"))
@@ -62,11 +69,15 @@ def bills(request: HttpRequest) -> HttpResponse:
         "period": period,
         "filters": filters,
         "products": sorted({line.product for line in all_lines}),
+        "regions": [
+            (c, lines.region_label(c)) for c in sorted({x.region for x in all_lines} - {""})
+        ],
         "page": page,
         "totals": lines.totals(shown),
         "month_totals": lines.totals(all_lines),
         "ledger_total": lines.ledger_month_total(user, period),
         "by_product": lines.summary(all_lines, "product"),
+        "by_region": lines.summary(all_lines, "region"),
         "by_model": lines.summary(all_lines, "gpu_model"),
         "by_member": lines.summary(all_lines, "member"),
         "query": request.GET.urlencode(),

@@ -687,6 +687,7 @@ def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
                         resource_kind=INSTANCE_RESOURCE,
                         resource_id=str(instance.public_id),
                         label=instance.name,
+                        region=instance.region.code if instance.region else "",
                     )
             except billing.BillingError:
                 unpaid = True
@@ -710,6 +711,7 @@ def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
                 cards=instance.cards,
                 label=instance.name,
                 at=now,
+                region=instance.region.code if instance.region else "",
             )
             record_event(
                 instance,

@@ -33,8 +33,8 @@ def march(billing_clock, prices, alice):
     services.confirm_payment(
         str(payment.public_id), provider="sandbox", provider_txn_id="m1", amount=Decimal("500")
     )
-    open_session(alice, resource_id="inst-a", label="=HYPERLINK(evil)", cards=8)
-    open_session(alice, resource_id="inst-b", gpu_model="A800", cards=1)
+    open_session(alice, resource_id="inst-a", label="=HYPERLINK(evil)", cards=8, region="xiamen")
+    open_session(alice, resource_id="inst-b", gpu_model="A800", cards=1, region="ulanqab")
     services.open_usage_session(
         alice, resource_kind="storage", resource_id="disks", cards=200, meter="disk"
     )
@@ -42,7 +42,13 @@ def march(billing_clock, prices, alice):
         billing_clock.advance(600)
         services.settle_usage()
     services.purchase_term(
-        alice, gpu_model="RTX 4090", cards=1, days=1, resource_kind="instance", resource_id="inst-c"
+        alice,
+        gpu_model="RTX 4090",
+        cards=1,
+        days=1,
+        resource_kind="instance",
+        resource_id="inst-c",
+        region="xiamen",
     )
     usage = alice.wallet.transactions.filter(kind="usage").order_by("id")[3]
     services.reverse_transaction(usage, reason="fault compensation")
@@ -85,11 +91,16 @@ def test_lines_sum_to_the_ledger_to_the_cent(march) -> None:
 def test_the_monthly_bill_groups_by_product_model_and_member(march) -> None:
     _period, rows = lines.month_lines(march, MONTH)
     whole = lines.totals(rows).amount
-    for by in ("product", "gpu_model", "member"):
+    for by in ("product", "region", "gpu_model", "member"):
         groups = lines.summary(rows, by)
         assert sum((g.totals.amount for g in groups), Decimal(0)) == whole
     assert {g.key for g in lines.summary(rows, "product")} == {"instance", "storage"}
     assert [g.key for g in lines.summary(rows, "member")] == ["alice"]
+    # 地域: each GPU line where it ran (the correction where its charge was), storage account-wide.
+    regions = {g.key: g.label for g in lines.summary(rows, "region")}
+    assert set(regions) == {"xiamen", "ulanqab", "—"}
+    _p, ulanqab = lines.month_lines(march, MONTH, region="ulanqab")
+    assert ulanqab and {line.resource_id for line in ulanqab} == {"inst-b"}
 
 
 def test_the_page_and_its_csv_and_xlsx_exports(march, alice_client) -> None:
@@ -101,10 +112,12 @@ def test_the_page_and_its_csv_and_xlsx_exports(march, alice_client) -> None:
     assert f"bill-{MONTH}.csv" in r["Content-Disposition"]
     table = list(csv.reader(io.StringIO(r.content.decode("utf-8-sig"))))
     assert table[0][0] == "账单号" and "代金券抵扣" in table[0] and "现金金额" in table[0]
+    assert table[0][4] == "地域" and {row[4] for row in table[1:]} >= {"厦门", "乌兰察布"}
+    assert 'id="by-region"' in page and "厦门" in page
     assert len(table) == len(rows) + 1
-    assert sum(Decimal(row[11]) for row in table[1:]) == lines.ledger_month_total(march, MONTH)
-    assert all(not row[5].startswith("=") for row in table[1:])  # the label is neutralised
-    assert any(row[5] == "'=HYPERLINK(evil)" for row in table[1:])
+    assert sum(Decimal(row[12]) for row in table[1:]) == lines.ledger_month_total(march, MONTH)
+    assert all(not row[6].startswith("=") for row in table[1:])  # the label is neutralised
+    assert any(row[6] == "'=HYPERLINK(evil)" for row in table[1:])
     english = alice_client.get(
         "/billing/bills/export/", {"format": "csv", "month": MONTH}, HTTP_ACCEPT_LANGUAGE="en"
     )
@@ -114,8 +127,8 @@ def test_the_page_and_its_csv_and_xlsx_exports(march, alice_client) -> None:
     sheet = openpyxl.load_workbook(io.BytesIO(x.content)).active
     values = list(sheet.iter_rows(values_only=True))
     assert values[0][0] == "账单号" and len(values) == len(rows) + 1
-    assert sum(Decimal(str(v[11])) for v in values[1:]) == lines.ledger_month_total(march, MONTH)
-    assert all(v[5] is None or not str(v[5]).startswith("=") for v in values[1:])
+    assert sum(Decimal(str(v[12])) for v in values[1:]) == lines.ledger_month_total(march, MONTH)
+    assert all(v[6] is None or not str(v[6]).startswith("=") for v in values[1:])
     assert alice_client.get("/billing/bills/export/", {"format": "pdf"}).status_code == 400
     assert alice_client.get("/billing/bills/export/", {"month": "2026-13"}).status_code == 400
 
@@ -125,7 +138,7 @@ def test_filters_by_product_and_resource(march, alice_client) -> None:
         "/billing/bills/export/", {"format": "csv", "month": MONTH, "product": "storage"}
     )
     table = list(csv.reader(io.StringIO(r.content.decode("utf-8-sig"))))[1:]
-    assert table and all(row[3] == "存储" or row[4] == "disks" for row in table)
+    assert table and all(row[3] == "存储" or row[5] == "disks" for row in table)
     _p, only_b = lines.month_lines(march, MONTH, resource="inst-b")
     assert only_b and {line.resource_id for line in only_b} == {"inst-b"}
 

@@ -160,6 +160,11 @@ def test_long_stopped_instance_is_warned_then_released(
     settings.SLICES_STOPPED_RELEASE_DAYS = 7
     settings.SLICES_STOPPED_WARN_DAYS = [3, 1]
     inst = _order(funded, django_capture_on_commit_callbacks)
+    # The bill knows where it ran (issue 33: 地域 in the bills).
+    from billing.models import UsageSession
+
+    session = UsageSession.objects.get(resource_id=str(inst.public_id))
+    assert inst.region and session.region == inst.region.code
     _stop(inst, django_capture_on_commit_callbacks)
     start = inst.stopped_at
     reconcile(start + timedelta(days=2))
