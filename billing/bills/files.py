@@ -9,6 +9,7 @@ from typing import Any
 
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import pgettext
 
 from billing.bills.lines import BillLine, item_label, mode_label, product_label, region_label
 
@@ -25,7 +26,7 @@ def headers() -> list[str]:
         _("Billing item"),  # 计费项
         _("Billing method"),  # 计费方式
         _("GPU model"),
-        _("Usage"),  # 用量
+        pgettext("bill quantity", "Usage"),  # 用量
         _("Unit price"),  # 单价
         _("List price"),  # 原价
         _("Voucher deduction"),  # 代金券抵扣
