@@ -127,7 +127,7 @@ def test_nothing_in_transition_stops_the_polling(alice: Any, alice_client: Clien
     make_instance(alice, name="old", state="released")
     # No polling of the list (the header's one-time notice badge is not the list's).
     page = _page(alice_client)
-    assert "hx-trigger=\"every" not in page and f'hx-get="{PAGE}' not in page
+    assert 'hx-trigger="every' not in page and f'hx-get="{PAGE}' not in page
     r = alice_client.get(f"{PAGE}?state=all", HTTP_HX_REQUEST="true")
     assert r.status_code == 286  # htmx: stop polling
 
