@@ -58,6 +58,17 @@
     };
   }
 
+  // A control that belongs to another form (its form= attribute names a form elsewhere, like the
+  // order page's asset search) is not a change of the form it sits in: its change event stops
+  // here, before an enclosing htmx form (hx-trigger="change from:...") re-quotes and pushes an
+  // address while the control's own form is being sent.
+  document.addEventListener("change", function (ev) {
+    var el = ev.target;
+    if (el && el.form && el.getAttribute && el.getAttribute("form") && el.closest("form") !== el.form) {
+      ev.stopPropagation();
+    }
+  }, true);
+
   document.addEventListener("DOMContentLoaded", function () {
     var path = document.body.getAttribute("data-notify-ws");
     if (path && "WebSocket" in window) connect(path, 0);
