@@ -183,12 +183,18 @@ def _fixtures(args: argparse.Namespace, sessions: int, now: datetime, price: Gpu
     """Funded wallets and open sessions, in bulk (set-up is not what is measured)."""
     from billing.choices import AccountKind, TransactionKind
     from billing.models import Account, Entry, LedgerTransaction, UsageSession, Wallet
-    from console.models import User
+    from console.models import Membership, Team, User
 
     users = User.objects.bulk_create(
         [User(username=f"bench{i}", email=f"bench{i}@example.com") for i in range(args.wallets)]
     )
-    wallets = Wallet.objects.bulk_create([Wallet(owner=u) for u in users])
+    teams = Team.objects.bulk_create(
+        [Team(name=u.username, personal_of=u, pfs_key=str(u.public_id)) for u in users]
+    )
+    Membership.objects.bulk_create(
+        [Membership(team=t, user=u, role="owner") for t, u in zip(teams, users, strict=True)]
+    )
+    wallets = Wallet.objects.bulk_create([Wallet(team=t) for t in teams])
     cash = Account.objects.bulk_create(
         [Account(wallet=w, kind=AccountKind.CASH, balance=Decimal("100000.00")) for w in wallets]
     )

@@ -227,7 +227,7 @@ def build_world() -> World:
 
     from slices.models import Instance
 
-    states = Counter(Instance.objects.filter(owner=user).values_list("state", flat=True))
+    states = Counter(Instance.objects.filter(created_by=user).values_list("state", flat=True))
     if sum(states.values()) != INSTANCES:
         raise SystemExit(f"set-up: {sum(states.values())} instances, not {INSTANCES}: {states}")
     model = Asset.objects.filter(kind="model", hub_id="Qwen/Qwen2.5-7B-Instruct").first()

@@ -121,9 +121,14 @@ class AccountInline(_ReadOnlyInline):
 
 @admin.register(Wallet)
 class WalletAdmin(admin.ModelAdmin):
-    list_display = ("owner", "public_id", "created_at", "operator_actions")
-    search_fields = ("owner__username", "owner__email", "public_id")
-    readonly_fields = ("owner", "public_id", "warned_thresholds", "created_at", "operator_actions")
+    list_display = ("team", "public_id", "created_at", "operator_actions")
+    search_fields = (
+        "team__name",
+        "team__memberships__user__username",
+        "team__memberships__user__email",
+        "public_id",
+    )
+    readonly_fields = ("team", "public_id", "warned_thresholds", "created_at", "operator_actions")
     inlines = (AccountInline,)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -171,7 +176,7 @@ class WalletAdmin(admin.ModelAdmin):
 
     def _grant(self, request: HttpRequest, wallet: Wallet, data: dict) -> str:
         services.grant_voucher(
-            wallet.owner,
+            wallet.team,
             data["amount"],
             reason=data["reason"],
             valid_days=data["valid_days"],
@@ -180,7 +185,7 @@ class WalletAdmin(admin.ModelAdmin):
         return _("Voucher granted.")
 
     def _refund(self, request: HttpRequest, wallet: Wallet, data: dict) -> str:
-        services.refund_cash(wallet.owner, data["amount"], reason=data["reason"], by=request.user)
+        services.refund_cash(wallet.team, data["amount"], reason=data["reason"], by=request.user)
         return _("Refund recorded.")
 
     def _operation(
@@ -193,7 +198,7 @@ class WalletAdmin(admin.ModelAdmin):
             and request.user.has_perm(perm)
         ):
             return HttpResponse(status=403)
-        wallet = get_object_or_404(Wallet.objects.select_related("owner"), pk=pk)
+        wallet = get_object_or_404(Wallet.objects.select_related("team"), pk=pk)
         form = form_class(request.POST or None)
         if request.method == "POST" and form.is_valid():
             try:
@@ -214,9 +219,9 @@ class EntryInline(_ReadOnlyInline):
 class LedgerTransactionAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "kind", "wallet", "description", "reverse_link")
     list_filter = ("kind",)
-    search_fields = ("memo", "public_id", "wallet__owner__username")
+    search_fields = ("memo", "public_id", "wallet__team__name")
     inlines = (EntryInline,)
-    list_select_related = ("wallet__owner",)
+    list_select_related = ("wallet__team",)
 
     @admin.display(description=_("Correction"))
     def reverse_link(self, txn: LedgerTransaction) -> str:
@@ -271,13 +276,13 @@ class UsageSessionAdmin(ReadOnlyAdmin):
         "charged",
     )
     list_filter = ("state", "meter", "gpu_model", "close_reason")
-    search_fields = ("resource_id", "label", "wallet__owner__username")
-    list_select_related = ("wallet__owner",)
+    search_fields = ("resource_id", "label", "wallet__team__name")
+    list_select_related = ("wallet__team",)
 
 
 @admin.register(Payment)
 class PaymentAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "wallet", "provider", "amount", "state", "provider_txn_id")
     list_filter = ("state", "provider")
-    search_fields = ("provider_txn_id", "public_id", "wallet__owner__username")
-    list_select_related = ("wallet__owner",)
+    search_fields = ("provider_txn_id", "public_id", "wallet__team__name")
+    list_select_related = ("wallet__team",)

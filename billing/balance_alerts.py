@@ -25,13 +25,19 @@ logger = logging.getLogger(__name__)
 
 
 def check(wallet_ids: Iterable[int]) -> int:
-    """Warn the owners of ``wallet_ids`` whose balance crossed their threshold; returns how many
-    were warned."""
+    """Warn the people of ``wallet_ids`` (a team's owners and billing members, who set a
+    threshold) whose balance crossed their threshold; returns how many were warned."""
     prefs = list(
         NoticePreference.objects.filter(
-            owner__wallet__pk__in=list(wallet_ids), low_balance_yuan__isnull=False
+            owner__memberships__team__wallet__pk__in=list(wallet_ids),
+            owner__memberships__role__in=("owner", "billing"),
+            low_balance_yuan__isnull=False,
         ).values_list(
-            "pk", "owner_id", "owner__wallet__pk", "low_balance_yuan", "low_balance_armed"
+            "pk",
+            "owner_id",
+            "owner__memberships__team__wallet__pk",
+            "low_balance_yuan",
+            "low_balance_armed",
         )
     )
     if not prefs:  # the common case: one query

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from django.db import IntegrityError, models, transaction
 from django.db.models import Sum
@@ -33,22 +33,23 @@ from billing.models import (
 )
 from billing.money import ZERO, allocate, charge_for, round_cents
 from billing.pricing import runway_seconds
+from console.tenancy import team_of
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AnonymousUser
-
     from console.models import User
 
 
 # --- wallets and accounts ------------------------------------------------------------------------
-def get_or_create_wallet(user: User) -> Wallet:
-    """The user's wallet, with its cash and trial accounts (created on first use)."""
-    wallet = Wallet.objects.filter(owner=user).first()
+def get_or_create_wallet(who: Any) -> Wallet:
+    """The team's wallet (``who``: an Acting, a team, or a user for their personal team), with
+    its cash and trial accounts (created on first use)."""
+    team = team_of(who)
+    wallet = Wallet.objects.filter(team=team).first()
     if wallet is not None:
         return wallet
     try:
         with transaction.atomic():
-            wallet = Wallet.objects.create(owner=user)
+            wallet = Wallet.objects.create(team=team)
             Account.objects.bulk_create(
                 [
                     Account(wallet=wallet, kind=AccountKind.CASH),
@@ -57,12 +58,12 @@ def get_or_create_wallet(user: User) -> Wallet:
             )
             return wallet
     except IntegrityError:  # another request created it first
-        return Wallet.objects.get(owner=user)
+        return Wallet.objects.get(team=team)
 
 
-def lock_wallet(user: User) -> Wallet:
-    """The user's wallet, row-locked until the end of the transaction (the first lock taken)."""
-    wallet = get_or_create_wallet(user)
+def lock_wallet(who: Any) -> Wallet:
+    """The team's wallet, row-locked until the end of the transaction (the first lock taken)."""
+    wallet = get_or_create_wallet(who)
     return Wallet.objects.select_for_update().get(pk=wallet.pk)
 
 
@@ -202,14 +203,14 @@ class WalletSummary:
         return runway_seconds(self.spendable, self.burn_per_hour)
 
 
-def get_wallet_summary(user: User | AnonymousUser) -> WalletSummary:
-    """Balances by kind (Decimal 元), burn rate and runway; zeros for a user without a wallet."""
-    if user.is_anonymous or not user.pk:
+def get_wallet_summary(who: Any) -> WalletSummary:
+    """Balances by kind (Decimal 元), burn rate and runway; zeros for an anonymous caller."""
+    if not getattr(who, "is_authenticated", True):
         return WalletSummary()
-    user = cast("User", user)
+    team = team_of(who)
     return summarize(
-        Account.objects.filter(wallet__owner=user).spendable(clock.now()),
-        UsageSession.objects.for_owner(user).open().only("rate", "cards", "meter"),
+        Account.objects.filter(wallet__team=team).spendable(clock.now()),
+        UsageSession.objects.filter(wallet__team=team).open().only("rate", "cards", "meter"),
     )
 
 

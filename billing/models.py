@@ -192,12 +192,10 @@ class TopUpBonusRule(models.Model):
 
 # --- wallet and ledger -------------------------------------------------------------------------
 class Wallet(models.Model):
-    """One per customer. Its row is the lock every money movement of the customer takes first."""
+    """One per team (issue 30). Its row is the lock every money movement of the team takes first."""
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
-    owner = models.OneToOneField(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="wallet"
-    )
+    team = models.OneToOneField("console.Team", on_delete=models.PROTECT, related_name="wallet")
     # Low-balance thresholds (seconds of runway) already warned about; re-armed after a top-up.
     warned_thresholds = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -211,7 +209,7 @@ class Wallet(models.Model):
         )
 
     def __str__(self) -> str:
-        return f"wallet of {self.owner}"
+        return f"wallet of {self.team}"
 
 
 class Account(models.Model):

@@ -1,13 +1,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 from django.db import models
 from django.db.models import Q
-
-if TYPE_CHECKING:
-    from console.models import User
 
 
 class PriceBookQuerySet(models.QuerySet):
@@ -24,13 +21,17 @@ class AccountQuerySet(models.QuerySet):
 
 
 class LedgerTransactionQuerySet(models.QuerySet):
-    def for_owner(self, user: User) -> Self:
-        return self.filter(wallet__owner=user)
+    def for_team(self, who: object) -> Self:
+        from console.tenancy import team_of
+
+        return self.filter(wallet__team=team_of(who))
 
 
 class UsageSessionQuerySet(models.QuerySet):
     def open(self) -> Self:
         return self.filter(state="open")
 
-    def for_owner(self, user: User) -> Self:
-        return self.filter(wallet__owner=user)
+    def for_team(self, who: object) -> Self:
+        from console.tenancy import team_of
+
+        return self.filter(wallet__team=team_of(who))

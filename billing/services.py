@@ -133,6 +133,7 @@ from billing.settlement import (
 from billing.transfers import services as bank_transfers
 from console.api.compiled import CompiledQuery, Many
 from console.errors import ErrorCode
+from console.tenancy import team_of
 from console.verification.services import require_verified
 
 if TYPE_CHECKING:
@@ -381,7 +382,7 @@ def quote_for(user: User | AnonymousUser, gpu_model: str, cards: int, disk_gb: i
     """Quote an order on the current price book, with how long the user's balance lasts."""
     book, price = current_gpu_price(gpu_model)
     terms = list(book.term_prices.filter(gpu_model=price.gpu_model))
-    balance = get_wallet_summary(user).spendable if getattr(user, "pk", None) else None
+    balance = get_wallet_summary(user).spendable if _signed_in(user) else None
     return quote_order(
         gpu_price_quote(book, price, terms),
         cards,
@@ -418,6 +419,13 @@ class AccountBurn:
     up_front: Decimal = ZERO
 
 
+def _signed_in(who: Any) -> bool:
+    """An Acting, a team, or a saved, signed-in user: someone whose wallet there is to read."""
+    if not getattr(who, "is_authenticated", True):
+        return False
+    return getattr(who, "pk", True) is not None
+
+
 def order_min_runway_seconds() -> int:
     """How long the balance must run the account's whole burn for an order to be accepted."""
     return int(getattr(settings, "ORDER_MIN_RUNWAY_SECONDS", 3600))
@@ -428,13 +436,13 @@ def account_burn(user: User, committed: Iterable[Commitment] = ()) -> AccountBur
     it does not bill yet, at the current price book (two queries and one per price looked up)."""
     per_hour, up_front = ZERO, ZERO
     billing_now: set[tuple[str, str]] = set()
-    for session in UsageSession.objects.for_owner(user).open():
+    for session in UsageSession.objects.for_team(user).open():
         per_hour += session.burn_per_hour
         billing_now.add((session.resource_kind, session.resource_id))
     committed = [c for c in committed if (c.resource_kind, str(c.resource_id)) not in billing_now]
     paid = set(
         TermRental.objects.filter(
-            wallet__owner=user, resource_id__in=[str(c.resource_id) for c in committed]
+            wallet__team=team_of(user), resource_id__in=[str(c.resource_id) for c in committed]
         ).values_list("resource_kind", "resource_id")
     )
     for c in committed:
@@ -490,7 +498,7 @@ def ensure_affordable(
     """
     quote = quote_for(user, gpu_model, cards, disk_gb)
     runway = order_min_runway_seconds() if runway_seconds is None else int(runway_seconds)
-    authenticated = bool(getattr(user, "pk", None))
+    authenticated = _signed_in(user)
     burn = account_burn(cast("User", user), committed) if authenticated else AccountBurn()
     balance = get_wallet_summary(user).spendable if authenticated else ZERO
     others = burn.per_hour * runway / SECONDS_PER_HOUR + burn.up_front
@@ -989,7 +997,7 @@ def handle_webhook(provider_name: str, body: bytes, headers: dict[str, str]) -> 
 
 # --- lookups for views -------------------------------------------------------------------------
 def get_payment_for_user(user: User, public_id: str) -> Payment:
-    return get_object_or_404(Payment, public_id=public_id, wallet__owner=user)
+    return get_object_or_404(Payment, public_id=public_id, wallet__team=team_of(user))
 
 
 @transaction.atomic

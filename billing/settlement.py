@@ -53,6 +53,7 @@ from billing.models import (
 from billing.money import ZERO, charge_for, round_cents
 from billing.sql import bulk_set, insert_rows, pg_array
 from console.events import notify_user
+from console.models import Membership
 from console.notices import services as notice_service
 from console.retries import retry_transient
 
@@ -727,12 +728,15 @@ def _request_stops(refs: list[tuple[str, str]]) -> None:
 
 
 def _notify_on_commit(notices: list[BillingNotice]) -> None:
-    owners = dict(
-        Wallet.objects.filter(pk__in={n.wallet_id for n in notices}).values_list(
-            "pk", "owner__public_id"
-        )
-    )
-    messages = [(str(owners[n.wallet_id]), n.kind, n.message) for n in notices]
+    # The team's owners and billing members hear of its wallet (a personal team: its person).
+    people: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for wallet_id, user_id, public_id in Membership.objects.filter(
+        team__wallet__pk__in={n.wallet_id for n in notices}, role__in=("owner", "billing")
+    ).values_list("team__wallet__pk", "user_id", "user__public_id"):
+        people[wallet_id].append((user_id, str(public_id)))
+    messages = [
+        (public_id, n.kind, n.message) for n in notices for _u, public_id in people[n.wallet_id]
+    ]
     told = [
         (
             n.wallet_id,
@@ -750,16 +754,19 @@ def _notify_on_commit(notices: list[BillingNotice]) -> None:
             except Exception:  # a dropped toast must not undo a settlement
                 logger.exception("could not notify %s", public_id)
         # The inbox, mail and SMS (console/notices/): once per warning, whatever retries.
-        users = dict(
-            Wallet.objects.filter(pk__in={t[0] for t in told}).values_list("pk", "owner_id")
-        )
         for wallet_id, kind, params, key in told:
-            try:
-                with transaction.atomic():
-                    notice_service.notify_user_id(
-                        users[wallet_id], kind, params, key=key, link="/billing/"
-                    )
-            except Exception:
-                logger.exception("could not record notice %s", key)
+            one = len(people[wallet_id]) == 1
+            for user_id, _public_id in people[wallet_id]:
+                try:
+                    with transaction.atomic():
+                        notice_service.notify_user_id(
+                            user_id,
+                            kind,
+                            params,
+                            key=key if one else f"{key}:{user_id}",
+                            link="/billing/",
+                        )
+                except Exception:
+                    logger.exception("could not record notice %s", key)
 
     transaction.on_commit(send)

@@ -176,7 +176,7 @@ def build_statement(wallet: Wallet | None, month: str | None, now: datetime) -> 
 
 
 def transactions_for(user: User) -> QuerySet[LedgerTransaction]:
-    return LedgerTransaction.objects.for_owner(user).order_by("-created_at", "-id")
+    return LedgerTransaction.objects.for_team(user).order_by("-created_at", "-id")
 
 
 def with_net_amounts(

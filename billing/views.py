@@ -21,6 +21,7 @@ from billing.models import Account, BillingNotice, UsageSession, Wallet
 from billing.providers import get_provider
 from billing.providers.sandbox import SandboxProvider, sandbox_enabled
 from console.htmx import render_page
+from console.tenancy import team_of
 from console.verification.services import VerificationRequired
 from console.verification.views import refusal_response
 
@@ -37,7 +38,7 @@ PAGE_SIZE = 20
 
 
 def _wallet(user: User) -> Wallet | None:
-    return Wallet.objects.filter(owner=user).first()
+    return Wallet.objects.filter(team=team_of(user)).first()
 
 
 def _transactions_page(request: AuthenticatedRequest, wallet: Wallet | None) -> Any:
@@ -49,7 +50,7 @@ def _transactions_page(request: AuthenticatedRequest, wallet: Wallet | None) -> 
 
 
 def _usage_page(request: AuthenticatedRequest) -> Any:
-    sessions = UsageSession.objects.for_owner(request.user).order_by("-started_at", "-id")
+    sessions = UsageSession.objects.for_team(request.user).order_by("-started_at", "-id")
     page = Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("usage_page"))
     statements.with_usage_shapes(list(page.object_list))
     return page
@@ -64,14 +65,14 @@ def overview(request: AuthenticatedRequest) -> HttpResponse:
     runway = summary.runway_seconds
     context = {
         "summary": summary,
-        "vouchers": Account.objects.filter(wallet__owner=request.user, kind="voucher")
+        "vouchers": Account.objects.filter(wallet__team=team_of(request.user), kind="voucher")
         .spendable(now)
         .order_by("expires_at"),
         # A low-balance warning shows only while it still holds (something burns, the runway is
         # within its threshold); stops stay, as what happened.
         "notices": [
             n
-            for n in BillingNotice.objects.filter(wallet__owner=request.user)[:3]
+            for n in BillingNotice.objects.filter(wallet__team=team_of(request.user))[:3]
             if n.kind != NoticeKind.LOW_BALANCE
             or lowbalance.warning_holds(n.threshold_seconds, runway)
         ],
@@ -235,7 +236,7 @@ def usage_csv(request: AuthenticatedRequest) -> HttpResponse:
         ]
     )
     sessions = (
-        UsageSession.objects.for_owner(request.user)
+        UsageSession.objects.for_team(request.user)
         .select_related("price_book")
         .order_by("started_at", "id")
     )

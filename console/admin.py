@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin
 from django.http import HttpRequest
 
-from .models import ApiToken, SshKey, TrialCreditClaim, User
+from .models import ApiToken, Membership, SshKey, Team, TrialCreditClaim, User
 
 
 @admin.register(User)
@@ -61,3 +61,19 @@ class TrialCreditClaimAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    fields = ("user", "role", "budget_monthly", "gpu_quota", "stop_on_budget", "created_at")
+    readonly_fields = ("created_at",)
+    raw_id_fields = ("user",)
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ("name", "public_id", "personal_of", "created_at")
+    search_fields = ("name", "public_id", "memberships__user__email", "memberships__user__username")
+    readonly_fields = ("public_id", "pfs_key", "personal_of", "created_at")
+    inlines = (MembershipInline,)

@@ -33,3 +33,13 @@ class TokenLifetime(models.TextChoices):
     MONTH = "30", _("30 days")
     QUARTER = "90", _("90 days")
     YEAR = "365", _("1 year")
+
+
+class TeamRole(models.TextChoices):
+    """A member's role in a team (issue 30); console/roles.py says what each may do."""
+
+    OWNER = "owner", _("Owner")
+    ADMIN = "admin", _("Admin")
+    BILLING = "billing", _("Billing")
+    DEVELOPER = "developer", _("Developer")
+    VIEWER = "viewer", _("Viewer")

@@ -43,6 +43,7 @@ class ErrorCode(StrEnum):
     LICENSE_NOT_ACCEPTED = "license_not_accepted"
     INVALID_MOUNT = "invalid_mount"
     QUOTA_EXCEEDED = "quota_exceeded"
+    BUDGET_EXCEEDED = "budget_exceeded"  # a member's monthly budget (402, issue 30)
     PRICE_NOT_SET = "price_not_set"
     TOO_LARGE = "too_large"  # a request body over DATA_UPLOAD_MAX_MEMORY_SIZE (413)
     VERIFICATION_REQUIRED = "verification_required"  # 实名认证 first (403)

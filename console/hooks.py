@@ -15,3 +15,24 @@ from django.dispatch import Signal
 
 trial_credit_due = Signal()
 ssh_key_removed = Signal()
+# ``team_created(sender=Team, team=team)`` — a team was made (a personal one with its account).
+team_created = Signal()
+# ``member_left(sender=Team, team=team, user_id=id)`` — a member left or was removed (sent after
+# the commit): slices writes the gateway's keys again and ends their web-port grants.
+member_left = Signal()
+# ``team_close_blockers(team)``: what stops a team from closing (live instances, disks, money),
+# asked of every app that registered a check with ``close_blocker``.
+_close_checks: list = []
+
+
+def close_blocker(check):  # type: ignore[no-untyped-def]
+    """Register ``check(team) -> list[str]`` (what of the app's the team still holds)."""
+    _close_checks.append(check)
+    return check
+
+
+def team_close_blockers(team) -> list[str]:  # type: ignore[no-untyped-def]
+    found: list[str] = []
+    for check in _close_checks:
+        found.extend(check(team))
+    return found

@@ -9,7 +9,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from console.choices import API_TOKEN_STATE_BADGES, ApiTokenState, SshKeyType
+from console.choices import API_TOKEN_STATE_BADGES, ApiTokenState, SshKeyType, TeamRole
 from console.querysets import ApiTokenQuerySet, SshKeyQuerySet
 
 
@@ -82,6 +82,8 @@ class ApiToken(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
     )
+    # A token acts in the one team it was made for (issue 30).
+    team = models.ForeignKey("console.Team", on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(_("name"), max_length=100)
     prefix = models.CharField(max_length=16, unique=True, editable=False)
     secret_hash = models.CharField(max_length=64, editable=False)
@@ -137,6 +139,88 @@ class TrialCreditClaim(models.Model):
         return self.mailbox
 
 
+class Team(models.Model):
+    """The customer (issue 30): it owns instances, disks, /pfs, quotas, the wallet and its ledger.
+
+    Every account has a personal team (created with the account, ``console/signals.py``), which
+    takes no members; a lab or start-up creates a team and invites people with a role.
+    ``pfs_key`` names the team's directory on the parallel file system: a personal team keeps its
+    account's directory (the account's public id), so nothing moves on a node.
+    """
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    name = models.CharField(_("name"), max_length=100)
+    personal_of = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="personal_team",
+    )
+    pfs_key = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Closed by its owner (nothing running, no disks, no money left): its rows stay for the
+    # bills and the audit log, its members are gone.
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("team")
+        verbose_name_plural = _("teams")
+        ordering = ("name", "id")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        if not self.pfs_key:
+            self.pfs_key = str(self.personal_of.public_id if self.personal_of else self.public_id)
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def personal(self) -> bool:
+        return self.personal_of_id is not None
+
+    @property
+    def contact_label(self) -> str:
+        """How operators see the customer: a personal team's email, else the team's name."""
+        return self.personal_of.email if self.personal_of else self.name
+
+    @property
+    def channel_group(self) -> str:
+        """The websocket group that reaches every open console tab acting in this team."""
+        return f"team.{self.public_id}"
+
+
+class Membership(models.Model):
+    """A user's place in a team: a role, and (set by owner/admin/billing) a monthly budget in 元
+    and a card quota that every order and start of theirs is checked against."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(_("role"), max_length=12, choices=TeamRole.choices)
+    budget_monthly = models.DecimalField(
+        _("monthly budget (元)"), max_digits=12, decimal_places=2, null=True, blank=True
+    )
+    gpu_quota = models.PositiveIntegerField(_("card quota"), null=True, blank=True)
+    stop_on_budget = models.BooleanField(_("stop on exhaustion"), default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("membership")
+        verbose_name_plural = _("memberships")
+        ordering = ("team", "created_at", "id")
+        constraints = (
+            models.UniqueConstraint(fields=("team", "user"), name="console_membership_once"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+
 # Real-name verification keeps its models in its own package (console/verification/).
 from console.notices.models import Notice, NoticePreference  # noqa: E402, F401
 from console.verification.models import Verification  # noqa: E402, F401
+from console.audit.models import AuditEntry  # noqa: E402, F401
+from console.teams.models import Invitation  # noqa: E402, F401

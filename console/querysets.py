@@ -26,6 +26,18 @@ class OwnedQuerySet(models.QuerySet):
         return self.filter(**{self.owner_field: user})
 
 
+class TeamOwnedQuerySet(models.QuerySet):
+    """Rows a team owns (issue 30): ``for_team(acting)`` takes an Acting, a Team or a user
+    (their personal team). Anonymous callers see nothing."""
+
+    def for_team(self, who: object) -> Self:
+        if who is None or (hasattr(who, "is_authenticated") and not who.is_authenticated):
+            return self.none()
+        from console.tenancy import team_of
+
+        return self.filter(team=team_of(who))
+
+
 class SshKeyQuerySet(OwnedQuerySet):
     def defaults(self) -> Self:
         return self.filter(is_default=True)

@@ -26,7 +26,7 @@ from console import hooks
 from console.api.compiled import CompiledQuery
 from console.choices import ApiTokenState
 from console.ids import uuid_or_404
-from console.models import ApiToken, SshKey, TrialCreditClaim, User
+from console.models import ApiToken, SshKey, Team, TrialCreditClaim, User
 from console.validators import parse_ssh_public_key, validate_display_name
 
 logger = logging.getLogger(__name__)
@@ -202,9 +202,18 @@ def _hash_token(raw: str) -> str:
 
 @transaction.atomic
 def create_api_token(
-    user: User, *, name: str, expires_at: datetime | None = None
+    user: User, *, name: str, expires_at: datetime | None = None, team: Team | None = None
 ) -> tuple[ApiToken, str]:
-    """Create a token and return it with its secret, which is never retrievable again."""
+    """Create a token and return it with its secret, which is never retrievable again. It acts
+    in ``team`` (default: the user's personal team), of which the user must be a member."""
+    from console.tenancy import NotAMember, acting_in
+
+    try:
+        team = acting_in(user, team).team
+    except NotAMember:
+        raise ValidationError(
+            {"team": ValidationError(_("You are not a member of that team."), "not_member")}
+        ) from None
     name = _check_name(name)
     if not name:
         raise ValidationError({"name": ValidationError(_("Give the token a name."), "required")})
@@ -223,6 +232,7 @@ def create_api_token(
     raw = f"{TOKEN_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
     token = ApiToken.objects.create(
         owner=user,
+        team=team,
         name=name[:100],
         prefix=prefix,
         secret_hash=_hash_token(raw),

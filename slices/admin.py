@@ -108,7 +108,8 @@ class AllocationNodeInline(admin.TabularInline):
 class AllocationAdmin(admin.ModelAdmin):
     list_display = (
         "public_id",
-        "owner",
+        "team",
+        "created_by",
         "kind",
         "gpu_count",
         "gpu_model",
@@ -118,8 +119,8 @@ class AllocationAdmin(admin.ModelAdmin):
         "created_at",
     )
     list_filter = ("state", "kind", "gpu_model", "cluster")
-    search_fields = ("public_id", "owner__username", "label")
-    list_select_related = ("owner", "gpu_model", "cluster")
+    search_fields = ("public_id", "team__name", "created_by__username", "label")
+    list_select_related = ("team", "created_by", "gpu_model", "cluster")
     inlines = (AllocationNodeInline,)
     # Allocations change only through slices.services (compare-and-set on node masks).
     readonly_fields = [f.name for f in Allocation._meta.fields]

@@ -102,7 +102,7 @@ def app_detail(request: HttpRequest, slug: str) -> HttpResponse:
     runs: list[Instance] = []
     if request.user.is_authenticated:
         runs = list(
-            Instance.objects.for_owner(request.user)
+            Instance.objects.for_team(request.user)
             .filter(app=app.slug)
             .select_related("gpu_model")
             .order_by("-created_at")[:5]

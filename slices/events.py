@@ -88,7 +88,7 @@ def broadcast_progress_on_commit(instance: Instance) -> None:
 def broadcast_state_on_commit(instance: Instance) -> None:
     group = instance_group(instance.public_id)
     payload = {"instance": str(instance.public_id), "state": instance.state, "name": instance.name}
-    owner = getattr(instance.owner, "public_id", None)
+    owner = getattr(instance.created_by, "public_id", None)
 
     def send() -> None:
         _send(group, _message("state", payload))

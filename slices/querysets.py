@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from console.querysets import OwnedQuerySet
+from console.querysets import TeamOwnedQuerySet
 from slices.choices import SCHEDULABLE_STATES, AllocationState, InstanceState, NodeHealth
 from slices.lifecycle import LIVE
 
@@ -12,12 +12,12 @@ class NodeQuerySet(models.QuerySet):
         return self.filter(state__in=SCHEDULABLE_STATES, health=NodeHealth.OK)
 
 
-class AllocationQuerySet(OwnedQuerySet):
+class AllocationQuerySet(TeamOwnedQuerySet):
     def active(self) -> AllocationQuerySet:
         return self.filter(state=AllocationState.ACTIVE)
 
 
-class InstanceQuerySet(OwnedQuerySet):
+class InstanceQuerySet(TeamOwnedQuerySet):
     def live(self) -> InstanceQuerySet:
         """Instances that hold (or are about to hold) GPUs."""
         return self.filter(state__in=[s.value for s in LIVE])

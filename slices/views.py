@@ -66,7 +66,7 @@ def instance_list(request: HttpRequest) -> HttpResponse:
     read by scripts, refuses it with a 400 instead, so a typo there is not silently widened.
     """
     state = InstanceListFilter(request.GET).chosen() or InstanceListFilter.DEFAULT
-    owned = Instance.objects.for_owner(request.user)
+    owned = Instance.objects.for_team(request.user)
     counts = instance_filter_counts(owned)
     instances = list(
         filter_instances(owned, state)
@@ -137,7 +137,7 @@ def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
     if "ssh_key" not in data and keys.default:
         data["ssh_key"] = keys.default
     data.setdefault("billing_mode", BillingMode.ON_DEMAND)
-    own_disks = list(Disk.objects.for_owner(request.user).live().select_related("region"))
+    own_disks = list(Disk.objects.for_team(request.user).live().select_related("region"))
     order_form = OrderForm(
         data,
         ssh_keys=keys.choices,
@@ -619,7 +619,7 @@ def ops_node(request: HttpRequest, public_id: str) -> HttpResponse:
             )
         if not getattr(request, "htmx", False):
             return redirect("slices:ops-node", public_id=node.public_id)
-    gpus = list(node.gpus.select_related("allocation", "allocation__owner").order_by("index"))
+    gpus = list(node.gpus.select_related("allocation", "allocation__team").order_by("index"))
     watch = NodeWatch.objects.filter(node=node).first()
     context = {
         "node": node,
@@ -716,7 +716,9 @@ def _actions_for(node: Node) -> list[tuple[str, str, str]]:
 def ops_instances(request: HttpRequest) -> HttpResponse:
     """Every customer's instances, failed provisioning first, with its reason."""
     state = request.GET.get("state", "")
-    qs = Instance.objects.select_related("owner", "gpu_model", "region", "allocation__cluster")
+    qs = Instance.objects.select_related(
+        "team", "created_by", "gpu_model", "region", "allocation__cluster"
+    )
     if state in InstanceState.values:
         qs = qs.filter(state=state)
     else:
@@ -765,7 +767,7 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
             return redirect("slices:instance-detail", public_id=instance.public_id)
     offer = recipes.demo_offer(request.user, recipe)
     runs = list(
-        Instance.objects.for_owner(request.user)
+        Instance.objects.for_team(request.user)
         .filter(env__RECIPE=recipe.slug)
         .select_related("gpu_model")
         .order_by("-created_at")[:5]
@@ -817,7 +819,7 @@ def _system_disk_charge(instance: Instance) -> SystemDiskCharge:
     instance's is added as if stopped (what a stop would add). Counting it once either way keeps
     the figure right for a 无卡模式 instance, which is stoppable and whose disk is already billed.
     """
-    disks, system = disk_service.storage_gb(instance.owner)
+    disks, system = disk_service.storage_gb(instance.team)
     price = disk_service.storage_price()
     gb = instance.system_disk_gb
     total = disks + system + (0 if disk_service.disk_counted(instance) else gb)
@@ -834,7 +836,7 @@ def _storage_context(instance: Instance) -> dict[str, Any]:
     disk = _system_disk_charge(instance)
     return {
         "disk_attachments": disk_service.instance_disks(instance),
-        "pfs": storage.pfs_summary(instance.owner),
+        "pfs": storage.pfs_summary(instance.team),
         "stop_per_day": disk.per_day,
         "system_disk": disk,
         # 无卡模式 now (placed or running without cards): no GPU charge, only the disk's storage.
@@ -932,7 +934,7 @@ def disk_list(request: HttpRequest) -> HttpResponse:
             messages.success(request, _("Created the disk %(name)s.") % {"name": disk.name})
             return redirect("slices:disk-detail", public_id=disk.public_id)
     disks = list(
-        Disk.objects.for_owner(request.user)
+        Disk.objects.for_team(request.user)
         .live()
         .select_related("region")
         .annotate(in_use=Count("attachments", filter=Q(attachments__detached_at__isnull=True)))
@@ -956,7 +958,7 @@ def disk_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     taken = {a.instance_id for a in attached}
     candidates = [
         i
-        for i in Instance.objects.for_owner(request.user)
+        for i in Instance.objects.for_team(request.user)
         .filter(state__in=disk_service.ATTACHABLE_STATES)
         .filter(Q(region=disk.region) | Q(region__isnull=True))
         .order_by("-created_at")[:100]

@@ -23,6 +23,7 @@ from billing.choices import RESOURCE_KIND_LABELS, AccountKind, Meter, Transactio
 from billing.models import Entry, LedgerTransaction, TermRental, UsageCharge, Wallet
 from billing.money import ZERO
 from billing.statements import month_bounds
+from console.tenancy import team_of
 
 if TYPE_CHECKING:
     from console.models import User
@@ -125,7 +126,7 @@ def month_lines(
     (resource kind), region (its code) and resource id (a substring)."""
     _first, start, end = month_bounds(month, clock.now())
     period = f"{start:%Y-%m}"
-    wallet = Wallet.objects.filter(owner=user).first()
+    wallet = Wallet.objects.filter(team=team_of(user)).first()
     if wallet is None:
         return period, []
     txns = LedgerTransaction.objects.filter(
@@ -353,7 +354,7 @@ def ledger_month_total(user: User, month: str | None = None) -> Decimal:
     )
     entries = Entry.objects.filter(
         spend,
-        account__wallet__owner=user,
+        account__wallet__team=team_of(user),
         transaction__created_at__gte=start,
         transaction__created_at__lt=end,
     )

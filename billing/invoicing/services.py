@@ -50,6 +50,7 @@ from billing.money import ZERO, round_cents, to_decimal
 from console.errors import ErrorCode
 from console.ids import uuid_or_404
 from console.notices import services as notices
+from console.tenancy import contact, team_of
 from console.verification.checks import credit_code_valid, normalize
 from console.verification.services import require_verified, verified
 
@@ -122,7 +123,7 @@ def invoice_balance(wallet: Wallet | None) -> InvoiceBalance:
 
 
 def balance_for(user: User) -> InvoiceBalance:
-    return invoice_balance(Wallet.objects.filter(owner=user).first())
+    return invoice_balance(Wallet.objects.filter(team=team_of(user)).first())
 
 
 def minimum_amount() -> Decimal:
@@ -251,11 +252,13 @@ def request_invoice(
 
 # --- lookups -------------------------------------------------------------------------------------
 def invoices_for(user: User) -> Any:
-    return Invoice.objects.filter(wallet__owner=user)
+    return Invoice.objects.filter(wallet__team=team_of(user))
 
 
 def get_invoice_for_user(user: User, public_id: Any) -> Invoice:
-    row = Invoice.objects.filter(public_id=uuid_or_404(public_id), wallet__owner=user).first()
+    row = Invoice.objects.filter(
+        public_id=uuid_or_404(public_id), wallet__team=team_of(user)
+    ).first()
     if row is None:
         raise Http404
     return row
@@ -269,7 +272,9 @@ def get_invoice(public_id: Any) -> Invoice:
 
 
 def queue() -> Any:
-    return Invoice.objects.select_related("wallet__owner").order_by("requested_at", "id")
+    return Invoice.objects.select_related("wallet__team__personal_of").order_by(
+        "requested_at", "id"
+    )
 
 
 # --- the operator's side -------------------------------------------------------------------------
@@ -376,7 +381,7 @@ def ensure_refundable(wallet: Wallet, amount: Decimal) -> None:
 def _mail_on_commit(row: Invoice) -> None:
     """Tell the customer the invoice is ready (console/notices/: inbox and mail, once); a delivery
     address other than the account's gets the mail too."""
-    owner = row.wallet.owner
+    owner = contact(row.wallet.team)
     params = {"number": row.number, "amount": row.amount}
     notices.notify(
         owner,

@@ -27,6 +27,7 @@ from billing.money import round_cents
 from billing.providers.bank_transfer import NAME
 from billing.transfers.models import BankTransfer
 from console.ids import uuid_or_404
+from console.tenancy import team_of
 
 if TYPE_CHECKING:
     from console.models import User
@@ -56,7 +57,7 @@ def on_created(payment: Payment) -> BankTransfer:
 def transfer_for_user(user: User, public_id: Any) -> BankTransfer:
     row = (
         BankTransfer.objects.select_related("payment")
-        .filter(payment__public_id=uuid_or_404(public_id), payment__wallet__owner=user)
+        .filter(payment__public_id=uuid_or_404(public_id), payment__wallet__team=team_of(user))
         .first()
     )
     if row is None:
@@ -66,7 +67,7 @@ def transfer_for_user(user: User, public_id: Any) -> BankTransfer:
 
 def pending() -> Any:
     return (
-        BankTransfer.objects.select_related("payment__wallet__owner")
+        BankTransfer.objects.select_related("payment__wallet__team__personal_of")
         .filter(payment__state="pending")
         .order_by("payment__created_at")
     )

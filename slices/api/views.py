@@ -26,6 +26,7 @@ from console.api.idempotency import idempotency_key
 from console.api.viewsets import PublicIdViewSet
 from console.errors import DomainError, ErrorCode
 from console.ids import parse_uuid
+from console.tenancy import team_of
 from marketplace import aiapps
 from slices import services
 from slices.api.serializers import (
@@ -134,21 +135,19 @@ INSTANCE_STATE_FILTER = OpenApiParameter(
 # Scoped to the owner like every fetch of the API.
 _RELATED = ("gpu_model", "region", "region__gateway", "allocation")
 OWNED_INSTANCE = CompiledQuery(
-    lambda owner, public_id: (
-        Instance.objects.filter(owner=owner, public_id=public_id)
-        .select_related(*_RELATED)
-        .order_by()
+    lambda team, public_id: (
+        Instance.objects.filter(team=team, public_id=public_id).select_related(*_RELATED).order_by()
     ),
-    owner=Instance._meta.get_field("owner"),
+    team=Instance._meta.get_field("team"),
     public_id=Instance._meta.get_field("public_id"),
 )
 OWNED_PAGE = CompiledQuery(
-    lambda state, offset, limit, owner: (
-        filter_instances(Instance.objects.filter(owner=owner), state)
+    lambda state, offset, limit, team: (
+        filter_instances(Instance.objects.filter(team=team), state)
         .select_related(*_RELATED)
         .order_by("-created_at", "-id")[offset : offset + limit]
     ),
-    owner=Instance._meta.get_field("owner"),
+    team=Instance._meta.get_field("team"),
 )
 NODES_OF = CompiledQuery(
     lambda ids: InstanceNode.objects.filter(instance__in=ids),
@@ -166,7 +165,7 @@ def owned_instance(user: Any, public_id: Any) -> Instance:
     pid = parse_uuid(public_id)
     if pid is None or not getattr(user, "is_authenticated", False):
         raise Http404
-    instance = OWNED_INSTANCE.first(owner=user.pk, public_id=pid)
+    instance = OWNED_INSTANCE.first(team=team_of(user).pk, public_id=pid)
     if instance is None:
         raise Http404
     prefetched(instance, "nodes", NODES_OF.all(ids=[instance.pk]))
@@ -176,7 +175,7 @@ def owned_instance(user: Any, public_id: Any) -> Instance:
 def owned_page(user: Any, state: str, offset: int, limit: int) -> list[Instance]:
     """A page of the caller's instances (newest first) as ``owned_instance`` reads one, with the
     share links their ports list: three queries however long the page."""
-    page = OWNED_PAGE.all(state, offset, limit, owner=user.pk)
+    page = OWNED_PAGE.all(state, offset, limit, team=team_of(user).pk)
     ids = [i.pk for i in page]
     prefetched_many(page, "nodes", NODES_OF.all(ids=ids))
     prefetched_many(page, "share_links", SHARE_LINKS_OF.all(ids=ids))
@@ -190,7 +189,7 @@ class InstanceViewSet(PublicIdViewSet):
 
     def get_queryset(self) -> QuerySet[Instance]:
         return (
-            Instance.objects.for_owner(self.request.user)
+            Instance.objects.for_team(self.request.user)
             .select_related("gpu_model", "region", "region__gateway", "allocation")
             .prefetch_related("nodes", "share_links")
         )
@@ -400,7 +399,7 @@ class DiskViewSet(PublicIdViewSet):
             to_attr="live_attachments",
         )
         return (
-            Disk.objects.for_owner(self.request.user)
+            Disk.objects.for_team(self.request.user)
             .live()
             .select_related("region")
             .prefetch_related(live)
@@ -602,7 +601,7 @@ class AppViewSet(viewsets.ViewSet):
         d = payload.validated_data
         key = idempotency_key(request, Instance._meta.get_field("idempotency_key").max_length)
         existing = (
-            Instance.objects.filter(owner=request.user, idempotency_key=key).exists()
+            Instance.objects.filter(team=team_of(request.user), idempotency_key=key).exists()
             if key
             else False
         )

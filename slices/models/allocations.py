@@ -21,7 +21,10 @@ class Allocation(models.Model):
     """GPUs held for one customer: a single-node host or a multi-node cluster slice."""
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
-    owner = models.ForeignKey(
+    team = models.ForeignKey(
+        "console.Team", on_delete=models.PROTECT, related_name="gpu_allocations"
+    )
+    created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="gpu_allocations"
     )
     kind = models.CharField(_("kind"), max_length=8, choices=AllocationKind.choices)

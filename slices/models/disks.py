@@ -14,15 +14,13 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from console.querysets import TeamOwnedQuerySet
 from slices.choices import DiskMode, DiskState, NodeSignal
 from slices.models.fleet import Node, Region
 from slices.models.instances import Instance
 
 
-class DiskQuerySet(models.QuerySet["Disk"]):
-    def for_owner(self, user: object) -> DiskQuerySet:
-        return self.filter(owner=user)
-
+class DiskQuerySet(TeamOwnedQuerySet):
     def live(self) -> DiskQuerySet:
         return self.filter(state=DiskState.AVAILABLE)
 
@@ -31,7 +29,8 @@ class Disk(models.Model):
     """A persistent cloud disk in one region: outlives instances, attachable to several at once."""
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
-    owner = models.ForeignKey(
+    team = models.ForeignKey("console.Team", on_delete=models.PROTECT, related_name="disks")
+    created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="disks"
     )
     region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="disks")
@@ -91,11 +90,9 @@ class DiskAttachment(models.Model):
 
 
 class PfsUsage(models.Model):
-    """One account's directory on the parallel file system: last measured size and its quota."""
+    """One team's directory on the parallel file system: last measured size and its quota."""
 
-    owner = models.OneToOneField(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="pfs_usage"
-    )
+    team = models.OneToOneField("console.Team", on_delete=models.CASCADE, related_name="pfs_usage")
     used_bytes = models.BigIntegerField(_("used (bytes)"), default=0)
     files = models.PositiveIntegerField(_("files"), default=0)
     quota_gb = models.PositiveIntegerField(_("quota (GB)"), null=True, blank=True)
@@ -106,7 +103,7 @@ class PfsUsage(models.Model):
         verbose_name_plural = _("parallel file system usage")
 
     def __str__(self) -> str:
-        return f"{self.owner}: {self.used_bytes} B"
+        return f"{self.team}: {self.used_bytes} B"
 
 
 class NodeWatch(models.Model):

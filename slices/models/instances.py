@@ -29,7 +29,10 @@ from slices.querysets import InstanceQuerySet
 
 class Instance(models.Model):
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
-    owner = models.ForeignKey(
+    # The team owns it (issue 30); the member who ordered it is recorded for budgets,
+    # statements and the audit log, and keeps it attributed after they leave.
+    team = models.ForeignKey("console.Team", on_delete=models.PROTECT, related_name="instances")
+    created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="instances"
     )
     name = models.CharField(_("name"), max_length=63)
@@ -127,7 +130,7 @@ class Instance(models.Model):
         indexes = (models.Index(fields=("state", "lease_until"), name="slices_inst_state_lease"),)
         constraints = (
             models.UniqueConstraint(
-                fields=("owner", "idempotency_key"), name="slices_instance_idempotency_key"
+                fields=("team", "idempotency_key"), name="slices_instance_idempotency_key"
             ),
             # One instance per public port of a region's gateway (two picking one at once: the
             # second's write fails and it picks again).
@@ -223,11 +226,9 @@ class InstanceEvent(models.Model):
 
 
 class GpuQuota(models.Model):
-    """How many cards an account may hold at once (operators raise it; default in settings)."""
+    """How many cards a team may hold at once (operators raise it; default in settings)."""
 
-    owner = models.OneToOneField(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="gpu_quota"
-    )
+    team = models.OneToOneField("console.Team", on_delete=models.CASCADE, related_name="gpu_quota")
     max_gpus = models.PositiveIntegerField(_("cards at once"))
     note = models.CharField(_("operator note"), max_length=255, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -237,7 +238,7 @@ class GpuQuota(models.Model):
         verbose_name_plural = _("GPU quotas")
 
     def __str__(self) -> str:
-        return f"{self.owner}: {self.max_gpus}"
+        return f"{self.team}: {self.max_gpus}"
 
 
 class ShareLink(models.Model):

@@ -36,6 +36,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from console import services as console_services
+from console.models import Membership
 from console.sshkeys import canonical_openssh
 from slices.choices import InstanceState
 from slices.drivers import get_driver
@@ -223,13 +224,23 @@ def gateway_grants(gateway: Gateway) -> tuple[GatewayGrant, ...]:
         ssh_port__isnull=False,
     ).values_list(
         "instance__ssh_public_key",
-        "instance__owner_id",
-        "instance__owner__public_id",
+        "instance__created_by_id",
+        "instance__created_by__public_id",
         "node__address",
         "ssh_port",
+        "instance__team_id",
+    )
+    # A member who left the team no longer gets through to its instances (issue 30), even to
+    # the ones they started (those stay with the team).
+    members = set(
+        Membership.objects.filter(team_id__in={r[5] for r in rows}).values_list(
+            "team_id", "user_id"
+        )
     )
     parsed: list[tuple[str, str, int, str, str, int]] = []
-    for public_key, owner_id, owner_public_id, address, port in rows:
+    for public_key, owner_id, owner_public_id, address, port, team_id in rows:
+        if (team_id, owner_id) not in members:
+            continue
         found = canonical_openssh(public_key) if canonical_key(public_key) else None
         if found is None or port is None:
             continue
@@ -329,7 +340,7 @@ def sync_for_owner(owner_id: int) -> list[int]:
         {
             region_id
             for region_id in Instance.objects.filter(
-                owner_id=owner_id, state=InstanceState.RUNNING
+                created_by_id=owner_id, state=InstanceState.RUNNING
             ).values_list("region_id", flat=True)
             if region_id is not None
         }

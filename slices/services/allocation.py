@@ -27,6 +27,7 @@ from django.utils.translation import gettext, gettext_noop
 
 from console.errors import DomainError, ErrorCode
 from console.ids import parse_uuid
+from console.tenancy import team_of, user_of
 from slices import topology
 from slices.choices import (
     SCHEDULABLE_STATES,
@@ -299,7 +300,8 @@ def _commit(
     _take([(nodes[s.hostname], topology.gpu_mask(s.gpus)) for s in p.shares])
     cluster, perf = _placement_performance(p)
     allocation = Allocation.objects.create(
-        owner=owner,
+        team=team_of(owner),
+        created_by=user_of(owner),
         kind=AllocationKind.SLICE if p.is_slice else AllocationKind.HOST,
         cluster=cluster,
         gpu_model=cluster.gpu_model,

@@ -37,6 +37,7 @@ from django.utils.translation import gettext_noop
 
 from billing import services as billing
 from billing.money import charge_for
+from console.tenancy import team_of
 from marketplace import aiapps
 from marketplace import services as marketplace
 from marketplace.aiapps import AiApp, GpuOption
@@ -282,7 +283,9 @@ def launch_app(
     """Order ``app``: refused with ``OrderRefused`` (what is wrong) or what ``order_instance``
     raises; the same ``idempotency_key`` returns the instance the first click ordered."""
     if idempotency_key:
-        existing = Instance.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+        existing = Instance.objects.filter(
+            team=team_of(user), idempotency_key=idempotency_key
+        ).first()
         if existing is not None:
             return existing
     offer = app_offer(user, app, gpu_model=gpu_model, cards=cards, model=model)

@@ -32,6 +32,7 @@ from console.api.compiled import CompiledQuery, Many
 from console.errors import DomainError, ErrorCode
 from console.ids import uuid_or_404
 from console.names import NameRefused, clean_name
+from console.tenancy import team_of, user_of
 from slices.choices import DiskMode, DiskState, EventKind, InstanceState
 from slices.models import Disk, DiskAttachment, Instance, PfsUsage, Region
 from slices.services.history import record_event
@@ -74,9 +75,7 @@ class DiskInUse(DomainError):
 def get_disk_for_user(user: Any, public_id: Any) -> Disk:
     """The caller's live disk, or 404 (another customer's disk does not exist for them)."""
     pid = uuid_or_404(public_id)
-    disk = (
-        Disk.objects.for_owner(user).live().select_related("region").filter(public_id=pid).first()
-    )
+    disk = Disk.objects.for_team(user).live().select_related("region").filter(public_id=pid).first()
     if disk is None:
         raise Http404
     return disk
@@ -95,13 +94,15 @@ def attachments_of(disk: Disk) -> list[DiskAttachment]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _account_id(user: Any) -> str:
-    return str(getattr(user, "public_id", user.pk))
+def _account_id(who: Any) -> str:
+    """The storage session's resource id: the team's /pfs key (a personal team's is its
+    account's public id, as before teams)."""
+    return team_of(who).pfs_key
 
 
 def _lock_account(user: Any) -> PfsUsage:
     """Serialise one account's storage changes (its PFS usage row is the lock)."""
-    row, _created = PfsUsage.objects.get_or_create(owner=user)
+    row, _created = PfsUsage.objects.get_or_create(team=team_of(user))
     return PfsUsage.objects.select_for_update().get(pk=row.pk)
 
 
@@ -111,9 +112,9 @@ GPULESS_DISK_STATES = (InstanceState.PROVISIONING, InstanceState.RUNNING)
 
 def storage_gb(user: Any) -> tuple[int, int]:
     """(GB of the account's live disks, GB of the system disks kept by its stopped instances)."""
-    disks = Disk.objects.for_owner(user).live().aggregate(n=Sum("size_gb"))["n"] or 0
+    disks = Disk.objects.for_team(user).live().aggregate(n=Sum("size_gb"))["n"] or 0
     system = (
-        Instance.objects.for_owner(user)
+        Instance.objects.for_team(user)
         .filter(Q(state__in=DISK_KEPT_STATES) | Q(gpuless=True, state__in=GPULESS_DISK_STATES))
         .aggregate(n=Sum("system_disk_gb"))["n"]
         or 0
@@ -158,7 +159,7 @@ def disk_counted(instance: Instance) -> bool:
 def kept_disk_per_day(instance: Instance) -> Decimal:
     """What keeping this instance's system disk adds to the account's storage charge per day
     (counted once, whether or not storage bills it already)."""
-    disks, system = storage_gb(instance.owner)
+    disks, system = storage_gb(instance.team)
     price = storage_price()
     total = disks + system + (0 if disk_counted(instance) else instance.system_disk_gb)
     return price.per_day(total) - price.per_day(total - instance.system_disk_gb)
@@ -236,7 +237,7 @@ def create_disk(user: Any, *, name: str, size_gb: Any, region: str) -> Disk:
         raise DiskRefused(gettext_noop("Unknown region %(region)s."), region=region)
     _lock_account(user)
     limit = int(settings.SLICES_DISK_MAX_PER_ACCOUNT)
-    if Disk.objects.for_owner(user).live().count() >= limit:
+    if Disk.objects.for_team(user).live().count() >= limit:
         raise DiskRefused(
             gettext_noop("An account may have at most %(max)d disks; delete one first."),
             code=ErrorCode.QUOTA_EXCEEDED,
@@ -244,7 +245,9 @@ def create_disk(user: Any, *, name: str, size_gb: Any, region: str) -> Disk:
             max=limit,
         )
     _check_funds(user, size)
-    disk = Disk.objects.create(owner=user, region=region_row, name=name, size_gb=size)
+    disk = Disk.objects.create(
+        team=team_of(user), created_by=user_of(user), region=region_row, name=name, size_gb=size
+    )
     sync_storage_billing(user)
     return disk
 
@@ -253,7 +256,7 @@ def create_disk(user: Any, *, name: str, size_gb: Any, region: str) -> Disk:
 def resize_disk(disk: Disk, size_gb: Any) -> Disk:
     """Grow a disk (never shrink: the file system on it would lose data)."""
     size = _check_size(size_gb)
-    _lock_account(disk.owner)
+    _lock_account(disk.team)
     disk.refresh_from_db()
     if disk.state != DiskState.AVAILABLE:
         raise Http404
@@ -261,19 +264,19 @@ def resize_disk(disk: Disk, size_gb: Any) -> Disk:
         raise DiskRefused(
             gettext_noop("A disk only grows: choose more than %(size)d GB."), size=disk.size_gb
         )
-    _check_funds(disk.owner, size - disk.size_gb)
+    _check_funds(disk.team, size - disk.size_gb)
     Disk.objects.filter(pk=disk.pk).update(size_gb=size)
     disk.size_gb = size
     for att in attachments_of(disk):
         _event(att.instance, "disk_resized", disk, size=size)
-    sync_storage_billing(disk.owner)
+    sync_storage_billing(disk.team)
     return disk
 
 
 @transaction.atomic
 def delete_disk(disk: Disk) -> None:
     """Delete a disk that no live instance uses (its storage charge stops now)."""
-    _lock_account(disk.owner)
+    _lock_account(disk.team)
     in_use = [a.instance for a in attachments_of(disk) if a.instance.state in ATTACHABLE_STATES]
     if in_use:
         raise DiskInUse(
@@ -293,7 +296,7 @@ def delete_disk(disk: Disk) -> None:
         raise Http404
     DiskAttachment.objects.filter(disk=disk, detached_at__isnull=True).update(detached_at=now)
     disk.state = DiskState.DELETED
-    sync_storage_billing(disk.owner)
+    sync_storage_billing(disk.team)
 
 
 @transaction.atomic
@@ -301,9 +304,9 @@ def attach_disk(disk: Disk, instance: Instance, mode: str = DiskMode.READ_WRITE)
     """Attach ``disk`` to one more instance of its owner in its region (read-write or read-only)."""
     if mode not in DiskMode.values:
         raise DiskRefused(gettext_noop("A disk is attached read-write (rw) or read-only (ro)."))
-    _lock_account(disk.owner)
+    _lock_account(disk.team)
     disk.refresh_from_db()
-    if disk.state != DiskState.AVAILABLE or instance.owner_id != disk.owner_id:
+    if disk.state != DiskState.AVAILABLE or instance.team_id != disk.team_id:
         raise Http404
     instance.refresh_from_db()
     if instance.state not in ATTACHABLE_STATES:

@@ -697,7 +697,7 @@ def cluster_map(cluster: Cluster) -> list[dict[str, Any]]:
         AllocationNode.objects.filter(
             node__cluster=cluster, allocation__state=AllocationState.ACTIVE
         )
-        .select_related("allocation", "allocation__owner", "allocation__instance")
+        .select_related("allocation", "allocation__team", "allocation__instance")
         .order_by("allocation__created_at")
     )
     for part in parts:

@@ -30,6 +30,7 @@ from console import services as console_services
 from console.errors import ErrorCode
 from console.ids import parse_uuid
 from console.names import NameRefused, clean_name
+from console.tenancy import team_of, user_of
 from console.verification import services as verification
 from marketplace import services as marketplace
 from slices import envpolicy, events, lifecycle, topology
@@ -67,7 +68,7 @@ def get_instance_for_user(user: Any, public_id: Any) -> Instance:
     if pid is None:
         raise Http404
     instance = (
-        Instance.objects.for_owner(user)
+        Instance.objects.for_team(user)
         .select_related("gpu_model", "region", "allocation", "allocation__cluster")
         .filter(public_id=pid)
         .first()
@@ -307,7 +308,7 @@ _COMMITTED_STATES = (
 def committed_resources(user: Any, *, exclude: Instance | None = None) -> list[billing.Commitment]:
     """The account's instances billing will meter once they run, as billing's commitments."""
     rows = (
-        Instance.objects.for_owner(user)
+        Instance.objects.for_team(user)
         .filter(state__in=_COMMITTED_STATES, gpuless=False)
         .select_related("gpu_model")
     )
@@ -348,18 +349,18 @@ def check_funds(
 
 
 def quota_for(user: Any) -> int:
-    row = GpuQuota.objects.filter(owner=user).first()
+    row = GpuQuota.objects.filter(team=team_of(user)).first()
     return row.max_gpus if row else int(settings.SLICES_DEFAULT_GPU_QUOTA)
 
 
 def cards_in_use(user: Any) -> int:
-    return int(Instance.objects.for_owner(user).live().aggregate(n=Sum("cards"))["n"] or 0)
+    return int(Instance.objects.for_team(user).live().aggregate(n=Sum("cards"))["n"] or 0)
 
 
 def _lock_quota(user: Any) -> int:
     """Serialise one account's orders (the quota row is the lock) and return its limit."""
     row, _created = GpuQuota.objects.get_or_create(
-        owner=user, defaults={"max_gpus": int(settings.SLICES_DEFAULT_GPU_QUOTA)}
+        team=team_of(user), defaults={"max_gpus": int(settings.SLICES_DEFAULT_GPU_QUOTA)}
     )
     row = GpuQuota.objects.select_for_update().get(pk=row.pk)
     return row.max_gpus
@@ -497,7 +498,7 @@ def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
 
 
 def _replay(user: Any, key: str, fingerprint: str) -> Instance | None:
-    existing = Instance.objects.filter(owner=user, idempotency_key=key).first()
+    existing = Instance.objects.filter(team=team_of(user), idempotency_key=key).first()
     if existing is None:
         return None
     if existing.request_fingerprint != fingerprint:
@@ -523,7 +524,8 @@ def _create_and_allocate(
     # Decided here, under the lock: an order that committed while this one waited is counted.
     check_funds(user, price_name(c.model.code) or c.model.code, req)
     instance = Instance.objects.create(
-        owner=user,
+        team=team_of(user),
+        created_by=user_of(user),
         name=c.name,
         kind=AllocationKind.HOST if req.cards in topology.HOST_SIZES else AllocationKind.SLICE,
         gpu_model=c.model,
@@ -680,7 +682,7 @@ def fail_instance(instance: Instance, code: str, params: dict[str, Any] | None =
 def _storage_released(instance: Instance) -> None:
     """The instance's disks stay (detached) and a kept system disk stops being billed."""
     disk_service.detach_all(instance)
-    disk_service.sync_storage_billing(instance.owner)
+    disk_service.sync_storage_billing(instance.team)
 
 
 @transaction.atomic

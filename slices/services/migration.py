@@ -31,6 +31,7 @@ from django.utils import timezone
 from billing import services as billing
 from billing.choices import CloseReason
 from console.notices import services as notices
+from console.tenancy import for_row
 from slices.choices import (
     SCHEDULABLE_STATES,
     AllocationKind,
@@ -309,7 +310,7 @@ def start_migration(instance: Instance, node: Node, *, signal: str = "") -> bool
     enqueue_on_commit("slices.tasks.migrate_instance_task", instance.pk)
     # The owner hears of it in the notice centre, by mail and SMS (issue 33), once per move.
     notices.notify_user_id(
-        instance.owner_id,
+        instance.created_by_id,
         "node_failed_migrating",
         {"name": instance.name, "node": node.hostname},
         key=f"migrating:{instance.pk}:{instance.state_changed_at.isoformat()}",
@@ -363,7 +364,7 @@ def _voucher(instance: Instance, count: int) -> Decimal:
     if amount <= 0:
         return Decimal("0")
     billing.grant_voucher(
-        instance.owner,
+        for_row(instance),
         amount,
         reason=f"migration of {instance.name} ({instance.short_id})",
         valid_days=int(settings.SLICES_MIGRATION_VOUCHER_DAYS),
@@ -374,7 +375,7 @@ def _voucher(instance: Instance, count: int) -> Decimal:
 
 def drive_migration(instance_id: int) -> str:
     """The worker's half: find the checkpoint, take a replacement node, provision again."""
-    instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
+    instance = Instance.objects.filter(pk=instance_id).select_related("team", "created_by").first()
     if instance is None or instance.state != InstanceState.MIGRATING:
         return "nothing to do"
     checkpoint = storage.refresh_checkpoint(instance)

@@ -36,6 +36,7 @@ from django.utils.translation import get_language, gettext_noop
 
 from console import sites
 from console.names import NameRefused, clean_name
+from console.tenancy import as_acting
 from marketplace import aiapps
 from marketplace import services as marketplace
 from slices.choices import InstanceState
@@ -332,7 +333,7 @@ def _hash(secret: str) -> str:
 
 
 def _owned_port(user: Any, instance: Instance, port: int) -> None:
-    if instance.owner_id != getattr(user, "pk", None):
+    if not as_acting(user).may_operate(instance):
         raise Http404
     if port not in {p.port for p in web_ports(instance)}:
         raise Http404
@@ -373,7 +374,7 @@ def create_share_link(
 
 def revoke_share_link(user: Any, instance: Instance, link_id: int) -> bool:
     """Revoke one of the owner's share links (404 for anyone else's); whether this call did."""
-    if instance.owner_id != getattr(user, "pk", None):
+    if not as_acting(user).may_operate(instance):
         raise Http404
     link = ShareLink.objects.filter(pk=link_id, instance=instance).first()
     if link is None:
@@ -434,7 +435,7 @@ def _running(public_id: Any) -> Instance | None:
     except ValueError:
         return None
     return (
-        Instance.objects.select_related("owner")
+        Instance.objects.select_related("team", "created_by")
         .filter(public_id=pid, state=InstanceState.RUNNING)
         .first()
     )
@@ -529,7 +530,8 @@ def live_grant(grant_id: int, instance: Instance, port: int) -> PortGrant | None
     if grant is None:
         return None
     if grant.user_id is not None:
-        return grant if grant.user_id == instance.owner_id else None
+        # A member's grant lives while they may still operate the instance (issue 30).
+        return grant if _member_may_operate(grant.user_id, instance) else None
     link = grant.share_link
     if link is None or link.revoked_at is not None or link.expires_at <= timezone.now():
         return None
@@ -544,3 +546,17 @@ def grant_from_cookie(value: str, instance: Instance, port: int) -> PortGrant | 
 def parse_app_host(host: str) -> tuple[str, int] | None:
     """``(public_id, port)`` of an app host ``<uuid>-<port>.<APPS_DOMAIN>``, else None."""
     return sites.parse_app_host(host, apps_domain())
+
+
+def _member_may_operate(user_id: int, instance: Instance) -> bool:
+    from console.models import Membership
+    from console.roles import Perm, can
+
+    role = (
+        Membership.objects.filter(team_id=instance.team_id, user_id=user_id)
+        .values_list("role", flat=True)
+        .first()
+    )
+    if can(role, Perm.OPERATE_ALL):
+        return True
+    return can(role, Perm.COMPUTE) and instance.created_by_id == user_id

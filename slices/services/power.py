@@ -28,6 +28,7 @@ from django.utils.translation import gettext_noop
 
 from billing.choices import BillingMode, CloseReason
 from console.notices import services as notices
+from console.tenancy import for_row
 from slices import lifecycle
 from slices.choices import (
     AllocationKind,
@@ -118,14 +119,14 @@ def stop_instance(instance: Instance, *, by: str) -> bool:
     ):
         return False
     close_billing(instance, CloseReason.RELEASED)
-    disk_service.sync_storage_billing(instance.owner)
+    disk_service.sync_storage_billing(instance.team)
     enqueue_on_commit("slices.tasks.stop_instance_task", instance.pk)
     return True
 
 
 def drive_stop(instance_id: int, driver: NodeDriver | None = None) -> str:
     """The worker's half of a stop: stop the container on the node, free the GPUs, → stopped."""
-    instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
+    instance = Instance.objects.filter(pk=instance_id).select_related("team", "created_by").first()
     if instance is None or instance.state != InstanceState.STOPPING:
         return "nothing to do"
     if not acquire_lease(instance):
@@ -158,7 +159,7 @@ def drive_stop(instance_id: int, driver: NodeDriver | None = None) -> str:
             ):
                 return "cancelled"
             access.clear_ssh_ports(instance)  # its sshd stopped with it; the next start gets one
-            disk_service.sync_storage_billing(instance.owner)
+            disk_service.sync_storage_billing(instance.team)
         return "stopped"
     finally:
         drop_lease(instance)
@@ -204,20 +205,20 @@ def start_instance(instance: Instance, *, by: str, mode: str = StartMode.AUTO) -
     if not gpuless:
         # The account's order lock, as an order takes it: a start and an order (or two starts)
         # never pass the quota and the funds check on the same cards and the same balance.
-        limit = _lock_quota(instance.owner)
-        used = cards_in_use(instance.owner) - instance.cards
+        limit = _lock_quota(for_row(instance))
+        used = cards_in_use(for_row(instance)) - instance.cards
         if used + instance.cards > limit:
             raise quota_exceeded(limit, used, instance.cards)
         price = price_name(instance.gpu_model.code) or instance.gpu_model.code
         check_funds(  # billing's rule: the balance carries the account's whole burn with it
-            instance.owner,
+            for_row(instance),
             price,
             OrderRequest(gpu_model=instance.gpu_model.code, cards=instance.cards),
             starting=instance,
         )
         # The allocator claims, with its rules (an aligned block of the host's GPUs).
         allocation = claim_on_node(
-            instance.owner, old, instance.cards, label=f"instance {instance.public_id}"
+            for_row(instance), old, instance.cards, label=f"instance {instance.public_id}"
         )
         if allocation is None and mode == StartMode.SAME_HOST:
             raise NoCapacity(
@@ -229,7 +230,7 @@ def start_instance(instance: Instance, *, by: str, mode: str = StartMode.AUTO) -
             )
         if allocation is None:
             allocation = allocate(
-                instance.owner,
+                for_row(instance),
                 instance.cards,
                 instance.gpu_model.code,
                 instance.region.code if instance.region else None,
@@ -257,7 +258,7 @@ def start_instance(instance: Instance, *, by: str, mode: str = StartMode.AUTO) -
         stopped_at=None,
         stop_warnings=0,
     )
-    disk_service.sync_storage_billing(instance.owner)
+    disk_service.sync_storage_billing(instance.team)
     enqueue_on_commit("slices.tasks.start_instance_task", instance.pk)
     return StartResult(node.hostname, moved_from, gpuless)
 
@@ -271,7 +272,7 @@ def _unplaceable(hostname: str) -> Any:
 
 def drive_start(instance_id: int, driver: NodeDriver | None = None) -> str:
     """The worker's half of a start: copy the system disk when the host changed, then provision."""
-    instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
+    instance = Instance.objects.filter(pk=instance_id).select_related("team", "created_by").first()
     if instance is None or instance.state != InstanceState.PROVISIONING:
         return "nothing to do"
     src_host = instance.disk_move_from  # cleared with the disk_moved event
@@ -345,7 +346,7 @@ def release_long_stopped(now: datetime) -> tuple[list[str], list[str]]:
                 )
                 # D-7 / D-3 / D-1 before the automatic release (issue 33), each sent once.
                 notices.notify_user_id(
-                    instance.owner_id,
+                    instance.created_by_id,
                     "release_warning",
                     {
                         "name": instance.name,

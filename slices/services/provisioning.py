@@ -29,6 +29,7 @@ from django.utils import timezone
 from billing import services as billing
 from billing.choices import BillingMode
 from console.retries import TRANSIENT_ERRORS, close_connections, retry_transient
+from console.tenancy import for_row
 from marketplace import services as marketplace
 from slices import events, lifecycle
 from slices.choices import EventKind, EventLevel, InstanceState, NodeHealth
@@ -235,7 +236,7 @@ def build_spec(instance: Instance) -> InstanceSpec:
         instance_id=str(instance.public_id),
         slug=instance.slug,
         name=instance.name,
-        owner=str(getattr(instance.owner, "public_id", instance.owner_id)),
+        owner=instance.team.pfs_key,  # the team's /pfs directory
         image=instance.container,
         entrypoint=instance.entrypoint,
         # The customer's and the platform's (``instance.env``); job_env's values win over both.
@@ -312,7 +313,7 @@ def provision_instance(instance_id: int, driver: NodeDriver | None = None) -> st
     recorded step, while the heartbeat keeps the lease. If it outlasts the retries, the error
     goes up to the task (re-queued with backoff) and the reconciler takes over at the latest a
     lease-time later; the instance never fails for it. Any other error fails it cleanly."""
-    instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
+    instance = Instance.objects.filter(pk=instance_id).select_related("team", "created_by").first()
     if instance is None or instance.state != InstanceState.PROVISIONING:
         return "nothing to do"
     if not acquire_lease(instance):
@@ -352,7 +353,7 @@ def _provision_attempt(instance: Instance, driver: NodeDriver, *, first: bool) -
         if instance.state != InstanceState.PROVISIONING:
             done = {InstanceState.RUNNING: "running", InstanceState.FAILED: "failed"}
             return done.get(InstanceState(instance.state), "cancelled")
-    storage.ensure_pfs(instance.owner)  # the account's /pfs directory exists before any mount
+    storage.ensure_pfs(instance.team)  # the account's /pfs directory exists before any mount
     return _provision(instance, driver, first=first)
 
 
@@ -680,7 +681,7 @@ def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
             try:
                 with transaction.atomic():
                     rental = billing.purchase_term(
-                        instance.owner,
+                        for_row(instance),
                         gpu_model=price,
                         cards=instance.cards,
                         days=instance.term_days,
@@ -704,7 +705,7 @@ def mark_running(instance: Instance, spec: InstanceSpec) -> bool:
                 )
         else:
             session = billing.open_usage_session(
-                instance.owner,
+                for_row(instance),
                 resource_kind=INSTANCE_RESOURCE,
                 resource_id=str(instance.public_id),
                 gpu_model=price,
@@ -741,7 +742,7 @@ def teardown_instance(instance_id: int, driver: NodeDriver | None = None) -> str
     cleaning (idempotent) or the recording that follows it; past the retries the task re-queues
     and the reconciler re-drives the release (however often it takes: its GPUs must be freed).
     """
-    instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
+    instance = Instance.objects.filter(pk=instance_id).select_related("team", "created_by").first()
     if instance is None or instance.resources_freed_at is not None:
         return "nothing to do"
     if instance.state not in (InstanceState.RELEASING, InstanceState.FAILED):

@@ -34,6 +34,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from billing import services as billing
+from console.tenancy import team_of
 from marketplace import recipes as catalogue_recipes
 from marketplace import services as marketplace
 from marketplace.catalogue import GPU_LABELS, gpu_code
@@ -246,7 +247,9 @@ def launch_recipe(
     or what ``order_instance`` raises. The same ``idempotency_key`` (the page's launch form) returns
     the run the first click started: a double click launches once."""
     if idempotency_key:
-        existing = Instance.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+        existing = Instance.objects.filter(
+            team=team_of(user), idempotency_key=idempotency_key
+        ).first()
         if existing is not None:
             return existing
     _refuse_a_second_run(user)
@@ -293,7 +296,9 @@ def launch_recipe(
         # and the others find its run live (or, with the same launch key, return it).
         _lock_quota(user)
         if idempotency_key:
-            existing = Instance.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+            existing = Instance.objects.filter(
+                team=team_of(user), idempotency_key=idempotency_key
+            ).first()
             if existing is not None:
                 return existing
         _refuse_a_second_run(user)
@@ -304,7 +309,7 @@ def launch_recipe(
 def live_demo_run(user: Any) -> Instance | None:
     """The account's recipe run that holds (or is about to hold) GPUs, if any."""
     return (
-        Instance.objects.for_owner(user)
+        Instance.objects.for_team(user)
         .filter(state__in=DEMO_LIVE_STATES, env__has_key=RECIPE_ENV)
         .order_by("-created_at")
         .first()
@@ -406,7 +411,7 @@ def follow_recipe(instance_id: int, *, budget_s: float | None = None, driver: An
     followers on the embedded worker's four threads would otherwise starve every other customer's
     provisioning, settlement and reconciliation). One follower per instance (a cache lock); safe
     to call twice."""
-    instance = Instance.objects.filter(pk=instance_id).select_related("owner").first()
+    instance = Instance.objects.filter(pk=instance_id).select_related("team", "created_by").first()
     if instance is None or instance.state != InstanceState.RUNNING or recipe_of(instance) is None:
         return "nothing to do"
     interval = float(settings.RECIPE_FOLLOW_INTERVAL)
@@ -503,12 +508,12 @@ def _saved(instance: Instance, driver: Any, env: dict[str, str], lines: list[str
     writer = getattr(driver, "write_recipe_files", None)
     if writer is not None and getattr(driver, "simulated", False):
         try:
-            writer(storage.account_root(instance.owner), env, lines)
+            writer(storage.account_root(instance.team), env, lines)
         except (OSError, DriverError) as exc:
             logger.warning("writing the simulated files of %s: %s", instance.public_id, exc)
     try:
         storage.refresh_checkpoint(instance)
-        storage.measure_pfs(instance.owner)
+        storage.measure_pfs(instance.team)
     except OSError as exc:
         logger.warning("reading the PFS of %s: %s", instance.public_id, exc)
 

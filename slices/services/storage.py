@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from console.tenancy import team_of
 from slices.drivers import DriverError
 from slices.drivers.pfs import Checkpoint, LocalPfs, Usage
 from slices.models import Instance, PfsUsage
@@ -38,9 +39,10 @@ def pfs() -> LocalPfs:
     return LocalPfs(pfs_root())
 
 
-def account_dir(user: Any) -> str:
-    """The account's directory name on the PFS (the drivers use the same: ``spec.owner``)."""
-    return str(getattr(user, "public_id", user.pk))
+def account_dir(who: Any) -> str:
+    """The team's directory name on the PFS (the drivers use the same: ``spec.owner``): a
+    personal team keeps its account's public id, so nothing moved when teams came."""
+    return team_of(who).pfs_key
 
 
 def account_root(user: Any) -> Path:
@@ -96,7 +98,7 @@ def measure_pfs(user: Any) -> PfsSummary:
 
 def remember_usage(user: Any, usage: Usage) -> PfsSummary:
     """Keep a figure measured now (the file browser measures before it writes: no second walk)."""
-    row, _created = PfsUsage.objects.get_or_create(owner=user)
+    row, _created = PfsUsage.objects.get_or_create(team=team_of(user))
     now = timezone.now()
     PfsUsage.objects.filter(pk=row.pk).update(
         used_bytes=usage.bytes, files=usage.files, measured_at=now
@@ -106,7 +108,7 @@ def remember_usage(user: Any, usage: Usage) -> PfsSummary:
 
 def pfs_summary(user: Any) -> PfsSummary:
     """The last measured usage (the page measures when older than a minute)."""
-    row = PfsUsage.objects.filter(owner=user).first()
+    row = PfsUsage.objects.filter(team=team_of(user)).first()
     if row is None or row.measured_at is None:
         return PfsSummary(0, 0, quota_gb(row), None)
     return PfsSummary(row.used_bytes, row.files, quota_gb(row), row.measured_at)
@@ -133,7 +135,7 @@ def checkpoint_run(instance: Instance) -> str:
 
 def latest_checkpoint(instance: Instance) -> Checkpoint | None:
     try:
-        return pfs().latest_checkpoint(account_dir(instance.owner), checkpoint_run(instance))
+        return pfs().latest_checkpoint(account_dir(instance.team), checkpoint_run(instance))
     except DriverError:
         return None
 

@@ -259,8 +259,8 @@ def _act_on(instance: Instance, verdict: IdleVerdict, now: datetime) -> IdleDeci
 
 def _tell_owner(instance_id: int, params: dict[str, Any]) -> None:
     """The console notification and the mail, in the console's default language."""
-    instance = Instance.objects.select_related("owner").get(pk=instance_id)
-    owner = instance.owner
+    instance = Instance.objects.select_related("team", "created_by").get(pk=instance_id)
+    owner = instance.created_by  # the member who started it hears first
     payload = {"instance": str(instance.public_id), "name": instance.name, **params}
     try:
         notify_user(owner.public_id, "instance.idle", payload)

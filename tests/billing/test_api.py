@@ -66,7 +66,7 @@ def test_mass_assignment_cannot_set_state_or_owner(alice, bob, alice_api, prices
         format="json",
     )
     assert response.json()["state"] == "pending"
-    assert Payment.objects.get().wallet.owner == alice
+    assert Payment.objects.get().wallet.team.personal_of == alice
 
 
 def test_quote(alice_api, prices) -> None:
@@ -116,8 +116,8 @@ def test_lists_have_constant_query_counts(
 def test_another_customer_gets_404_and_empty_lists(alice, bob_api, prices, billing_clock) -> None:
     _sessions(alice, 1, billing_clock)
     payment, _ = services.start_topup(alice, "10")
-    session = alice.wallet.usage_sessions.get()
-    txn = alice.wallet.transactions.first()
+    session = alice.personal_team.wallet.usage_sessions.get()
+    txn = alice.personal_team.wallet.transactions.first()
     assert bob_api.get(f"/api/v1/billing/usage-sessions/{session.public_id}/").status_code == 404
     assert bob_api.get(f"/api/v1/billing/transactions/{txn.public_id}/").status_code == 404
     assert bob_api.get(f"/api/v1/billing/top-ups/{payment.public_id}/").status_code == 404

@@ -32,6 +32,6 @@ def test_a_voucher_spent_in_steps_reaches_zero(prices, alice) -> None:
         )
     voucher.refresh_from_db()
     assert voucher.balance == 0
-    cash = Account.objects.get(wallet__owner=alice, kind="cash")
+    cash = Account.objects.get(wallet__team__personal_of=alice, kind="cash")
     assert cash.balance == Decimal("20.40")
     assert_ledger_consistent()

@@ -20,7 +20,7 @@ API = "/api/v1/billing/top-ups/"
 
 
 def _cash(user) -> Decimal:
-    row = Account.objects.filter(wallet__owner=user, kind="cash").first()
+    row = Account.objects.filter(wallet__team__personal_of=user, kind="cash").first()
     return row.balance if row else Decimal(0)
 
 

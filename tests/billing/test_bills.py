@@ -50,7 +50,7 @@ def march(billing_clock, prices, alice):
         resource_id="inst-c",
         region="xiamen",
     )
-    usage = alice.wallet.transactions.filter(kind="usage").order_by("id")[3]
+    usage = alice.personal_team.wallet.transactions.filter(kind="usage").order_by("id")[3]
     services.reverse_transaction(usage, reason="fault compensation")
     return alice
 
@@ -65,7 +65,7 @@ def test_lines_sum_to_the_ledger_to_the_cent(march) -> None:
     by_kind: dict[str, Decimal] = {}
     for kind, amount in (
         Entry.objects.filter(
-            account__wallet__owner=march,
+            account__wallet__team__personal_of=march,
             transaction__kind__in=["usage", "term_purchase", "reversal"],
         )
         .exclude(transaction__kind="reversal", transaction__reverses__kind="topup")

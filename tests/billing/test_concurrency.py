@@ -198,7 +198,7 @@ def test_settlement_never_locks_accounts_of_a_wallet_it_did_not_lock(
     holder = threading.Thread(target=hold_late_accounts)
     try:
         with transaction.atomic():  # hold the first wallet: the run waits in its step 1
-            Wallet.objects.select_for_update().get(owner=first)
+            Wallet.objects.select_for_update().get(team__personal_of=first)
             settler.start()
             _wait(lambda: bool(pid) and _blocked(pid[0]))
             # the late wallet's first session opens (committed) while the run waits

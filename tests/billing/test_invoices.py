@@ -236,7 +236,9 @@ def test_invoiceable_reconciles_under_random_sequences(prices, steps) -> None:
             balance = invoicing.balance_for(user)
             assert balance.invoiceable == model.invoiceable, (kind, balance, model)
             assert balance.refundable == model.refundable, (kind, balance, model)
-            cash = Account.objects.filter(wallet__owner=user, kind=AccountKind.CASH).first()
+            cash = Account.objects.filter(
+                wallet__team__personal_of=user, kind=AccountKind.CASH
+            ).first()
             assert (cash.balance if cash else 0) == model.cash
         assert_ledger_consistent()
         assert services.reconcile() == []

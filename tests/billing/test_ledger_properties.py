@@ -156,7 +156,7 @@ def test_reconciliation_finds_nothing_after_normal_use_and_flags_tampering(
     billing_clock.advance(3000)
     services.settle_usage()
     assert services.reconcile() == []
-    assert services.reconcile(alice.wallet) == []
+    assert services.reconcile(alice.personal_team.wallet) == []
     # a cached balance edited behind the ledger's back is reported
     Account.objects.filter(kind=AccountKind.CASH).update(balance=Decimal("1000000"))
     assert len(services.reconcile()) == 1

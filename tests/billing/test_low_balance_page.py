@@ -20,7 +20,7 @@ WARNING = "Low balance: about 38 minutes left at 15.20 元/h."
 
 
 def _notice(user, kind: str, threshold: int | None, message: str) -> None:
-    wallet, _ = Wallet.objects.get_or_create(owner=user)
+    wallet, _ = Wallet.objects.get_or_create(team=user.personal_team)
     BillingNotice.objects.create(
         wallet=wallet,
         kind=kind,

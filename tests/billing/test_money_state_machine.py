@@ -94,7 +94,7 @@ class MoneyMachine(RuleBasedStateMachine):
         self.burn_seen = max(self.burn_seen, self._burn())
 
     def _instances(self, *states: str) -> list[Instance]:
-        return list(Instance.objects.filter(owner=self.user, state__in=states).order_by("pk"))
+        return list(Instance.objects.filter(created_by=self.user, state__in=states).order_by("pk"))
 
     def _assert_whole_runway(self) -> None:
         """Billing's rule, seen from outside: the balance runs everything for the runway."""
@@ -192,7 +192,9 @@ class MoneyMachine(RuleBasedStateMachine):
     def settle(self, windows: int) -> None:
         """Time passes; the beat settles once per window and billing's stops release."""
         for done in range(windows):
-            if not UsageSession.objects.filter(wallet__owner=self.user, state="open").exists():
+            if not UsageSession.objects.filter(
+                wallet__team__personal_of=self.user, state="open"
+            ).exists():
                 self.frozen.advance(settlement_window() * (windows - done))  # nothing to charge
                 break
             self._note_burn()
@@ -214,8 +216,10 @@ class MoneyMachine(RuleBasedStateMachine):
     @invariant()
     def cash_stays_within_one_window(self) -> None:
         self._note_burn()
-        cash = Account.objects.get(wallet__owner=self.user, kind=AccountKind.CASH).balance
-        sessions = UsageSession.objects.filter(wallet__owner=self.user).count()
+        cash = Account.objects.get(
+            wallet__team__personal_of=self.user, kind=AccountKind.CASH
+        ).balance
+        sessions = UsageSession.objects.filter(wallet__team__personal_of=self.user).count()
         window = self.burn_seen * settlement_window() / 3600
         assert cash >= -(window + CENT * sessions), (cash, self.burn_seen)
         self.burn_seen = self._burn()

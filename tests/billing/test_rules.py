@@ -135,7 +135,12 @@ def test_exactly_one_warning_per_threshold_and_rearmed_by_a_top_up(
     billing_clock.advance(60)
     services.settle_usage()
     assert BillingNotice.objects.count() == 1
-    assert alice.wallet.__class__.objects.get(pk=alice.wallet.pk).warned_thresholds == []
+    assert (
+        alice.personal_team.wallet.__class__.objects.get(
+            pk=alice.personal_team.wallet.pk
+        ).warned_thresholds
+        == []
+    )
 
 
 def test_a_stop_for_lack_of_funds_keeps_disks_and_a_top_up_restarts_nothing(

@@ -111,7 +111,7 @@ def test_running_out_stops_the_session_and_calls_the_hook(
     cash = Account.objects.get(kind=AccountKind.CASH)
     assert trial.balance + cash.balance >= -Decimal("0.26")  # one minute of 15.20 元/h
     assert LedgerTransaction.objects.filter(kind="usage").count() >= 38
-    assert alice.wallet.notices.filter(kind="low_balance").count() == 1
+    assert alice.personal_team.wallet.notices.filter(kind="low_balance").count() == 1
     assert_ledger_consistent()
 
 

@@ -77,10 +77,10 @@ def _topup(user: User, amount: str, ref: str) -> None:
 
 def _snapshot(results: list[Any]) -> dict[str, Any]:
     def account_key(account: Account) -> tuple[str, str, str]:
-        owner = account.wallet.owner.username if account.wallet else "system"
+        owner = account.wallet.team.personal_of.username if account.wallet else "system"
         return (owner, account.kind, str(account.expires_at or ""))
 
-    accounts = Account.objects.select_related("wallet__owner")
+    accounts = Account.objects.select_related("wallet__team__personal_of")
     return {
         "sessions": sorted(
             UsageSession.objects.values_list(
@@ -100,14 +100,18 @@ def _snapshot(results: list[Any]) -> dict[str, Any]:
                 *account_key(e.account),
                 e.amount,
             )
-            for e in Entry.objects.select_related("transaction", "account__wallet__owner").filter(
-                transaction__kind="usage"
-            )
+            for e in Entry.objects.select_related(
+                "transaction", "account__wallet__team__personal_of"
+            ).filter(transaction__kind="usage")
         ),
         "balances": sorted((*account_key(a), a.balance) for a in accounts),
         "notices": sorted(
             BillingNotice.objects.values_list(
-                "wallet__owner__username", "kind", "threshold_seconds", "message", "created_at"
+                "wallet__team__personal_of__username",
+                "kind",
+                "threshold_seconds",
+                "message",
+                "created_at",
             )
         ),
         "results": [
@@ -301,7 +305,8 @@ def test_charges_take_vouchers_by_expiry_then_trial_then_cash(
         frozen.advance(1800)
         PATHS[path](frozen.now())
         balances = {
-            (a.kind, a.reason): a.balance for a in Account.objects.filter(wallet__owner=user)
+            (a.kind, a.reason): a.balance
+            for a in Account.objects.filter(wallet__team__personal_of=user)
         }
     assert balances[(AccountKind.VOUCHER, "sooner")] == Decimal("0.00")
     assert balances[(AccountKind.VOUCHER, "later")] == Decimal("0.00")

@@ -28,7 +28,7 @@ def test_statement_csv_times_are_local_with_their_offset(
     prices: None,
 ) -> None:
     services.grant_trial_credit(alice)
-    txn = LedgerTransaction.objects.get(wallet__owner=alice)
+    txn = LedgerTransaction.objects.get(wallet__team__personal_of=alice)
     month = timezone.localtime(txn.created_at).strftime("%Y-%m")
     rows = _rows(alice_client, reverse("billing:statement-csv"), month=month)
     line = next(r for r in rows if r[1] == str(txn.public_id))

@@ -43,7 +43,7 @@ def test_concurrent_verification_grants_the_trial_credit_once() -> None:
 
     assert EmailAddress.objects.get(user=user).verified
     assert get_wallet_summary(user).trial == Decimal("10.00")
-    assert LedgerTransaction.objects.filter(wallet__owner=user).count() == 1
+    assert LedgerTransaction.objects.filter(wallet__team__personal_of=user).count() == 1
 
     # The grant itself, hit by many workers at once (e.g. two verification paths firing):
     # exactly one call wins, the others wait on the wallet lock and see its grant.

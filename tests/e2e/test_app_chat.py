@@ -125,7 +125,7 @@ def test_the_chat_app_launched_from_its_page_answers_in_chromium_and_through_its
             "/apps/llm-chat/", {"accept_license": "on", "gpu_model": "RTX4090", "cards": "1"}
         )
     assert response.status_code == 302, response.content.decode()[:2000]
-    instance = Instance.objects.get(owner=alice, app="llm-chat")
+    instance = Instance.objects.get(created_by=alice, app="llm-chat")
     try:
         assert instance.state == InstanceState.RUNNING, list(
             instance.events.values_list("code", "text")

@@ -58,7 +58,8 @@ def load_small_fleet(text: str = SMALL_FLEET) -> None:
 
 
 def make_instance(owner, **fields):
-    """An instance row owned by ``owner`` (no GPUs held): for pages and isolation checks."""
+    """An instance row of ``owner``'s personal team (or ``team=``), made by ``owner`` (no GPUs
+    held): for pages and isolation checks."""
     from decimal import Decimal
 
     from slices.models import GpuModel, Instance
@@ -75,7 +76,10 @@ def make_instance(owner, **fields):
         "driver": "sim",
         **fields,
     }
-    return Instance.objects.create(owner=owner, **values)
+    from console.tenancy import personal_team
+
+    values.setdefault("team", personal_team(owner))
+    return Instance.objects.create(created_by=owner, **values)
 
 
 def run_order(user: User, capture: Callable[..., Any], **kw: Any) -> Instance:

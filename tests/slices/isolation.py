@@ -23,7 +23,13 @@ def _disk(owner: Any) -> dict[str, Any]:
 
     if not Region.objects.exists():
         load_small_fleet()
-    disk = Disk.objects.create(owner=owner, region=Region.objects.first(), name="d", size_gb=10)
+    disk = Disk.objects.create(
+        team=owner.personal_team,
+        created_by=owner,
+        region=Region.objects.first(),
+        name="d",
+        size_gb=10,
+    )
     return {"public_id": disk.public_id}
 
 

@@ -162,7 +162,7 @@ def test_logging_out_ends_the_app_hosts_cookies(alice, alice_client) -> None:
 def test_a_grant_ends_when_the_instance_changes_hands(alice, bob, alice_client) -> None:
     instance = running_with_port(alice)
     app = open_app(alice_client, instance)
-    Instance.objects.filter(pk=instance.pk).update(owner=bob)
+    Instance.objects.filter(pk=instance.pk).update(created_by=bob, team=bob.personal_team)
     assert app.get("/").status_code == 404
 
 

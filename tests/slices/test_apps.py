@@ -172,7 +172,7 @@ def test_a_launch_orders_an_instance_that_is_ready_when_the_app_answers_and_its_
     with django_capture_on_commit_callbacks(execute=True):
         response = _launch(alice_client, model="THUDM/chatglm3-6b", gpu_model="RTX4090", cards="1")
     assert response.status_code == 302
-    instance = Instance.objects.get(owner=newcomer, app="llm-chat")
+    instance = Instance.objects.get(created_by=newcomer, app="llm-chat")
     assert instance.state == InstanceState.RUNNING
     assert (instance.cards, instance.gpu_model.code) == (1, "RTX4090")
     assert instance.app_model == "THUDM/chatglm3-6b"
@@ -225,7 +225,7 @@ def test_another_instance_s_key_does_not_open_this_app(
     with django_capture_on_commit_callbacks(execute=True):
         _launch(alice_client, cards="1")
         bobs = apps.launch_app(bob, _chat(), cards=1, accept_license=True)
-    mine = Instance.objects.get(owner=newcomer, app="llm-chat")
+    mine = Instance.objects.get(created_by=newcomer, app="llm-chat")
     bobs.refresh_from_db()
     assert bobs.app_api_key != mine.app_api_key
     refused = Client().get(
@@ -290,7 +290,7 @@ def test_a_gated_model_needs_its_licence_accepted_on_the_app_page(
         "/apps/llm-chat/", {"model": "meta-llama/Meta-Llama-3.1-8B-Instruct", "cards": "1"}
     )
     assert refused.status_code == 409
-    assert not Instance.objects.filter(owner=newcomer).exists()
+    assert not Instance.objects.filter(created_by=newcomer).exists()
 
 
 @pytest.mark.parametrize("slug", [a.slug for a in aiapps.read_apps()])
@@ -301,7 +301,7 @@ def test_every_app_launches_on_the_simulated_fleet_and_opens_a_labelled_page(
     with django_capture_on_commit_callbacks(execute=True):
         response = alice_client.post(f"/apps/{slug}/", {"accept_license": "on"})
     assert response.status_code == 302, response.content.decode()[:500]
-    instance = Instance.objects.get(owner=alice, app=slug)
+    instance = Instance.objects.get(created_by=alice, app=slug)
     assert instance.state == InstanceState.RUNNING and apps.is_ready(instance)
     app = aiapps.get_app(slug)
     assert app is not None

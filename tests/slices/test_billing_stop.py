@@ -30,7 +30,7 @@ def on_trial(alice: User) -> User:
 def meter(allocation: Allocation) -> None:
     """Open the usage session billing settles ``allocation`` (8 × RTX 4090) by."""
     open_usage_session(
-        allocation.owner,
+        allocation.team,
         resource_kind=services.ALLOCATION_RESOURCE,
         resource_id=str(allocation.public_id),
         gpu_model="RTX 4090",

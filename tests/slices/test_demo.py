@@ -187,7 +187,7 @@ def test_launching_from_the_page_orders_and_opens_the_instance(
     client.force_login(newcomer)
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(URL, {"accept_license": "on"})
-    instance = Instance.objects.get(owner=newcomer)
+    instance = Instance.objects.get(created_by=newcomer)
     assert response.status_code == 302
     assert response["Location"] == reverse("slices:instance-detail", args=[instance.public_id])
     html = client.get(response["Location"]).content.decode()
@@ -221,7 +221,7 @@ def test_a_double_click_on_launch_starts_one_run(world, newcomer, client: Client
     second = client.post(URL, {"accept_license": "on", "launch_key": key})
     assert first.status_code == second.status_code == 302
     assert first["Location"] == second["Location"]
-    assert Instance.objects.filter(owner=newcomer).count() == 1
+    assert Instance.objects.filter(created_by=newcomer).count() == 1
 
 
 def test_a_run_whose_follower_was_lost_is_followed_again(

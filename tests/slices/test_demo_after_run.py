@@ -62,7 +62,7 @@ def test_after_the_run_the_instance_page_agrees_with_the_run(
     client.force_login(newcomer)
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(URL, {"accept_license": "on"})
-    instance = Instance.objects.get(owner=newcomer)
+    instance = Instance.objects.get(created_by=newcomer)
     assert instance.state == InstanceState.RELEASED
     run = instance.env["RUN_NAME"]
     html = client.get(response["Location"]).content.decode()
@@ -94,7 +94,7 @@ def test_after_the_run_the_instance_page_agrees_with_the_run(
     )
     assert state == {"step": 1000, "simulated": True}
     assert not (home / "adapters" / run / "adapter_model.safetensors").exists()  # no fake weights
-    usage = PfsUsage.objects.get(owner=newcomer)
+    usage = PfsUsage.objects.get(team=newcomer.personal_team)
     assert usage.used_bytes > 0 and usage.files >= 4
     assert "0 字节" not in _part(html, "instance-pfs").replace("\xa0", " ")
 
@@ -118,7 +118,7 @@ def test_while_starting_the_banner_is_in_the_live_card(
     client.force_login(newcomer)
     with django_capture_on_commit_callbacks(execute=False):  # nothing provisions
         response = client.post(URL, {"accept_license": "on"})
-    instance = Instance.objects.get(owner=newcomer)
+    instance = Instance.objects.get(created_by=newcomer)
     assert instance.state == InstanceState.PROVISIONING
     html = client.get(response["Location"]).content.decode()
     assert 'id="recipe-starting"' in html and "示例正在启动" in html

@@ -43,4 +43,4 @@ def test_concurrent_demo_launches_of_one_account_start_one_run(
     refused = [r for r in results if isinstance(r, recipes.DemoRunLive)]
     assert len(runs) == 1 and len(refused) == 5, results
     assert {r.live.pk for r in refused} == {runs[0].pk}
-    assert Instance.objects.filter(owner=alice).count() == 1
+    assert Instance.objects.filter(created_by=alice).count() == 1

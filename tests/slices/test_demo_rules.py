@@ -71,7 +71,7 @@ def test_a_second_launch_with_a_fresh_key_is_refused_while_the_first_run_is_live
         assert refused.value.as_body()["instance"] == str(first.public_id)
         with translation.override("en"):
             assert "one demo run at a time" in refused.value.message()
-    assert Instance.objects.filter(owner=newcomer).count() == 1
+    assert Instance.objects.filter(created_by=newcomer).count() == 1
 
     # Released: the next run may start.
     assert release_instance(first, by="alice")
@@ -84,7 +84,7 @@ def test_a_second_launch_with_a_fresh_key_is_refused_while_the_first_run_is_live
 def test_another_accounts_run_does_not_count(world, newcomer, bob) -> None:  # noqa: ANN001
     assert billing.grant_trial_credit(bob)
     _held_launch(newcomer)
-    assert _held_launch(bob).owner == bob
+    assert _held_launch(bob).created_by == bob
 
 
 def test_the_page_opens_the_live_run_instead_of_launching_a_second(
@@ -100,7 +100,7 @@ def test_the_page_opens_the_live_run_instead_of_launching_a_second(
         302,
     )
     assert "同一时间只能有一个演示运行" in response.content.decode()  # the page speaks Chinese
-    assert Instance.objects.filter(owner=newcomer).count() == 1
+    assert Instance.objects.filter(created_by=newcomer).count() == 1
 
 
 def test_a_gpu_model_the_demo_does_not_offer_is_refused_not_replaced(world, newcomer) -> None:  # noqa: ANN001

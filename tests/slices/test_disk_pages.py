@@ -24,7 +24,7 @@ def test_create_disk_from_the_page_and_delete_in_use_is_refused(fleet, funded, a
     r = alice_client.post(
         reverse("slices:disk-list"), {"name": "datasets", "size_gb": 120, "region": "xiamen"}
     )
-    disk = Disk.objects.get(owner=funded)
+    disk = Disk.objects.get(created_by=funded)
     assert r.status_code == 302 and r["Location"] == reverse(
         "slices:disk-detail", args=[disk.public_id]
     )

@@ -123,7 +123,7 @@ def test_state_cannot_be_set_through_the_api(sim_fleet, alice, django_capture_on
             format="json",
         )
     assert r.status_code == 202
-    assert Instance.objects.get().owner == alice
+    assert Instance.objects.get().created_by == alice
 
 
 def test_other_customers_get_404(sim_fleet, alice, bob, django_capture_on_commit_callbacks):

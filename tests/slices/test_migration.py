@@ -56,12 +56,7 @@ def _order_slice(user, capture, **kw):
 
 
 def _write_checkpoint(root: Path, instance: Instance, step: int, *, whole: bool = True) -> None:
-    d = (
-        root
-        / storage.account_dir(instance.owner)
-        / "checkpoints"
-        / storage.checkpoint_run(instance)
-    )
+    d = root / storage.account_dir(instance.team) / "checkpoints" / storage.checkpoint_run(instance)
     d = d / f"step-{step}"
     d.mkdir(parents=True)
     (d / "model.pt").write_bytes(b"\0" * 1024)
@@ -145,7 +140,7 @@ def test_failed_node_of_a_64_card_slice_migrates_within_its_su_and_resumes(
     )
     assert second.started_at >= first.ended_at  # nothing billed twice, the gap not billed
     # the compensation voucher
-    assert Account.objects.filter(wallet__owner=funded, kind="voucher").count() == 2
+    assert Account.objects.filter(wallet__team__personal_of=funded, kind="voucher").count() == 2
     codes = list(inst.events.filter(kind="state").values_list("code", flat=True))
     i = codes.index("migrating")
     assert codes[i:].count("running") == 1 and "billing_paused" in codes[i:]

@@ -55,7 +55,7 @@ def test_last_capacity_goes_to_exactly_as_many_orders_as_fit(world, alice, bob):
 
 
 def test_one_accounts_concurrent_orders_respect_its_quota(world, alice):
-    GpuQuota.objects.create(owner=alice, max_gpus=8)
+    GpuQuota.objects.create(team=alice.personal_team, max_gpus=8)
     results = race(6, lambda i: _order(alice, "RTX4090", 2))
     won = [r for r in results if isinstance(r, Instance)]
     refused = [r for r in results if getattr(r, "code", "") == "quota_exceeded"]
@@ -82,7 +82,7 @@ def test_a_release_while_a_worker_provisions_is_torn_down_as_soon_as_the_worker_
     deadline = time.monotonic() + 60
     instance = None
     while time.monotonic() < deadline:
-        instance = Instance.objects.filter(owner=alice).first()
+        instance = Instance.objects.filter(created_by=alice).first()
         if instance is not None and instance.nodes.filter(step="mount").exists():
             break
         time.sleep(0.02)

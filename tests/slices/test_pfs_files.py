@@ -210,7 +210,7 @@ def test_upload_writes_the_file_and_leaves_no_temporary(home, alice, alice_clien
     assert response.status_code == 302 and response["Location"] == f"{BROWSE}?path=data"
     assert (home / "data" / "new.csv").read_bytes() == b"a,b\n1,2\n"
     assert not [p for p in (home / "data").iterdir() if p.name.startswith(".upload-")]
-    assert PfsUsage.objects.get(owner=alice).used_bytes >= 8  # the figure was kept
+    assert PfsUsage.objects.get(team=alice.personal_team).used_bytes >= 8  # the figure was kept
     html = alice_client.get(f"{BROWSE}?path=data").content.decode()
     assert "new.csv" in html
 
@@ -244,7 +244,7 @@ def test_upload_over_the_size_limit_is_refused_and_leaves_nothing(
 
 
 def test_upload_over_the_quota_is_refused_with_a_clear_message(home, alice, alice_client) -> None:  # noqa: ANN001
-    PfsUsage.objects.create(owner=alice, quota_gb=1)
+    PfsUsage.objects.create(team=alice.personal_team, quota_gb=1)
     with open(home / "dataset.bin", "wb") as handle:  # sparse: 1 GiB less 100 bytes
         handle.truncate(1024**3 - 100)
     storage.measure_pfs(alice)

@@ -101,14 +101,14 @@ def test_the_api_orders_with_web_ports_and_answers_their_urls(
     bad = api.post("/api/v1/instances/", {**order, "web_ports": [{"port": 22}]}, format="json")
     assert bad.status_code == 400, bad.content
     assert list(bad.json()["fields"]) == ["web_ports"]
-    assert not Instance.objects.filter(owner=funded).exists()
+    assert not Instance.objects.filter(created_by=funded).exists()
     with django_capture_on_commit_callbacks(execute=True):
         ok = api.post(
             "/api/v1/instances/", {**order, "web_ports": [{"port": 7860, "name": "Gradio"}]},
             format="json",
         )  # fmt: skip
     assert ok.status_code == 202, ok.content
-    instance = Instance.objects.get(owner=funded)
+    instance = Instance.objects.get(created_by=funded)
     assert instance.web_ports == [{"port": 7860, "name": "Gradio"}]
     assert len(instance.access_token) >= 32
     body = api.get(f"/api/v1/instances/{instance.public_id}/").json()

@@ -266,7 +266,7 @@ def test_exit_ends_the_session_and_records_its_length(running: Instance, alice) 
     term = run_async(scenario())
     assert term.texts[-1] == {"type": "exit", "reason": "exited"}
     assert [e.code for e in _terminal_events(running)] == ["terminal_opened", "terminal_exited"]
-    assert terminal.open_count(running.owner_id) == 0  # the slot is free again
+    assert terminal.open_count(running.created_by_id) == 0  # the slot is free again
 
 
 def test_a_user_may_hold_only_so_many_terminals(running: Instance, alice, settings) -> None:
@@ -287,7 +287,7 @@ def test_a_user_may_hold_only_so_many_terminals(running: Instance, alice, settin
     code, texts = run_async(scenario())
     assert code == CLOSE_TERMINAL_TOO_MANY
     assert texts == [{"type": "exit", "reason": "too_many"}]
-    assert terminal.open_count(running.owner_id) == 0
+    assert terminal.open_count(running.created_by_id) == 0
 
 
 def test_an_operator_may_open_a_customers_terminal_and_it_is_recorded(
@@ -354,7 +354,7 @@ def test_a_node_that_cannot_be_reached_is_told_and_recorded(running: Instance, a
     assert term.texts == [{"type": "exit", "reason": "unavailable"}]
     (failed,) = _terminal_events(running)
     assert failed.code == "terminal_failed" and failed.params["error"] == "sim_failure"
-    assert terminal.open_count(running.owner_id) == 0
+    assert terminal.open_count(running.created_by_id) == 0
 
 
 def test_a_terminal_closes_when_its_instance_stops_running(

@@ -1,0 +1,45 @@
+"""What each team role may do (issue 30): one matrix, read by console/tenancy.py, the views' and
+the API's permission checks, and the README's table. Pure: no Django."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Perm(StrEnum):
+    VIEW = "view"  # see the team's instances, disks, /pfs, bills
+    COMPUTE = "compute"  # order, start, stop, release one's own instances; use disks and /pfs
+    OPERATE_ALL = "operate_all"  # operate every instance of the team, whoever started it
+    BILLING = "billing"  # wallet, top-ups, invoices, statements, budgets and quotas
+    MEMBERS = "members"  # invite, remove, change roles (up to one's own)
+    AUDIT = "audit"  # read the audit log
+    OWN = "own"  # delete the team, transfer ownership
+
+
+ROLES: tuple[str, ...] = ("owner", "admin", "billing", "developer", "viewer")
+
+MATRIX: dict[str, frozenset[Perm]] = {
+    "owner": frozenset(Perm),
+    "admin": frozenset(
+        {Perm.VIEW, Perm.COMPUTE, Perm.OPERATE_ALL, Perm.MEMBERS, Perm.AUDIT, Perm.BILLING}
+    ),
+    "billing": frozenset({Perm.VIEW, Perm.BILLING, Perm.AUDIT}),
+    "developer": frozenset({Perm.VIEW, Perm.COMPUTE}),
+    "viewer": frozenset({Perm.VIEW}),
+}
+
+# Who may grant which role: nobody grants a role above their own.
+RANK = {"owner": 4, "admin": 3, "billing": 2, "developer": 2, "viewer": 1}
+
+
+def can(role: str | None, perm: Perm) -> bool:
+    return role is not None and perm in MATRIX.get(role, frozenset())
+
+
+def may_grant(granter: str, role: str) -> bool:
+    """Owners grant any role; admins up to admin; nobody else changes roles."""
+    if granter == "owner":
+        return role in MATRIX
+    if granter == "admin":
+        return role in MATRIX and role != "owner"
+    return False
