@@ -220,7 +220,7 @@ class Membership(models.Model):
 
 
 # Real-name verification keeps its models in its own package (console/verification/).
-from console.notices.models import Notice, NoticePreference  # noqa: E402, F401
-from console.verification.models import Verification  # noqa: E402, F401
 from console.audit.models import AuditEntry  # noqa: E402, F401
+from console.notices.models import Notice, NoticePreference  # noqa: E402, F401
 from console.teams.models import Invitation  # noqa: E402, F401
+from console.verification.models import Verification  # noqa: E402, F401

@@ -395,8 +395,8 @@ def invite(acting: Acting, email: Any, role: Any, *, request: Any = None) -> tup
     if not may_grant(acting.role, role):
         raise NotAllowed(gettext_noop("Nobody grants a role above their own."), field="role")
     address = User.objects.normalize_email(str(email or "")).strip().lower()
-    from django.core.validators import validate_email
     from django.core.exceptions import ValidationError
+    from django.core.validators import validate_email
 
     try:
         validate_email(address)
