@@ -36,6 +36,14 @@ def gpu_model_key(name: str) -> str:
     return "".join(ch for ch in folded if ch.isalnum())
 
 
+# The GPU models the console sells, by the price book's product name (the seed price book,
+# ``billing.seed``, prices each). Their keys (``GPU_KEYS``) are the one set of GPU model codes: the
+# catalogue's ``GPU_MODELS`` and labels are read from here, and its ``gpu_code`` maps every
+# spelling onto these keys with ``gpu_model_key``.
+GPU_PRODUCTS = ("RTX 4090", "A800", "H800")
+GPU_KEYS = tuple(gpu_model_key(name) for name in GPU_PRODUCTS)
+
+
 @dataclass(frozen=True)
 class TermPrice:
     """A long-term rental term (阶梯长租锁价): paid up front, price locked for the term."""
