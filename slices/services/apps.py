@@ -243,7 +243,7 @@ def app_offer(
     if picked is None or image is None or len(datasets) != len(app.datasets):
         problems.append(gettext_noop("The app's model, dataset or image is not in the catalogue."))
     license = picked.license if picked is not None else None
-    if chosen is not None and balance < chosen.per_hour * Decimal("0.1"):
+    if chosen is not None and not billing.covers_app_launch(balance, chosen.per_hour):
         problems.append(gettext_noop("Your balance does not cover six minutes of this app."))
     return AppOffer(
         app=app,

@@ -23,7 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import ROUND_UP, Decimal
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -144,10 +144,6 @@ def time_limit_for(per_hour: Decimal, minutes: int, budget: Decimal) -> int:
     return max(0, min(minutes, affordable)) * 60
 
 
-def max_cost(per_hour: Decimal, seconds: int) -> Decimal:
-    return (per_hour * seconds / Decimal(3600)).quantize(Decimal("0.01"), rounding=ROUND_UP)
-
-
 def _choice(user: Any, recipe: Recipe, gpu_model: str, budget: Decimal) -> Choice | None:
     book_name = price_name(gpu_model)
     if book_name is None:
@@ -161,7 +157,7 @@ def _choice(user: Any, recipe: Recipe, gpu_model: str, budget: Decimal) -> Choic
         available = True
     except NoCapacity:
         available = False
-    return Choice(gpu_model, per_hour, limit, max_cost(per_hour, limit), available)
+    return Choice(gpu_model, per_hour, limit, billing.most_charged(per_hour, limit), available)
 
 
 def _asset(kind: str, hub_id: str) -> Any:

@@ -528,9 +528,8 @@ def _system_disk_charge(instance: Instance) -> SystemDiskCharge:
     price = disk_service.storage_price()
     gb = instance.system_disk_gb
     total = disks + system + (0 if disk_service.disk_counted(instance) else gb)
-    per_day = price.per_day(total) - price.per_day(total - gb)
     return SystemDiskCharge(
-        gb, per_day, price.free_gb, price.free_gb > 0 and total <= price.free_gb
+        gb, price.added_per_day(total, gb), price.free_gb, price.within_free(total)
     )
 
 
