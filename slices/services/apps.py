@@ -454,15 +454,25 @@ def follow_app(instance_id: int) -> str:
         events.broadcast_state_on_commit(instance)
         return "gave_up"
     if waited > patience_s(app):
-        if not instance.events.filter(code="app_not_answering", at__gte=instance.running_at):
-            record_event(
-                instance,
-                EventKind.STATE,
-                code="app_not_answering",
-                params={"minutes": int(waited // 60), "path": app.health.path},
-                level=EventLevel.WARNING,
+        with transaction.atomic():
+            # Once per start: the field is written with its warning (as app_ready_at with its
+            # event); a start later than it (running_at) warns again.
+            won = (
+                Instance.objects.filter(pk=instance.pk)
+                .exclude(app_gave_up_at__gte=instance.running_at)
+                .update(app_gave_up_at=now)
             )
-            events.broadcast_state_on_commit(instance)
+            if won:
+                instance.app_gave_up_at = now
+                record_event(
+                    instance,
+                    EventKind.STATE,
+                    code="app_not_answering",
+                    params={"minutes": int(waited // 60), "path": app.health.path},
+                    level=EventLevel.WARNING,
+                    at=now,
+                )
+                events.broadcast_state_on_commit(instance)
         return "gave_up"
     return "again"
 
