@@ -18,6 +18,16 @@ def from_events(apps, schema_editor):
     # The app's "not answering" warning: the latest (compared with the start's running_at).
     for row in events.filter(code="app_not_answering").annotate(last=Max("at")):
         Instance.objects.filter(pk=row["instance_id"]).update(app_gave_up_at=row["last"])
+    # The ETA's restart: the latest starting (开机) or migrating event.
+    restarts = events.filter(code__in=("starting", "migrating")).annotate(last=Max("at"))
+    for row in restarts:
+        Instance.objects.filter(pk=row["instance_id"]).update(restarted_at=row["last"])
+    for row in events.filter(code="provisioning").annotate(last=Max("at")):
+        Instance.objects.filter(pk=row["instance_id"]).update(provisioning_noted_at=row["last"])
+    # The followers' offsets: the output lines an app (step "app") or a recipe (step "run") kept.
+    kept = events.filter(kind="log", step__in=("app", "run")).annotate(n=Count("id"))
+    for row in kept:
+        Instance.objects.filter(pk=row["instance_id"]).update(output_read=row["n"])
     # A migration under way: what it has told since its migrating event (a new one clears both).
     for instance in Instance.objects.filter(state="migrating"):
         mine = InstanceEvent.objects.filter(instance_id=instance.pk)
@@ -62,6 +72,21 @@ class Migration(migrations.Migration):
             model_name='instance',
             name='replacements',
             field=models.PositiveIntegerField(default=0, verbose_name='replacement nodes taken'),
+        ),
+        migrations.AddField(
+            model_name='instance',
+            name='output_read',
+            field=models.PositiveIntegerField(default=0, verbose_name='workload output lines kept'),
+        ),
+        migrations.AddField(
+            model_name='instance',
+            name='provisioning_noted_at',
+            field=models.DateTimeField(blank=True, null=True, verbose_name='provisioning told at'),
+        ),
+        migrations.AddField(
+            model_name='instance',
+            name='restarted_at',
+            field=models.DateTimeField(blank=True, null=True, verbose_name='last started again at'),
         ),
         migrations.RunPython(from_events, migrations.RunPython.noop),
     ]

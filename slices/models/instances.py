@@ -73,6 +73,16 @@ class Instance(models.Model):
     app_gave_up_at = models.DateTimeField(
         _("application not answering since"), null=True, blank=True
     )  # its ``app_not_answering`` warning: written once per start (compared with running_at)
+    restarted_at = models.DateTimeField(
+        _("last started again at"), null=True, blank=True
+    )  # its latest ``starting`` (开机) or ``migrating`` event: the ETA counts a provisioning that
+    # did not begin at the order from here, and leaves such an instance out of the orders' timelines
+    provisioning_noted_at = models.DateTimeField(
+        _("provisioning told at"), null=True, blank=True
+    )  # its latest ``provisioning`` event: a retried drive tells it only if it never was
+    output_read = models.PositiveIntegerField(
+        _("workload output lines kept"), default=0
+    )  # an app's or a recipe's output lines stored as log events: its follower reads on from here
     quoted_per_hour = models.DecimalField(
         _("quoted price per hour"), max_digits=14, decimal_places=2
     )

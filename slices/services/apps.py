@@ -45,10 +45,11 @@ from slices import events
 from slices.choices import EventKind, EventLevel, InstanceState
 from slices.drivers import DriverError, get_driver
 from slices.errors import OrderRefused
-from slices.models import Instance, InstanceEvent
+from slices.models import Instance
 from slices.services import jobs, ports, proxy
 from slices.services.allocation import NoCapacity, preview_allocation
-from slices.services.instances import OrderRequest, order_instance, record_event, record_logs
+from slices.services.history import record_output
+from slices.services.instances import OrderRequest, order_instance, record_event
 
 logger = logging.getLogger(__name__)
 
@@ -397,9 +398,7 @@ def _follow_output(instance: Instance) -> bool:
     if not spec.nodes:
         return True
     node = spec.nodes[0]
-    offset = InstanceEvent.objects.filter(
-        instance=instance, kind=EventKind.LOG, step=LOG_STEP
-    ).count()
+    offset = instance.output_read  # the lines kept so far (a field written with them)
     elapsed = (timezone.now() - (instance.running_at or timezone.now())).total_seconds()
     try:
         out = reader(spec, node, offset, elapsed, OUTPUT_BATCH_LINES)
@@ -407,8 +406,7 @@ def _follow_output(instance: Instance) -> bool:
         logger.warning("reading the app output of %s failed: %s", instance.public_id, exc)
         return True
     lines = list(out.lines)[:OUTPUT_BATCH_LINES]
-    if lines:
-        record_logs(instance, [(node.hostname, LOG_STEP, line) for line in lines])
+    record_output(instance, node.hostname, LOG_STEP, lines)
     return bool(out.running)
 
 

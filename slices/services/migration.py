@@ -303,6 +303,7 @@ def start_migration(instance: Instance, node: Node, *, signal: str = "") -> bool
         # A new migration: its checkpoint and its "no replacement" notice are still to be told.
         migration_checkpoint_noted=False,
         migration_wait_told=False,
+        restarted_at=timezone.now(),  # the ETA of its provisioning again counts from here
     ):
         return False
     InstanceNode.objects.filter(instance=instance, node=node).update(

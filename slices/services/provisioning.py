@@ -361,12 +361,19 @@ def _provision(instance: Instance, driver: NodeDriver, *, first: bool = True) ->
     access.ensure_host_key(instance)  # ... and its host key, the same on every node (issue 29)
     spec = build_spec(instance)
     logs = _Logs()
-    if (first and instance.attempts == 0) or not instance.events.filter(
-        code="provisioning"
-    ).exists():
-        record_event(
-            instance, EventKind.STATE, code="provisioning", params={"nodes": len(spec.nodes)}
-        )
+    if (first and instance.attempts == 0) or instance.provisioning_noted_at is None:
+        with transaction.atomic():  # the field is written with its event
+            instance.provisioning_noted_at = timezone.now()
+            Instance.objects.filter(pk=instance.pk).update(
+                provisioning_noted_at=instance.provisioning_noted_at
+            )
+            record_event(
+                instance,
+                EventKind.STATE,
+                code="provisioning",
+                params={"nodes": len(spec.nodes)},
+                at=instance.provisioning_noted_at,
+            )
     if instance.isolated_at is None:  # once: a retry or a migration's provisioning keeps it
         try:
             driver.isolate(spec, logs.sink("", lifecycle.Step.ISOLATE))

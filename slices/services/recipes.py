@@ -46,13 +46,13 @@ from slices.lifecycle import LIVE
 from slices.models import Instance, InstanceEvent
 from slices.services import jobs, storage
 from slices.services.allocation import NoCapacity, preview_allocation
+from slices.services.history import record_output
 from slices.services.instances import (
     OrderRequest,
     _lock_quota,
     order_instance,
     price_name,
     record_event,
-    record_logs,
     release_instance,
 )
 
@@ -448,9 +448,7 @@ def _follow(instance: Instance, driver: Any, budget: float, interval: float) -> 
     if not spec.nodes:
         return "nothing to do"
     node = spec.nodes[0]  # rank 0 prints the recipe's progress
-    offset = InstanceEvent.objects.filter(
-        instance=instance, kind=EventKind.LOG, step=RUN_STEP
-    ).count()
+    offset = instance.output_read  # the lines kept so far (a field written with them)
     deadline = time.monotonic() + budget
     left = FOLLOW_MAX_LINES
     failures = 0
@@ -472,7 +470,7 @@ def _follow(instance: Instance, driver: Any, budget: float, interval: float) -> 
             continue
         lines = list(out.lines)[: max(0, left)]
         if lines:
-            record_logs(instance, [(node.hostname, RUN_STEP, line) for line in lines])
+            record_output(instance, node.hostname, RUN_STEP, lines)
             offset += len(lines)
             left -= len(lines)
             _saved(instance, driver, spec.env, lines)

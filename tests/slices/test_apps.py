@@ -181,6 +181,9 @@ def test_a_launch_orders_an_instance_that_is_ready_when_the_app_answers_and_its_
     assert any(m["target"].startswith("/models/") for m in instance.mounts)
     assert apps.is_ready(instance)
     assert instance.events.filter(code="app_ready").count() == 1
+    # The follower reads on from a field kept with the output lines it stored (issue 30).
+    kept = instance.events.filter(kind="log", step=apps.LOG_STEP).count()
+    assert kept > 0 and instance.output_read == kept
     # The page: Open, the API's base URL, the key and the snippets.
     page = alice_client.get(response["Location"]).content.decode()
     assert 'id="app-open"' in page and instance.app_api_key in page

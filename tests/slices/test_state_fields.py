@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.core.cache import cache
 from django.utils import timezone
 
 from billing.models import Account, TermRental, UsageSession
@@ -131,7 +132,7 @@ def test_the_data_migration_fills_the_fields_from_the_event_log(
 
     from django.apps import apps as django_apps
 
-    from slices.services.instances import record_event
+    from slices.services.instances import record_event, record_logs
 
     from_events = import_module("slices.migrations.0012_state_fields_from_events").from_events
     inst = run_order(funded, django_capture_on_commit_callbacks, cards=1)
@@ -140,8 +141,11 @@ def test_the_data_migration_fills_the_fields_from_the_event_log(
         record_event(inst, "state", code=code)
     record_event(inst, "state", code="app_not_answering", at=now - timedelta(hours=2))
     record_event(inst, "state", code="app_not_answering", at=now)
-    record_event(inst, "state", code="migrating")
+    record_event(inst, "state", code="starting", at=now - timedelta(hours=1))
+    record_event(inst, "state", code="migrating", at=now)
     record_event(inst, "state", code="no_checkpoint")
+    provisioning_at = inst.events.filter(code="provisioning").get().at
+    record_logs(inst, [("n1", "run", "step 1"), ("n1", "run", "step 2"), ("n1", "setup", "x")])
     first_isolated = inst.events.filter(code="isolated").get().at
     record_event(inst, "step", code="isolated", at=now)  # a later one: the first counts
     Instance.objects.filter(pk=inst.pk).update(
@@ -151,11 +155,38 @@ def test_the_data_migration_fills_the_fields_from_the_event_log(
         app_gave_up_at=None,
         migration_checkpoint_noted=False,
         migration_wait_told=False,
+        restarted_at=None,
+        provisioning_noted_at=None,
+        output_read=0,
     )
     from_events(django_apps, None)
     inst.refresh_from_db()
     assert inst.replacements == 2
     assert inst.isolated_at == first_isolated
     assert inst.app_gave_up_at == now
+    assert inst.restarted_at == now  # the latest start or migration
+    assert inst.provisioning_noted_at == provisioning_at
+    assert inst.output_read == 2  # the workload's lines, not the provisioning's
     # Told since the latest migrating event: its checkpoint, not the wait (that was before it).
     assert inst.migration_checkpoint_noted and not inst.migration_wait_told
+
+
+def test_a_start_keeps_when_it_began_for_the_eta_and_its_timeline_is_no_orders(
+    sim_fleet, funded, django_capture_on_commit_callbacks
+):
+    from slices.services import eta
+
+    inst = run_order(funded, django_capture_on_commit_callbacks, cards=4)
+    assert inst.restarted_at is None and inst.provisioning_noted_at is not None
+    assert eta._started_at(inst) == inst.created_at
+    with django_capture_on_commit_callbacks(execute=True):
+        assert power.stop_instance(inst, by="alice")
+    with django_capture_on_commit_callbacks(execute=False):
+        power.start_instance(inst, by="alice", mode="auto")
+    inst.refresh_from_db()
+    starting = inst.events.get(code="starting")
+    assert abs((inst.restarted_at - starting.at).total_seconds()) < 1
+    inst.events.all().delete()  # history for people: the field is the record
+    assert eta._started_at(inst) == inst.restarted_at
+    cache.delete(f"slices:eta-history:{inst.driver}:{inst.gpu_model_id}")  # read afresh
+    assert eta.history(inst.driver, inst.gpu_model_id) == []  # a start is not an order's timeline
