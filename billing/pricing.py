@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import ROUND_UP, Decimal
 
 from billing.money import (
+    CENT,
     SECONDS_PER_DAY,
     SECONDS_PER_HOUR,
     ZERO,
@@ -34,6 +35,14 @@ def gpu_model_key(name: str) -> str:
     """
     folded = unicodedata.normalize("NFKC", name or "").upper()
     return "".join(ch for ch in folded if ch.isalnum())
+
+
+# The GPU models the console sells, by the price book's product name (the seed price book,
+# ``billing.seed``, prices each). Their keys (``GPU_KEYS``) are the one set of GPU model codes: the
+# catalogue's ``GPU_MODELS`` and labels are read from here, and its ``gpu_code`` maps every
+# spelling onto these keys with ``gpu_model_key``.
+GPU_PRODUCTS = ("RTX 4090", "A800", "H800")
+GPU_KEYS = tuple(gpu_model_key(name) for name in GPU_PRODUCTS)
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,16 @@ class StoragePrice:
     def per_day(self, gb: int) -> Decimal:
         """What ``gb`` of the account's storage costs a day (``storage_per_day``)."""
         return storage_per_day(gb, self)
+
+    def added_per_day(self, total_gb: int, gb: int) -> Decimal:
+        """What ``gb`` of an account's ``total_gb`` of storage adds to its daily charge: the
+        charge with it minus without it, so the free allowance is counted once for the account
+        (a stopped instance's kept system disk beside its cloud disks)."""
+        return self.per_day(total_gb) - self.per_day(total_gb - gb)
+
+    def within_free(self, total_gb: int) -> bool:
+        """Whether ``total_gb`` of an account's storage costs nothing (inside a free allowance)."""
+        return self.free_gb > 0 and total_gb <= self.free_gb
 
 
 @dataclass(frozen=True)
@@ -110,6 +129,26 @@ def storage_per_day(disk_gb: int, price: StoragePrice) -> Decimal:
     """Persistent-disk cost per day beyond the free quota. The parallel file system is free."""
     billable = max(0, int(disk_gb) - price.free_gb)
     return round_cents(to_decimal(price.per_gb_day) * billable)
+
+
+# An AI app launches only on a balance that pays for this long at its hourly price (the launch
+# page says "Your balance does not cover six minutes of this app" otherwise).
+APP_LAUNCH_MIN_SECONDS = 6 * 60
+
+
+def covers_app_launch(balance: Decimal, per_hour: Decimal) -> bool:
+    """Whether ``balance`` pays for ``APP_LAUNCH_MIN_SECONDS`` of an app at ``per_hour`` (exact,
+    no rounding: six minutes of 1.90 元/h is 0.19 元)."""
+    needed = to_decimal(per_hour) * APP_LAUNCH_MIN_SECONDS / SECONDS_PER_HOUR
+    return to_decimal(balance) >= needed
+
+
+def most_charged(per_hour: Decimal, seconds: int) -> Decimal:
+    """The most ``seconds`` at ``per_hour`` can cost, rounded up to the cent (a promise such as the
+    demo's "at most 7.60 元" never falls short of what metering, rounding half up, charges)."""
+    return (to_decimal(per_hour) * seconds / Decimal(SECONDS_PER_HOUR)).quantize(
+        CENT, rounding=ROUND_UP
+    )
 
 
 def runway_seconds(balance: Decimal, burn_per_hour: Decimal) -> int | None:

@@ -120,7 +120,15 @@ from billing.money import (
     round_cents,
     to_decimal,
 )
-from billing.pricing import Quote, StoragePrice, gpu_model_key, quote_order
+from billing.pricing import (
+    APP_LAUNCH_MIN_SECONDS,
+    Quote,
+    StoragePrice,
+    covers_app_launch,
+    gpu_model_key,
+    most_charged,
+    quote_order,
+)
 from billing.providers import get_provider
 from billing.settlement import (
     SettlementResult,
@@ -174,6 +182,9 @@ __all__ = [  # what other apps, the views and the tests call
     "get_stop_handler",
     "get_wallet_summary",
     "gpu_model_key",
+    "APP_LAUNCH_MIN_SECONDS",
+    "covers_app_launch",
+    "most_charged",
     "grant_trial_credit",
     "grant_voucher",
     "handle_webhook",

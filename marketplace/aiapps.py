@@ -21,16 +21,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from marketplace.catalogue import CatalogueError, gpu_code, is_valid_hub_id, is_valid_slug
-from marketplace.recipes import manifest_text as _text
+from marketplace.catalogue import CatalogueError, gpu_code, is_valid_hub_id
+from marketplace.manifests import MANIFEST, read_all, read_manifest
+from marketplace.manifests import manifest_text as _text
 
 APPS_DIR = Path(__file__).resolve().parent / "apps"
-MANIFEST = "manifest.yaml"
 CATEGORIES = ("chat", "image", "finetune", "workbench")
 API_KINDS = ("openai",)
-ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 MAX_CARDS = 8  # an app runs on one host
 MAX_READY_SECONDS = 30 * 60
 HEALTH_PATH = re.compile(r"^/[A-Za-z0-9._~/-]{0,200}$")
@@ -217,42 +214,16 @@ def _hub_ids(data: Any, where: str, key: str, *, required: bool) -> tuple[str, .
 
 def read_app(directory: Path) -> AiApp:
     """One app directory; ``CatalogueError`` names the file and the field it cannot use."""
-    path = directory / MANIFEST
-    where = str(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise CatalogueError(f"{where}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CatalogueError(f"{where}: not a mapping")
-    slug = _text(data, "slug", where)
-    if not is_valid_slug(slug) or slug != directory.name:
-        raise CatalogueError(f"{where}: slug {slug!r} must be valid and name its directory")
+    manifest = read_manifest(directory, "app")
+    data, where = manifest.data, manifest.where
+    slug = manifest.slug()
     category = _text(data, "category", where)
     if category not in CATEGORIES:
         raise CatalogueError(f"{where}: category must be one of {list(CATEGORIES)}")
-    image = _text(data, "image", where)
-    if not is_valid_slug(image):
-        raise CatalogueError(f"{where}: image {image!r} is not an image version slug")
+    image = manifest.image()
     ports = _ports(data.get("ports"), where)
-    files = tuple(str(f) for f in data.get("files") or ())
-    for name in files:
-        if "/" in name or name.startswith(".") or not (directory / name).is_file():
-            raise CatalogueError(f"{where}: file {name!r} is not in the app's directory")
-    env_data = data.get("env") or {}
-    if not isinstance(env_data, dict):
-        raise CatalogueError(f"{where}: env must map names to values")
-    env: dict[str, str] = {}
-    for key, value in env_data.items():
-        if (
-            not isinstance(key, str)
-            or not ENV_NAME.fullmatch(key)
-            or isinstance(value, (dict, list))
-        ):
-            raise CatalogueError(f"{where}: env {key!r} is not NAME: value")
-        if "\n" in str(value) or "\r" in str(value):
-            raise CatalogueError(f"{where}: env {key} must be one line")
-        env[key] = str(value)
+    files = manifest.files()
+    env = manifest.env()
     return AiApp(
         slug=slug,
         category=category,
@@ -278,8 +249,7 @@ def read_app(directory: Path) -> AiApp:
 
 def read_apps(root: Path = APPS_DIR) -> list[AiApp]:
     """Every app under ``root`` in its catalogue order; slugs are unique (their directories)."""
-    apps = [read_app(d) for d in sorted(root.iterdir()) if (d / MANIFEST).is_file()]
-    return sorted(apps, key=lambda a: (a.order, a.slug))
+    return sorted(read_all(root, read_app), key=lambda a: (a.order, a.slug))
 
 
 def check_references(

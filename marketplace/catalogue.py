@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from billing.pricing import GPU_PRODUCTS, gpu_model_key
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MODELS_CSV = DATA_DIR / "models.csv"
 DATASETS_CSV = DATA_DIR / "datasets.csv"
@@ -782,15 +784,17 @@ class ImageRecord:
     versions: tuple[ImageVersionRecord, ...]
 
 
-# GPU model codes as the fleet names them (slices/fleets/*.yaml), and how people write them.
-GPU_MODELS = ("RTX4090", "A800", "H800")
-GPU_LABELS = {"RTX4090": "RTX 4090", "A800": "A800", "H800": "H800"}
+# GPU model codes as the fleet names them (slices/fleets/*.yaml), and how people write them: billing's
+# keys and product names (``billing.pricing.GPU_PRODUCTS``), the one list of them.
+GPU_LABELS = {gpu_model_key(name): name for name in GPU_PRODUCTS}
+GPU_MODELS = tuple(GPU_LABELS)
 
 
 def gpu_code(value: str) -> str:
-    """``"RTX 4090"`` / ``"rtx4090"`` -> ``"RTX4090"``; "" for anything that is not a known card."""
-    code = "".join(str(value).split()).upper()
-    return code if code in GPU_MODELS else ""
+    """Billing's key of a known card however it is written (``"RTX 4090"``, ``"rtx-4090"``,
+    ``"ＲＴＸ４０９０"`` -> ``"RTX4090"``, ``billing.pricing.gpu_model_key``); "" for anything else."""
+    code = gpu_model_key(str(value))
+    return code if code in GPU_LABELS else ""
 
 
 # docker reference: [registry/]repo[:tag], lower-case repo path, no digest needed here.

@@ -22,13 +22,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from marketplace.catalogue import CatalogueError, gpu_code, is_valid_hub_id, is_valid_slug
+from marketplace.manifests import ENV_NAME, manifest_text, read_all, read_manifest
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
-MANIFEST = "manifest.yaml"
-ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 BUDGETS = {"trial_credit"}
 MAX_TIME_LIMIT_MINUTES = 24 * 60
 
@@ -133,25 +130,6 @@ class Recipe:
         return self.summary_zh if language.startswith("zh") and self.summary_zh else self.summary
 
 
-# Chinese characters and punctuation: a folded YAML line break between two of them is no space.
-_CJK = "\u3000-\u303f\u3400-\u9fff\uff00-\uffef"
-_CJK_GAP = re.compile(f"(?<=[{_CJK}]) (?=[{_CJK}])")
-
-
-def manifest_text(data: dict[str, Any], key: str, where: str, *, required: bool = True) -> str:
-    """A manifest's text field on one line (recipes and AI apps): whitespace folded to one space,
-    none between two Chinese characters; ``CatalogueError`` when it is not text or missing."""
-    value = data.get(key, "")
-    if value is None:
-        value = ""
-    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-        raise CatalogueError(f"{where}: {key} must be text")
-    value = _CJK_GAP.sub("", " ".join(str(value).split()))
-    if required and not value:
-        raise CatalogueError(f"{where}: {key} is missing")
-    return value
-
-
 def _positive_int(data: dict[str, Any], key: str, where: str) -> int:
     value = data.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -161,26 +139,16 @@ def _positive_int(data: dict[str, Any], key: str, where: str) -> int:
 
 def read_recipe(directory: Path) -> Recipe:
     """One recipe directory; ``CatalogueError`` names the file and the field it cannot use."""
-    path = directory / MANIFEST
-    where = str(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise CatalogueError(f"{where}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CatalogueError(f"{where}: not a mapping")
-    slug = manifest_text(data, "slug", where)
-    if not is_valid_slug(slug) or slug != directory.name:
-        raise CatalogueError(f"{where}: slug {slug!r} must be valid and name its directory")
+    manifest = read_manifest(directory, "recipe")
+    data, where = manifest.data, manifest.where
+    slug = manifest.slug()
     demo = manifest_text(data, "demo", where)
     if not is_valid_slug(demo):
         raise CatalogueError(f"{where}: demo {demo!r} is not a valid slug")
     for key in ("model", "dataset"):
         if not is_valid_hub_id(manifest_text(data, key, where)):
             raise CatalogueError(f"{where}: {key} {data[key]!r} is not a hub id")
-    image = manifest_text(data, "image", where)
-    if not is_valid_slug(image):
-        raise CatalogueError(f"{where}: image {image!r} is not an image version slug")
+    image = manifest.image()
     minutes = _positive_int(data, "time_limit_minutes", where)
     if minutes > MAX_TIME_LIMIT_MINUTES:
         raise CatalogueError(f"{where}: time_limit_minutes above {MAX_TIME_LIMIT_MINUTES}")
@@ -191,22 +159,8 @@ def read_recipe(directory: Path) -> Recipe:
     budget = manifest_text(data, "budget", where)
     if budget not in BUDGETS:
         raise CatalogueError(f"{where}: budget must be one of {sorted(BUDGETS)}")
-    files = tuple(str(f) for f in data.get("files") or ())
-    for name in files:
-        if "/" in name or name.startswith(".") or not (directory / name).is_file():
-            raise CatalogueError(f"{where}: file {name!r} is not in the recipe's directory")
-    env_data = data.get("env") or {}
-    if not isinstance(env_data, dict):
-        raise CatalogueError(f"{where}: env must map names to values")
-    env: dict[str, str] = {}
-    for key, value in env_data.items():
-        if (
-            not isinstance(key, str)
-            or not ENV_NAME.fullmatch(key)
-            or isinstance(value, (dict, list))
-        ):
-            raise CatalogueError(f"{where}: env {key!r} is not NAME: value")
-        env[key] = str(value)
+    files = manifest.files()
+    env = manifest.env()
     bounds = _bounds(data.get("bounds"), where)
     try:
         check_parameters(bounds, env)
@@ -273,7 +227,7 @@ def _bounds(data: Any, where: str) -> dict[str, tuple[int, int]]:
 
 def read_recipes(root: Path = RECIPES_DIR) -> list[Recipe]:
     """Every recipe under ``root``, by slug; slugs and demo names are unique."""
-    recipes = [read_recipe(d) for d in sorted(root.iterdir()) if (d / MANIFEST).is_file()]
+    recipes = read_all(root, read_recipe)
     for attr in ("slug", "demo"):
         seen: set[str] = set()
         for recipe in recipes:

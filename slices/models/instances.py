@@ -60,6 +60,32 @@ class Instance(models.Model):
     disk_move_from = models.CharField(
         _("system disk to move from"), max_length=255, blank=True
     )  # a start placed on another host: the old host, until the disk has moved
+    replacements = models.PositiveIntegerField(
+        _("replacement nodes taken"), default=0
+    )  # migrations that found a replacement (its ``replacement_allocated`` event): the migration
+    # voucher's idempotency key counts these, so a re-driven migration never grants twice
+    migration_checkpoint_noted = models.BooleanField(
+        _("checkpoint noted in this migration"), default=False
+    )  # its ``checkpoint_found``/``no_checkpoint`` event is written; a new migration clears it
+    migration_wait_told = models.BooleanField(
+        _("told no replacement is free in this migration"), default=False
+    )  # its ``no_replacement`` (wait) event is written; a new migration clears it
+    isolated_at = models.DateTimeField(
+        _("isolated on the fabric at"), null=True, blank=True
+    )  # its ``isolated`` event: a provisioning again (a retry, a migration) does not isolate again
+    app_gave_up_at = models.DateTimeField(
+        _("application not answering since"), null=True, blank=True
+    )  # its ``app_not_answering`` warning: written once per start (compared with running_at)
+    restarted_at = models.DateTimeField(
+        _("last started again at"), null=True, blank=True
+    )  # its latest ``starting`` (开机) or ``migrating`` event: the ETA counts a provisioning that
+    # did not begin at the order from here, and leaves such an instance out of the orders' timelines
+    provisioning_noted_at = models.DateTimeField(
+        _("provisioning told at"), null=True, blank=True
+    )  # its latest ``provisioning`` event: a retried drive tells it only if it never was
+    output_read = models.PositiveIntegerField(
+        _("workload output lines kept"), default=0
+    )  # an app's or a recipe's output lines stored as log events: its follower reads on from here
     quoted_per_hour = models.DecimalField(
         _("quoted price per hour"), max_digits=14, decimal_places=2
     )

@@ -46,10 +46,11 @@ from slices import events
 from slices.choices import EventKind, EventLevel, InstanceState
 from slices.drivers import DriverError, get_driver
 from slices.errors import OrderRefused
-from slices.models import Instance, InstanceEvent
+from slices.models import Instance
 from slices.services import jobs, ports, proxy
 from slices.services.allocation import NoCapacity, preview_allocation
-from slices.services.instances import OrderRequest, order_instance, record_event, record_logs
+from slices.services.history import record_output
+from slices.services.instances import OrderRequest, order_instance, record_event
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +245,7 @@ def app_offer(
     if picked is None or image is None or len(datasets) != len(app.datasets):
         problems.append(gettext_noop("The app's model, dataset or image is not in the catalogue."))
     license = picked.license if picked is not None else None
-    if chosen is not None and balance < chosen.per_hour * Decimal("0.1"):
+    if chosen is not None and not billing.covers_app_launch(balance, chosen.per_hour):
         problems.append(gettext_noop("Your balance does not cover six minutes of this app."))
     return AppOffer(
         app=app,
@@ -400,9 +401,7 @@ def _follow_output(instance: Instance) -> bool:
     if not spec.nodes:
         return True
     node = spec.nodes[0]
-    offset = InstanceEvent.objects.filter(
-        instance=instance, kind=EventKind.LOG, step=LOG_STEP
-    ).count()
+    offset = instance.output_read  # the lines kept so far (a field written with them)
     elapsed = (timezone.now() - (instance.running_at or timezone.now())).total_seconds()
     try:
         out = reader(spec, node, offset, elapsed, OUTPUT_BATCH_LINES)
@@ -410,8 +409,7 @@ def _follow_output(instance: Instance) -> bool:
         logger.warning("reading the app output of %s failed: %s", instance.public_id, exc)
         return True
     lines = list(out.lines)[:OUTPUT_BATCH_LINES]
-    if lines:
-        record_logs(instance, [(node.hostname, LOG_STEP, line) for line in lines])
+    record_output(instance, node.hostname, LOG_STEP, lines)
     return bool(out.running)
 
 
@@ -457,15 +455,25 @@ def follow_app(instance_id: int) -> str:
         events.broadcast_state_on_commit(instance)
         return "gave_up"
     if waited > patience_s(app):
-        if not instance.events.filter(code="app_not_answering", at__gte=instance.running_at):
-            record_event(
-                instance,
-                EventKind.STATE,
-                code="app_not_answering",
-                params={"minutes": int(waited // 60), "path": app.health.path},
-                level=EventLevel.WARNING,
+        with transaction.atomic():
+            # Once per start: the field is written with its warning (as app_ready_at with its
+            # event); a start later than it (running_at) warns again.
+            won = (
+                Instance.objects.filter(pk=instance.pk)
+                .exclude(app_gave_up_at__gte=instance.running_at)
+                .update(app_gave_up_at=now)
             )
-            events.broadcast_state_on_commit(instance)
+            if won:
+                instance.app_gave_up_at = now
+                record_event(
+                    instance,
+                    EventKind.STATE,
+                    code="app_not_answering",
+                    params={"minutes": int(waited // 60), "path": app.health.path},
+                    level=EventLevel.WARNING,
+                    at=now,
+                )
+                events.broadcast_state_on_commit(instance)
         return "gave_up"
     return "again"
 

@@ -162,7 +162,7 @@ def kept_disk_per_day(instance: Instance) -> Decimal:
     disks, system = storage_gb(instance.team)
     price = storage_price()
     total = disks + system + (0 if disk_counted(instance) else instance.system_disk_gb)
-    return price.per_day(total) - price.per_day(total - instance.system_disk_gb)
+    return price.added_per_day(total, instance.system_disk_gb)
 
 
 def sync_storage_billing(user: Any) -> None:

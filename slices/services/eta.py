@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.core.cache import cache
-from django.db.models import Count, Exists, Max, OuterRef
+from django.db.models import Count, Max
 from django.utils import timezone
 
 from slices import eta, lifecycle
@@ -16,8 +16,8 @@ from slices.drivers import get_driver
 from slices.models import Instance, InstanceEvent, InstanceNode
 
 # A provisioning that did not start at the order (开机, a migration's replacement): its timeline
-# is not an order's, and a live one counts from this event.
-RESTART_CODES = ("starting", "migrating")
+# is not an order's, and a live one counts from its ``starting``/``migrating`` event, whose time
+# the instance keeps (``Instance.restarted_at``, written with the event).
 HISTORY_CACHE_SECONDS = 30
 HISTORY_ORDERS = 60  # recent orders read per driver and GPU model (all node counts)
 ESTIMATED_STATES = frozenset(
@@ -40,10 +40,13 @@ def history(driver: str, gpu_model_id: int) -> list[eta.Timeline]:
     cached = cache.get(key)
     if cached is not None:
         return list(cached)
-    restarted = InstanceEvent.objects.filter(instance=OuterRef("pk"), code__in=RESTART_CODES)
     rows = list(
-        Instance.objects.filter(driver=driver, gpu_model_id=gpu_model_id, running_at__isnull=False)
-        .exclude(Exists(restarted))
+        Instance.objects.filter(
+            driver=driver,
+            gpu_model_id=gpu_model_id,
+            running_at__isnull=False,
+            restarted_at__isnull=True,
+        )
         .annotate(node_count=Count("nodes"))
         .order_by("-running_at")
         .values_list("pk", "created_at", "running_at", "node_count")[:HISTORY_ORDERS]
@@ -73,10 +76,7 @@ def history(driver: str, gpu_model_id: int) -> list[eta.Timeline]:
 
 def _started_at(instance: Instance) -> datetime:
     """When this provisioning began: the order, or the latest start or migration."""
-    restart = (
-        instance.events.filter(code__in=RESTART_CODES).order_by("-id").values_list("at", flat=True)
-    ).first()
-    return restart or instance.created_at
+    return instance.restarted_at or instance.created_at
 
 
 def _model_seconds(driver: str, steps: list[str | None], nodes: int, slice_: bool) -> float:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from slices import events
@@ -56,3 +58,14 @@ def record_logs(instance: Instance, lines: list[tuple[str, str, str]]) -> None:
         ]
     )
     events.broadcast_logs_on_commit(instance, rows)
+
+
+def record_output(instance: Instance, node: str, step: str, lines: list[str]) -> None:
+    """A workload's output lines (an app's start-up, a recipe's run) as log events, and
+    ``output_read`` advanced with them in one transaction: the follower reads on from the field."""
+    if not lines:
+        return
+    with transaction.atomic():
+        record_logs(instance, [(node, step, line) for line in lines])
+        Instance.objects.filter(pk=instance.pk).update(output_read=F("output_read") + len(lines))
+        instance.output_read += len(lines)

@@ -301,6 +301,10 @@ def start_migration(instance: Instance, node: Node, *, signal: str = "") -> bool
         code="migrating",
         level=EventLevel.WARNING,
         params={"node": node.hostname, "signal": signal},
+        # A new migration: its checkpoint and its "no replacement" notice are still to be told.
+        migration_checkpoint_noted=False,
+        migration_wait_told=False,
+        restarted_at=timezone.now(),  # the ETA of its provisioning again counts from here
     ):
         return False
     InstanceNode.objects.filter(instance=instance, node=node).update(
@@ -379,19 +383,20 @@ def drive_migration(instance_id: int) -> str:
     if instance is None or instance.state != InstanceState.MIGRATING:
         return "nothing to do"
     checkpoint = storage.refresh_checkpoint(instance)
-    if (
-        not instance.events.filter(code__in=("checkpoint_found", "no_checkpoint"))
-        .filter(id__gt=_migration_event_id(instance))
-        .exists()
-    ):
-        if checkpoint:
+    with transaction.atomic():
+        # Once per migration (a re-driven worker does not say it again): the field, set with
+        # its event, is the record; start_migration clears it.
+        first = Instance.objects.filter(pk=instance.pk, migration_checkpoint_noted=False).update(
+            migration_checkpoint_noted=True
+        )
+        if first and checkpoint:
             record_event(
                 instance,
                 EventKind.STATE,
                 code="checkpoint_found",
                 params={"step": checkpoint["step"], "path": checkpoint["path"]},
             )
-        else:
+        elif first:
             record_event(
                 instance,
                 EventKind.STATE,
@@ -428,16 +433,6 @@ def drive_migration(instance_id: int) -> str:
     return _no_replacement(instance)
 
 
-def _migration_event_id(instance: Instance) -> int:
-    ev = (
-        instance.events.filter(code="migrating")
-        .order_by("-id")
-        .values_list("id", flat=True)
-        .first()
-    )
-    return int(ev or 0)
-
-
 def _swap_in(instance: Instance, replaced: list[tuple[InstanceNode, Node, int]]) -> str:
     """Point the failed ranks at their replacements (allocation, GPU rows, instance nodes),
     redo every node's steps after ``connect`` (the job restarts from the checkpoint), provision."""
@@ -466,12 +461,16 @@ def _swap_in(instance: Instance, replaced: list[tuple[InstanceNode, Node, int]])
         )
     # The surviving nodes restart the job too (a distributed job restarts on every rank).
     InstanceNode.objects.filter(instance=instance, step="ready").update(step="connect")
-    count = instance.events.filter(code="replacement_allocated").count() + 1
+    # The voucher's idempotency key counts the replacements (a field written with the event,
+    # read under the row lock drive_migration holds): one voucher per replacement, however often
+    # the worker is re-driven.
+    count = Instance.objects.values_list("replacements", flat=True).get(pk=instance.pk) + 1
     voucher = _voucher(instance, count)
     transition(
         instance,
         InstanceState.PROVISIONING,
         code="replacement_allocated",
+        replacements=count,
         params={
             "moves": moves,
             "summary": ", ".join(f"#{m['rank']} {m['from']} → {m['to']}" for m in moves) or "—",
@@ -495,15 +494,18 @@ def _no_replacement(instance: Instance) -> str:
         )
         release_instance(instance, by="migration", code="released_no_replacement")
         return "released"
-    last = instance.events.filter(code="no_replacement").order_by("-id").first()
-    if last is None or last.id < _migration_event_id(instance):
-        record_event(
-            instance,
-            EventKind.STATE,
-            code="no_replacement",
-            level=EventLevel.WARNING,
-            params={"then": "wait"},
-        )
+    with transaction.atomic():
+        # Told once per migration: the field is written with its event; start_migration clears it.
+        if Instance.objects.filter(pk=instance.pk, migration_wait_told=False).update(
+            migration_wait_told=True
+        ):
+            record_event(
+                instance,
+                EventKind.STATE,
+                code="no_replacement",
+                level=EventLevel.WARNING,
+                params={"then": "wait"},
+            )
     return "waiting"
 
 

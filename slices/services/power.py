@@ -196,7 +196,11 @@ def start_instance(instance: Instance, *, by: str, mode: str = StartMode.AUTO) -
         raise InstanceConflict(gettext_noop("This instance has no system disk to start from."))
     old = part.node
     if not transition(
-        instance, InstanceState.STARTING, code="starting", params={"by": by, "mode": mode}
+        instance,
+        InstanceState.STARTING,
+        code="starting",
+        params={"by": by, "mode": mode},
+        restarted_at=timezone.now(),  # written with its event (the ETA counts from it)
     ):
         raise InstanceConflict(gettext_noop("The instance is already starting."))
     allocation: Allocation | None = None

@@ -362,13 +362,20 @@ def _provision(instance: Instance, driver: NodeDriver, *, first: bool = True) ->
     access.ensure_host_key(instance)  # ... and its host key, the same on every node (issue 29)
     spec = build_spec(instance)
     logs = _Logs()
-    if (first and instance.attempts == 0) or not instance.events.filter(
-        code="provisioning"
-    ).exists():
-        record_event(
-            instance, EventKind.STATE, code="provisioning", params={"nodes": len(spec.nodes)}
-        )
-    if not instance.events.filter(code="isolated").exists():
+    if (first and instance.attempts == 0) or instance.provisioning_noted_at is None:
+        with transaction.atomic():  # the field is written with its event
+            instance.provisioning_noted_at = timezone.now()
+            Instance.objects.filter(pk=instance.pk).update(
+                provisioning_noted_at=instance.provisioning_noted_at
+            )
+            record_event(
+                instance,
+                EventKind.STATE,
+                code="provisioning",
+                params={"nodes": len(spec.nodes)},
+                at=instance.provisioning_noted_at,
+            )
+    if instance.isolated_at is None:  # once: a retry or a migration's provisioning keeps it
         try:
             driver.isolate(spec, logs.sink("", lifecycle.Step.ISOLATE))
         except DriverError as exc:
@@ -380,17 +387,17 @@ def _provision(instance: Instance, driver: NodeDriver, *, first: bool = True) ->
             )
             return "failed"
         record_logs(instance, logs.drain())
-        if spec.partition_key is not None:
+        pkey = f"{spec.partition_key:#06x}" if spec.partition_key is not None else "—"
+        with transaction.atomic():  # the field is written with its event
+            instance.isolated_at = timezone.now()
+            Instance.objects.filter(pk=instance.pk).update(isolated_at=instance.isolated_at)
             record_event(
                 instance,
                 EventKind.STEP,
                 code="isolated",
                 step="isolate",
-                params={"pkey": f"{spec.partition_key:#06x}"},
-            )
-        else:
-            record_event(
-                instance, EventKind.STEP, code="isolated", step="isolate", params={"pkey": "—"}
+                params={"pkey": pkey},
+                at=instance.isolated_at,
             )
     runs = {
         p.rank: _NodeRun(p, t)

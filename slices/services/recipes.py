@@ -23,7 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import ROUND_UP, Decimal
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -47,13 +47,13 @@ from slices.lifecycle import LIVE
 from slices.models import Instance, InstanceEvent
 from slices.services import jobs, storage
 from slices.services.allocation import NoCapacity, preview_allocation
+from slices.services.history import record_output
 from slices.services.instances import (
     OrderRequest,
     _lock_quota,
     order_instance,
     price_name,
     record_event,
-    record_logs,
     release_instance,
 )
 
@@ -145,10 +145,6 @@ def time_limit_for(per_hour: Decimal, minutes: int, budget: Decimal) -> int:
     return max(0, min(minutes, affordable)) * 60
 
 
-def max_cost(per_hour: Decimal, seconds: int) -> Decimal:
-    return (per_hour * seconds / Decimal(3600)).quantize(Decimal("0.01"), rounding=ROUND_UP)
-
-
 def _choice(user: Any, recipe: Recipe, gpu_model: str, budget: Decimal) -> Choice | None:
     book_name = price_name(gpu_model)
     if book_name is None:
@@ -162,7 +158,7 @@ def _choice(user: Any, recipe: Recipe, gpu_model: str, budget: Decimal) -> Choic
         available = True
     except NoCapacity:
         available = False
-    return Choice(gpu_model, per_hour, limit, max_cost(per_hour, limit), available)
+    return Choice(gpu_model, per_hour, limit, billing.most_charged(per_hour, limit), available)
 
 
 def _asset(kind: str, hub_id: str) -> Any:
@@ -457,9 +453,7 @@ def _follow(instance: Instance, driver: Any, budget: float, interval: float) -> 
     if not spec.nodes:
         return "nothing to do"
     node = spec.nodes[0]  # rank 0 prints the recipe's progress
-    offset = InstanceEvent.objects.filter(
-        instance=instance, kind=EventKind.LOG, step=RUN_STEP
-    ).count()
+    offset = instance.output_read  # the lines kept so far (a field written with them)
     deadline = time.monotonic() + budget
     left = FOLLOW_MAX_LINES
     failures = 0
@@ -481,7 +475,7 @@ def _follow(instance: Instance, driver: Any, budget: float, interval: float) -> 
             continue
         lines = list(out.lines)[: max(0, left)]
         if lines:
-            record_logs(instance, [(node.hostname, RUN_STEP, line) for line in lines])
+            record_output(instance, node.hostname, RUN_STEP, lines)
             offset += len(lines)
             left -= len(lines)
             _saved(instance, driver, spec.env, lines)

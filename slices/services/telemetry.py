@@ -23,10 +23,10 @@ from console.events import notify_user
 from slices.choices import EventKind, EventLevel, InstanceState
 from slices.models import GpuRollup, IdleWatch, Instance
 from slices.services.instances import record_event, release_instance
-from slices.telemetry.relay import get_ring
 from slices.telemetry.ring import Ring
 from slices.telemetry.rollup import IdleVerdict, MinuteOfGpu, RollupRecord, judge_idle
 from slices.telemetry.samples import ROW_COLUMNS
+from slices.telemetry.store import get_ring
 
 logger = logging.getLogger(__name__)
 

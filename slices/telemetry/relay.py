@@ -35,7 +35,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -49,9 +48,10 @@ from slices.drivers import get_driver
 from slices.drivers.base import TelemetrySource
 from slices.models import Instance
 from slices.services.provisioning import build_spec
+from slices.services.telemetry import write_rollups
 from slices.telemetry.groups import cluster_group, instance_group
 from slices.telemetry.heat import pack_nodes
-from slices.telemetry.ring import MemoryRing, RedisRing, Ring
+from slices.telemetry.ring import Ring
 from slices.telemetry.rollup import MinuteAccumulator
 from slices.telemetry.samples import (
     ROW_COLUMNS,
@@ -60,6 +60,7 @@ from slices.telemetry.samples import (
     gpu_row,
     parse_sample,
 )
+from slices.telemetry.store import REDIS_TIMEOUT_SECONDS, get_ring
 
 logger = logging.getLogger(__name__)
 
@@ -67,30 +68,8 @@ logger = logging.getLogger(__name__)
 # unreadable and the message large); their charts still get every GPU's row.
 DETAIL_MAX_GPUS = 64
 REFRESH_EVERY_TICKS = 5
-# The longest one Redis call (a ring write, a tick's channel-layer sends) may take before the tick
-# gives up on it: a hung Redis must not hold the loop.
-REDIS_TIMEOUT_SECONDS = 2.0
 # What an outage raises (Redis or the database unreachable), and our own timeout on a hung Redis.
 OUTAGE_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, TimeoutError)
-
-
-@lru_cache(maxsize=1)
-def get_ring() -> Ring:
-    """The process's ring: Redis streams in production, memory in the embedded default."""
-    maxlen = max(60, int(settings.TELEMETRY_RING_SECONDS / settings.TELEMETRY_INTERVAL))
-    if settings.REDIS_URL:
-        import redis  # only production has a Redis to connect to
-
-        return RedisRing(
-            redis.Redis.from_url(
-                settings.REDIS_URL,
-                socket_timeout=REDIS_TIMEOUT_SECONDS,
-                socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
-            ),
-            maxlen=maxlen,
-            ttl_seconds=settings.TELEMETRY_RING_SECONDS,
-        )
-    return MemoryRing(maxlen=maxlen)
 
 
 def _source(driver: Any, spec: Any, node: Any, gpu_model: str) -> TelemetrySource:
@@ -413,8 +392,6 @@ class Relay:
 
     def flush_rollups(self, now: float | None = None) -> int:
         """Write the finished minutes (all of them when ``now`` is None)."""
-        from slices.services.telemetry import write_rollups  # services import this module
-
         records = self.rollups.flush(now)
         return write_rollups(records) if records else 0
 

@@ -97,6 +97,8 @@ def test_a_copy_of_the_shipped_recipe_loads() -> None:
         ({"budget": "unlimited"}, "budget must be"),
         ({"files": ["../../secrets"]}, "not in the recipe's directory"),
         ({"env": {"lower": "x"}}, "is not NAME: value"),
+        # The one manifest loader (marketplace.manifests) holds recipes to the apps' env rule.
+        ({"env": {"MAX_STEPS": "1000\nEXTRA=1"}}, "env MAX_STEPS must be one line"),
         ({"outputs": {"checkpoints": "/etc/{run}", "adapter": "a/{run}"}}, "inside /pfs"),
         ({"outputs": {"adapter": "a/{run}"}}, "needs checkpoints and adapter"),
     ],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import yaml
 from asgiref.sync import async_to_sync
 from django.test import Client
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from billing import services as billing
@@ -181,6 +183,9 @@ def test_a_launch_orders_an_instance_that_is_ready_when_the_app_answers_and_its_
     assert any(m["target"].startswith("/models/") for m in instance.mounts)
     assert apps.is_ready(instance)
     assert instance.events.filter(code="app_ready").count() == 1
+    # The follower reads on from a field kept with the output lines it stored (issue 30).
+    kept = instance.events.filter(kind="log", step=apps.LOG_STEP).count()
+    assert kept > 0 and instance.output_read == kept
     # The page: Open, the API's base URL, the key and the snippets.
     page = alice_client.get(response["Location"]).content.decode()
     assert 'id="app-open"' in page and instance.app_api_key in page
@@ -312,3 +317,38 @@ def test_every_app_launches_on_the_simulated_fleet_and_opens_a_labelled_page(
     assert target.status_code == 302
     body = _body(alice_client.get(target["Location"], HTTP_ACCEPT_LANGUAGE="zh-hans")).decode()
     assert "模拟" in body or "simulated" in body.lower()
+
+
+def test_an_app_that_does_not_answer_is_warned_about_once_per_start_from_a_field(
+    world, newcomer, alice_client, django_capture_on_commit_callbacks
+) -> None:  # noqa: ANN001
+    """Issue 30: the "not answering" warning is told once per start, decided by
+    ``app_gave_up_at`` (written with it), not by reading the event log back."""
+    with django_capture_on_commit_callbacks(execute=True):
+        _launch(alice_client, model="THUDM/chatglm3-6b", gpu_model="RTX4090", cards="1")
+    instance = Instance.objects.get(created_by=newcomer, app="llm-chat")
+    assert instance.state == InstanceState.RUNNING and instance.app_gave_up_at is None
+    # A start whose server never came up (no key: the simulated app answers 503), begun longer
+    # ago than the app's patience.
+    long_ago = timezone.now() - timedelta(seconds=apps.patience_s(_chat()) + 60)
+    Instance.objects.filter(pk=instance.pk).update(
+        app_api_key="", access_token="", app_ready_at=None, running_at=long_ago
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        assert apps.follow_app(instance.pk) == "gave_up"
+    warned = instance.events.filter(code="app_not_answering")
+    assert warned.count() == 1
+    instance.refresh_from_db()
+    assert instance.app_gave_up_at is not None and instance.app_gave_up_at >= long_ago
+    # Asked again, and with the event rows gone (history for people): not told again.
+    warned.delete()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert apps.follow_app(instance.pk) == "gave_up"
+    assert not warned.exists()
+    # A later start that does not answer either is told again.
+    Instance.objects.filter(pk=instance.pk).update(
+        app_gave_up_at=long_ago - timedelta(hours=1), running_at=long_ago
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        assert apps.follow_app(instance.pk) == "gave_up"
+    assert warned.count() == 1

@@ -106,7 +106,7 @@ def test_provisioning_is_grouped_by_step_with_the_slowest_and_failed_nodes(
 def test_beyond_32_nodes_the_rows_come_only_when_opened(
     provisioning_slice: Instance, alice_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from slices import views
+    from slices.views import instances as views
 
     monkeypatch.setattr(views, "NODES_INLINE_MAX", 8)  # 16 nodes stand in for 128
     html = _page(alice_client, provisioning_slice)

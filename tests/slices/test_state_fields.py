@@ -7,12 +7,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.core.cache import cache
 from django.utils import timezone
 
-from billing.models import TermRental, UsageSession
+from billing.models import Account, TermRental, UsageSession
 from slices import services
 from slices.choices import InstanceState
-from slices.models import Node
+from slices.models import Instance, Node
 from slices.services import migration, power
 from tests.slices.factories import run_order
 
@@ -76,3 +77,116 @@ def test_a_start_on_the_same_host_has_no_disk_to_move(
     inst.refresh_from_db()
     assert inst.state == InstanceState.RUNNING and inst.disk_move_from == ""
     assert not inst.events.filter(code="disk_moved").exists()
+
+
+# -- issue 30: the decisions that still read the event log -------------------------------------
+
+
+def _migrate(inst, capture) -> None:  # noqa: ANN001
+    """Fail the node under ``inst`` and let the health check move it (the grace long past)."""
+    node = inst.nodes.get().node
+    t0 = timezone.now()
+    migration.report_node_signal(node, "xid", "Xid 79: GPU has fallen off the bus", at=t0)
+    with capture(execute=True):
+        assert migration.check_node_health(t0 + timedelta(days=1)) == [node.hostname]
+    inst.refresh_from_db()
+
+
+def test_the_migration_voucher_and_the_isolation_read_fields_not_the_event_log(
+    sim_fleet, funded, settings, django_capture_on_commit_callbacks
+):
+    settings.SLICES_MIGRATION_VOUCHER = "20"
+    vouchers = Account.objects.filter(wallet__owner=funded, kind="voucher")
+    before = vouchers.count()
+    inst = run_order(funded, django_capture_on_commit_callbacks, cards=1)
+    assert inst.isolated_at is not None and inst.replacements == 0
+    isolated_at = inst.isolated_at
+    first_node = inst.nodes.get().node
+    _migrate(inst, django_capture_on_commit_callbacks)
+    assert inst.state == InstanceState.RUNNING and inst.replacements == 1
+    assert inst.migration_checkpoint_noted  # this migration's checkpoint event is written
+    assert vouchers.count() == before + 1
+    assert inst.events.filter(code="isolated").count() == 1  # provisioned again, not isolated
+    # The event rows are history for people: with them gone, the decisions stand. The second
+    # migration grants its own voucher (a key counting events would repeat the first's and grant
+    # nothing), and the instance is still not isolated again.
+    inst.events.all().delete()
+    first_node.refresh_from_db()
+    assert services.change_node_state(first_node, "return", "repaired")  # a node to move to
+    _migrate(inst, django_capture_on_commit_callbacks)
+    assert inst.state == InstanceState.RUNNING and inst.replacements == 2
+    assert vouchers.count() == before + 2
+    assert inst.isolated_at == isolated_at
+    assert not inst.events.filter(code="isolated").exists()
+    assert (
+        inst.events.filter(code="checkpoint_found").count()
+        + inst.events.filter(code="no_checkpoint").count()
+        == 1
+    )  # the new migration noted its checkpoint once
+
+
+def test_the_data_migration_fills_the_fields_from_the_event_log(
+    sim_fleet, funded, django_capture_on_commit_callbacks
+):
+    from importlib import import_module
+
+    from django.apps import apps as django_apps
+
+    from slices.services.instances import record_event, record_logs
+
+    from_events = import_module("slices.migrations.0012_state_fields_from_events").from_events
+    inst = run_order(funded, django_capture_on_commit_callbacks, cards=1)
+    now = timezone.now()
+    for code in ("replacement_allocated", "no_replacement", "replacement_allocated"):
+        record_event(inst, "state", code=code)
+    record_event(inst, "state", code="app_not_answering", at=now - timedelta(hours=2))
+    record_event(inst, "state", code="app_not_answering", at=now)
+    record_event(inst, "state", code="starting", at=now - timedelta(hours=1))
+    record_event(inst, "state", code="migrating", at=now)
+    record_event(inst, "state", code="no_checkpoint")
+    provisioning_at = inst.events.filter(code="provisioning").get().at
+    record_logs(inst, [("n1", "run", "step 1"), ("n1", "run", "step 2"), ("n1", "setup", "x")])
+    first_isolated = inst.events.filter(code="isolated").get().at
+    record_event(inst, "step", code="isolated", at=now)  # a later one: the first counts
+    Instance.objects.filter(pk=inst.pk).update(
+        state=InstanceState.MIGRATING,
+        replacements=0,
+        isolated_at=None,
+        app_gave_up_at=None,
+        migration_checkpoint_noted=False,
+        migration_wait_told=False,
+        restarted_at=None,
+        provisioning_noted_at=None,
+        output_read=0,
+    )
+    from_events(django_apps, None)
+    inst.refresh_from_db()
+    assert inst.replacements == 2
+    assert inst.isolated_at == first_isolated
+    assert inst.app_gave_up_at == now
+    assert inst.restarted_at == now  # the latest start or migration
+    assert inst.provisioning_noted_at == provisioning_at
+    assert inst.output_read == 2  # the workload's lines, not the provisioning's
+    # Told since the latest migrating event: its checkpoint, not the wait (that was before it).
+    assert inst.migration_checkpoint_noted and not inst.migration_wait_told
+
+
+def test_a_start_keeps_when_it_began_for_the_eta_and_its_timeline_is_no_orders(
+    sim_fleet, funded, django_capture_on_commit_callbacks
+):
+    from slices.services import eta
+
+    inst = run_order(funded, django_capture_on_commit_callbacks, cards=4)
+    assert inst.restarted_at is None and inst.provisioning_noted_at is not None
+    assert eta._started_at(inst) == inst.created_at
+    with django_capture_on_commit_callbacks(execute=True):
+        assert power.stop_instance(inst, by="alice")
+    with django_capture_on_commit_callbacks(execute=False):
+        power.start_instance(inst, by="alice", mode="auto")
+    inst.refresh_from_db()
+    starting = inst.events.get(code="starting")
+    assert abs((inst.restarted_at - starting.at).total_seconds()) < 1
+    inst.events.all().delete()  # history for people: the field is the record
+    assert eta._started_at(inst) == inst.restarted_at
+    cache.delete(f"slices:eta-history:{inst.driver}:{inst.gpu_model_id}")  # read afresh
+    assert eta.history(inst.driver, inst.gpu_model_id) == []  # a start is not an order's timeline

@@ -1,8 +1,8 @@
+"""The instance pages: the list, the order form, an instance's page (progress, events,
+storage cards), release, 关机/开机 and the migration choice."""
+
 from __future__ import annotations
 
-import uuid
-from collections import Counter, defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -10,36 +10,23 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Q
-from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
-from django.utils.translation import get_language, gettext_noop
+from django.utils.translation import get_language
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods
 
 from billing.choices import BillingMode
 from billing.services import gpu_model_key as billing_key
-from console.auth import staff_required
 from console.errors import DomainError, ErrorCode
 from console.htmx import render_page, stop_polling
-from console.ids import parse_uuid
-from marketplace import recipes as catalogue_recipes
 from marketplace.services import asset_picker
 from slices import lifecycle, services
-from slices.choices import (
-    NODE_STATE_BADGES,
-    DiskMode,
-    EventKind,
-    InstanceState,
-    NodeSignal,
-    NodeState,
-    NoReplacement,
-)
+from slices.choices import EventKind, InstanceState, NoReplacement
 from slices.forms import (
-    DiskForm,
     InstanceListFilter,
     OrderForm,
     OrderPreviewForm,
@@ -48,8 +35,8 @@ from slices.forms import (
 )
 from slices.hostspec import host_spec
 from slices.messages import event_text, failure_text, step_label
-from slices.models import Cluster, Disk, Instance, Node, NodeFailure, NodeWatch, Region
-from slices.services import NoCapacity, apps, migration, pfs_files, power, recipes, storage
+from slices.models import Disk, Instance
+from slices.services import NoCapacity, apps, migration, power, storage
 from slices.services import disks as disk_service
 from slices.services.eta import instance_eta
 from slices.services.instances import instance_cost, instance_costs
@@ -509,290 +496,8 @@ def instance_release(request: HttpRequest, public_id: str) -> HttpResponse:
     return render(request, "slices/instance_release.html", {"instance": instance})
 
 
-# Cell colours of the fabric map (Bootstrap palette); allocated cells take their holder's hue.
-STATE_COLOURS = {
-    NodeState.READY: "#d1e7dd",
-    NodeState.ALLOCATED: "#0d6efd",
-    NodeState.DRAINING: "#ffc107",
-    NodeState.FAILED: "#dc3545",
-    NodeState.MAINTENANCE: "#6c757d",
-}
-
-
-# Holders get well-separated colours (no red, yellow or grey: those mean failed, draining and
-# maintenance), in the order they appear on the map; the palette repeats past twelve holders.
-HOLDER_PALETTE = (
-    "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-    "#393b79", "#637939", "#7b4173", "#3182bd", "#ff7f0e", "#bcbd22",
-)  # fmt: skip
-
-
-# Node failures listed on the operator pages (the fleet's latest, each node's history).
-FAILURES_SHOWN = 20
-
-
-@staff_required
-@require_GET
-def ops_fleet(request: HttpRequest) -> HttpResponse:
-    rows = services.availability()
-    clusters = list(Cluster.objects.select_related("region", "gpu_model").order_by("position"))
-    states: dict[int, Counter] = defaultdict(Counter)
-    for cluster_id, state in Node.objects.values_list("cluster_id", "state"):
-        states[cluster_id][state] += 1
-    by_model: dict[str, dict[str, int]] = defaultdict(lambda: {"total": 0, "used": 0})
-    for a in rows:
-        by_model[a.gpu_model]["total"] += a.total_gpus
-        by_model[a.gpu_model]["used"] += a.used_gpus
-    models = [
-        {
-            "code": code,
-            "total": v["total"],
-            "used": v["used"],
-            "percent": round(100 * v["used"] / v["total"]) if v["total"] else 0,
-        }
-        for code, v in sorted(by_model.items())
-    ]
-    cluster_rows = [
-        {
-            "cluster": c,
-            "states": [
-                (NodeState(s).label, NODE_STATE_BADGES[NodeState(s)], states[c.pk][s])
-                for s in NodeState.values
-                if states[c.pk][s]
-            ],
-        }
-        for c in clusters
-    ]
-    failures = list(
-        NodeFailure.objects.select_related("node").order_by("-at", "-id")[:FAILURES_SHOWN]
-    )
-    context = {"rows": rows, "models": models, "clusters": cluster_rows, "failures": failures}
-    return render_page(request, "slices/ops_fleet.html", context, "utilisation")
-
-
-@staff_required
-@require_GET
-def ops_cluster(request: HttpRequest, code: str) -> HttpResponse:
-    cluster = get_object_or_404(Cluster.objects.select_related("region", "gpu_model"), code=code)
-    rows = services.cluster_map(cluster)
-    holders: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        for node in row["nodes"]:
-            for a in node.holders:
-                colour = HOLDER_PALETTE[len(holders) % len(HOLDER_PALETTE)]
-                holders.setdefault(str(a.public_id), {"allocation": a, "colour": colour})
-            node.colour = STATE_COLOURS[NodeState(node.state)]
-            if node.holders and node.state == NodeState.ALLOCATED:
-                node.colour = holders[str(node.holders[0].public_id)]["colour"]
-    legend = [(NodeState(s).label, colour) for s, colour in STATE_COLOURS.items()]
-    context = {
-        "cluster": cluster,
-        "rows": rows,
-        "legend": legend,
-        "holders": list(holders.values()),
-        "node_count": sum(len(r["nodes"]) for r in rows),
-    }
-    return render_page(request, "slices/ops_cluster.html", context, "fabric")
-
-
-@staff_required
-@require_http_methods(["GET", "POST"])
-def ops_node(request: HttpRequest, public_id: str) -> HttpResponse:
-    node = get_object_or_404(
-        Node.objects.select_related("cluster", "su", "gpu_model", "cluster__region"),
-        public_id=public_id,
-    )
-    if request.method == "POST":
-        action = request.POST.get("action", "")
-        if action not in services.NODE_ACTIONS:
-            messages.error(request, _("Unknown action."))
-        elif services.change_node_state(node, action, request.POST.get("note", "")[:255]):
-            messages.success(
-                request,
-                _("%(node)s is now %(state)s.") % {"node": node, "state": node.get_state_display()},
-            )
-        else:
-            messages.warning(
-                request,
-                _("%(node)s did not change: it is %(state)s.")
-                % {"node": node, "state": node.get_state_display()},
-            )
-        if not getattr(request, "htmx", False):
-            return redirect("slices:ops-node", public_id=node.public_id)
-    gpus = list(node.gpus.select_related("allocation", "allocation__team").order_by("index"))
-    watch = NodeWatch.objects.filter(node=node).first()
-    context = {
-        "node": node,
-        "gpus": gpus,
-        "actions": _actions_for(node),
-        "watch": watch,
-        "watch_facts": _watch_facts(watch) if watch else [],
-        "failures": [
-            {"failure": f, "facts": failure_facts(f)} for f in node.failures.all()[:FAILURES_SHOWN]
-        ],
-    }
-    return render_page(request, "slices/ops_node.html", context, "node")
-
-
-def _heartbeat_source(source: str) -> str:
-    return {
-        "probe": _("the console's probe"),
-        "agent": _("the node's agent"),
-        "start": _("a start on the node"),
-    }.get(source, source or "—")
-
-
-def _when(value: Any) -> Any:
-    return parse_datetime(value) if isinstance(value, str) else value
-
-
-def _watch_facts(watch: NodeWatch) -> list[tuple[str, Any]]:
-    """What the console knows of a node's health now: its last heartbeat and probe."""
-    facts: list[tuple[str, Any]] = [
-        (_("Last heartbeat"), watch.last_heartbeat_at or "—"),
-        (_("Heartbeat from"), _heartbeat_source(watch.heartbeat_source)),
-        (_("Last probe"), watch.last_probe_at or "—"),
-        (_("Failed probes in a row"), watch.misses),
-    ]
-    if watch.probe_error:
-        facts.append((_("Probe error"), watch.probe_error))
-    if watch.bad_signal:
-        facts.append((_("Signal"), f"{NodeSignal(watch.bad_signal).label}: {watch.bad_detail}"))
-        facts.append((_("Signal since"), watch.bad_since or "—"))
-    return facts
-
-
-def failure_facts(failure: NodeFailure) -> list[tuple[str, Any]]:
-    """The evidence a node failure was judged on, labelled for the operator page."""
-    ev = failure.evidence or {}
-    if not failure.automatic:
-        return [(_("Judged by"), _("an operator"))]
-    rules = {
-        "signal": _("a bad signal not cleared within the grace"),
-        "silence": _("no answer to the console's probes within the grace"),
-    }
-    facts: list[tuple[str, Any]] = [
-        (_("Rule"), rules.get(str(ev.get("rule", "")), str(ev.get("rule", "")))),
-    ]
-    if ev.get("bad_since"):
-        facts.append((_("Signal since"), _when(ev["bad_since"])))
-    facts.append((_("Last heartbeat"), _when(ev.get("last_heartbeat_at")) or "—"))
-    if ev.get("heartbeat_source"):
-        facts.append((_("Heartbeat from"), _heartbeat_source(str(ev["heartbeat_source"]))))
-    if ev.get("last_probe_at"):
-        facts.append((_("Last probe"), _when(ev["last_probe_at"])))
-    if "misses" in ev:
-        facts.append((_("Failed probes in a row"), ev["misses"]))
-    if ev.get("probe_error"):
-        facts.append((_("Probe error"), ev["probe_error"]))
-    if "fail_grace_s" in ev:
-        facts.append(
-            (
-                _("Graces"),
-                _("signal %(signal)s s, heartbeat %(heartbeat)s s")
-                % {"signal": ev["fail_grace_s"], "heartbeat": ev.get("heartbeat_grace_s", "—")},
-            )
-        )
-    facts.append((_("Instances migrated"), ", ".join(ev.get("instances") or []) or "—"))
-    return facts
-
-
-def _actions_for(node: Node) -> list[tuple[str, str, str]]:
-    empty = node.free_mask == node.full_mask
-    out = []
-    if node.state in (NodeState.READY, NodeState.ALLOCATED):
-        out.append(("drain", _("Drain"), "warning"))
-    if empty and node.state != NodeState.MAINTENANCE:
-        out.append(("maintenance", _("Maintenance"), "secondary"))
-    if node.state != NodeState.FAILED:
-        out.append(("fail", _("Mark failed"), "danger"))
-    if node.state not in (NodeState.READY, NodeState.ALLOCATED):
-        out.append(("return", _("Return to service"), "success"))
-    return out
-
-
-@staff_required
-@require_GET
-def ops_instances(request: HttpRequest) -> HttpResponse:
-    """Every customer's instances, failed provisioning first, with its reason."""
-    state = request.GET.get("state", "")
-    qs = Instance.objects.select_related(
-        "team", "created_by", "gpu_model", "region", "allocation__cluster"
-    )
-    if state in InstanceState.values:
-        qs = qs.filter(state=state)
-    else:
-        qs = qs.exclude(state=InstanceState.RELEASED)
-    instances = list(qs.order_by("-created_at")[:300])
-    for i in instances:
-        i.failure = failure_text(i.failure_code, i.failure_params) if i.failure_code else ""  # type: ignore[attr-defined]
-    context = {"instances": instances, "state": state, "states": InstanceState.choices}
-    return render(request, "slices/ops_instances.html", context)
-
-
 # ---------------------------------------------------------------------------------------------
-# The one-click demo: a recipe of the catalogue on a page of its own
-# ---------------------------------------------------------------------------------------------
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def demo(request: HttpRequest, name: str) -> HttpResponse:
-    """What the demo runs, for how long, the most it can cost (from the price book), what the user
-    gets, the licence of the weights to accept here, and one launch button."""
-    recipe = catalogue_recipes.get_demo(name)
-    if recipe is None:
-        raise Http404
-    error: Any = None
-    if request.method == "POST":
-        key = parse_uuid(request.POST.get("launch_key", ""))
-        try:
-            instance = recipes.launch_recipe(
-                request.user,
-                recipe,
-                accept_license=request.POST.get("accept_license") == "on",
-                gpu_model=request.POST.get("gpu_model") or None,
-                # One run per rendering of the page: a double click launches once.
-                idempotency_key=f"demo:{key}" if key else None,
-            )
-        except recipes.DemoRunLive as exc:
-            # One demo run per account at a time: open the live one and say why.
-            messages.info(request, exc.message())
-            return redirect("slices:instance-detail", public_id=exc.live.public_id)
-        except (DomainError, NoCapacity) as exc:
-            error = exc
-        else:
-            # No flash message: the instance page says "starting" inside its live region, which
-            # drops it once the run has started or ended (a flash would stay until a reload).
-            return redirect("slices:instance-detail", public_id=instance.public_id)
-    offer = recipes.demo_offer(request.user, recipe)
-    runs = list(
-        Instance.objects.for_team(request.user)
-        .filter(env__RECIPE=recipe.slug)
-        .select_related("gpu_model")
-        .order_by("-created_at")[:5]
-    )
-    costs = instance_costs(runs)
-    for run in runs:
-        run.cost = costs[run.pk]  # type: ignore[attr-defined]
-        run.progress = recipes.run_progress(run)  # type: ignore[attr-defined]
-    context = {
-        "recipe": recipe,
-        "offer": offer,
-        "error": error,
-        "runs": runs,
-        "recipe_name": recipe.localized_name(request.LANGUAGE_CODE),
-        "recipe_summary": recipe.localized_summary(request.LANGUAGE_CODE),
-        "adapter_path": "/pfs/" + recipe.adapter_path("<run>"),
-        "checkpoint_path": "/pfs/" + recipe.checkpoint_path("<run>", 0).replace("step-0", "step-N"),
-        "minutes": offer.choice.time_limit_s // 60 if offer.choice else recipe.time_limit_minutes,
-        "launch_key": uuid.uuid4(),
-    }
-    return render(request, "slices/demo.html", context, status=409 if error else 200)
-
-
-# ---------------------------------------------------------------------------------------------
-# Storage and resilience: cloud disks, the PFS, 关机/开机, migration choices
+# Storage and resilience on the instance page: its storage cards, 关机/开机, migration choices
 # ---------------------------------------------------------------------------------------------
 
 
@@ -823,9 +528,8 @@ def _system_disk_charge(instance: Instance) -> SystemDiskCharge:
     price = disk_service.storage_price()
     gb = instance.system_disk_gb
     total = disks + system + (0 if disk_service.disk_counted(instance) else gb)
-    per_day = price.per_day(total) - price.per_day(total - gb)
     return SystemDiskCharge(
-        gb, per_day, price.free_gb, price.free_gb > 0 and total <= price.free_gb
+        gb, price.added_per_day(total, gb), price.free_gb, price.within_free(total)
     )
 
 
@@ -917,119 +621,3 @@ def instance_migration_choice(request: HttpRequest, public_id: str) -> HttpRespo
     if choice in NoReplacement.values:
         migration.set_no_replacement_choice(instance, choice)
     return redirect("slices:instance-detail", public_id=instance.public_id)
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def disk_list(request: HttpRequest) -> HttpResponse:
-    """Your cloud disks, the storage charge and the /pfs usage; posting creates a disk."""
-    regions = [(r.code, r.display_name) for r in Region.objects.all()]
-    form = DiskForm(request.POST or None, regions=regions)
-    if request.method == "POST" and form.is_valid():
-        try:
-            disk = disk_service.create_disk(request.user, **form.cleaned_data)
-        except DomainError as exc:
-            form.add_error(None, exc.message())
-        else:
-            messages.success(request, _("Created the disk %(name)s.") % {"name": disk.name})
-            return redirect("slices:disk-detail", public_id=disk.public_id)
-    disks = list(
-        Disk.objects.for_team(request.user)
-        .live()
-        .select_related("region")
-        .annotate(in_use=Count("attachments", filter=Q(attachments__detached_at__isnull=True)))
-        .order_by("-created_at")
-    )
-    context = {
-        "disks": disks,
-        "form": form,
-        "summary": disk_service.storage_summary(request.user),
-        "pfs": storage.fresh_pfs_summary(request.user),
-        "pfs_listing": pfs_files.root_listing(request.user),  # the /pfs browser's top folder
-    }
-    return render(request, "slices/disk_list.html", context, status=400 if form.errors else 200)
-
-
-@login_required
-@require_GET
-def disk_detail(request: HttpRequest, public_id: str) -> HttpResponse:
-    disk = disk_service.get_disk_for_user(request.user, public_id)
-    attached = disk_service.attachments_of(disk)
-    taken = {a.instance_id for a in attached}
-    candidates = [
-        i
-        for i in Instance.objects.for_team(request.user)
-        .filter(state__in=disk_service.ATTACHABLE_STATES)
-        .filter(Q(region=disk.region) | Q(region__isnull=True))
-        .order_by("-created_at")[:100]
-        if i.pk not in taken
-    ]
-    context = {"disk": disk, "attachments": attached, "candidates": candidates}
-    return render(request, "slices/disk_detail.html", context)
-
-
-def _posted_instance(request: HttpRequest) -> Instance:
-    try:
-        return services.get_instance_for_user(request.user, request.POST.get("instance"))
-    except Http404:
-        raise disk_service.DiskRefused(gettext_noop("Choose one of your instances.")) from None
-
-
-def _disk_action(request: HttpRequest, public_id: str, act: Callable[[Disk], str]) -> HttpResponse:
-    disk = disk_service.get_disk_for_user(request.user, public_id)
-    try:
-        messages.success(request, act(disk))
-    except DomainError as exc:
-        _flash_error(request, exc)
-    if disk.state != "available":
-        return redirect("slices:disk-list")
-    return redirect("slices:disk-detail", public_id=disk.public_id)
-
-
-@login_required
-@require_http_methods(["POST"])
-def disk_resize(request: HttpRequest, public_id: str) -> HttpResponse:
-    def act(disk: Disk) -> str:
-        disk_service.resize_disk(disk, request.POST.get("size_gb"))
-        return _("The disk %(name)s now has %(size)s GB.") % {
-            "name": disk.name,
-            "size": disk.size_gb,
-        }
-
-    return _disk_action(request, public_id, act)
-
-
-@login_required
-@require_http_methods(["POST"])
-def disk_delete(request: HttpRequest, public_id: str) -> HttpResponse:
-    def act(disk: Disk) -> str:
-        disk_service.delete_disk(disk)
-        return _("Deleted the disk %(name)s; its storage charge stopped.") % {"name": disk.name}
-
-    return _disk_action(request, public_id, act)
-
-
-@login_required
-@require_http_methods(["POST"])
-def disk_attach(request: HttpRequest, public_id: str) -> HttpResponse:
-    def act(disk: Disk) -> str:
-        instance = _posted_instance(request)
-        disk_service.attach_disk(disk, instance, request.POST.get("mode", DiskMode.READ_WRITE))
-        return _("Attached %(disk)s to %(name)s at %(path)s.") % {
-            "disk": disk.name,
-            "name": instance.name,
-            "path": disk.mount_path,
-        }
-
-    return _disk_action(request, public_id, act)
-
-
-@login_required
-@require_http_methods(["POST"])
-def disk_detach(request: HttpRequest, public_id: str) -> HttpResponse:
-    def act(disk: Disk) -> str:
-        instance = _posted_instance(request)
-        disk_service.detach_disk(disk, instance)
-        return _("Detached %(disk)s from %(name)s.") % {"disk": disk.name, "name": instance.name}
-
-    return _disk_action(request, public_id, act)
