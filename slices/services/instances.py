@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.http import Http404
@@ -27,10 +28,10 @@ from django.utils.translation import gettext_noop
 from billing import services as billing
 from billing.choices import BillingMode
 from console import services as console_services
-from console.errors import ErrorCode
+from console.errors import DomainError, ErrorCode
 from console.ids import parse_uuid
 from console.names import NameRefused, clean_name
-from console.tenancy import team_of, user_of
+from console.tenancy import as_acting, team_of, user_of
 from console.verification import services as verification
 from marketplace import services as marketplace
 from slices import envpolicy, events, lifecycle, topology
@@ -62,8 +63,12 @@ MAX_ENV_VARS = 32
 # ---------------------------------------------------------------------------------------------
 
 
-def get_instance_for_user(user: Any, public_id: Any) -> Instance:
-    """The caller's instance, or 404 (another customer's instance does not exist for them)."""
+def get_instance_for_user(user: Any, public_id: Any, *, operate: bool | None = None) -> Instance:
+    """The acting team's instance, or 404 (another team's instance does not exist for them).
+
+    To act on it (``operate``; by default when the Acting was resolved for a write), the member
+    must be allowed to operate it: every instance of the team with ``operate_all``, their own with
+    ``compute`` (a developer sees a teammate's instance but cannot stop it): else 403."""
     pid = parse_uuid(public_id)
     if pid is None:
         raise Http404
@@ -75,7 +80,18 @@ def get_instance_for_user(user: Any, public_id: Any) -> Instance:
     )
     if instance is None:
         raise Http404
+    if operate is None:
+        operate = bool(getattr(user, "writing", False))
+    if operate and not as_acting(user).may_operate(instance):
+        raise NotYours(gettext_noop("Only its maker or a team admin may change this instance."))
     return instance
+
+
+class NotYours(DomainError, PermissionDenied):
+    """A member may see the instance but not act on it: a 403 (the API's body, the 403 page)."""
+
+    code = ErrorCode.PERMISSION_DENIED
+    http_status = 403
 
 
 def get_instance_for_operator(public_id: Any) -> Instance:
