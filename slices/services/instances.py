@@ -385,9 +385,9 @@ def _lock_quota(user: Any) -> int:
 def _ssh_key(user: Any, ref: str) -> tuple[str, str]:
     try:
         key = (
-            console_services.get_ssh_key_for_user(user, ref)
+            console_services.get_ssh_key_for_user(user_of(user), ref)
             if ref
-            else console_services.get_default_ssh_key(user)
+            else console_services.get_default_ssh_key(user_of(user))
         )
     except Http404:  # unknown, or another customer's: the same answer
         raise OrderRefused(
@@ -478,7 +478,9 @@ def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
         if region is None:
             raise OrderRefused(gettext_noop("Unknown region %(region)s."), region=region_code)
     _check_shape(req)
-    verification.require_verified_for_order(user, req.cards)  # 实名认证 for large slices (403)
+    verification.require_verified_for_order(
+        user_of(user), req.cards
+    )  # 实名认证 for large slices (403)
     price = price_name(model.code)
     if price is None:
         raise billing.PriceNotSet(
@@ -571,7 +573,11 @@ def _create_and_allocate(
         instance,
         EventKind.STATE,
         code="ordered",
-        params={"cards": req.cards, "gpu_model": c.model.code, "user": user.get_username()},
+        params={
+            "cards": req.cards,
+            "gpu_model": c.model.code,
+            "user": user_of(user).get_username(),
+        },
     )
     _reserve(instance, user, c)
     enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
