@@ -64,8 +64,6 @@ def door_perm(view_module: str, method: str, url_name: str = "") -> Perm | None:
     if url_name.startswith("ops") or url_name.endswith("webhook"):
         return None
     app = view_module.split(".", 1)[0]
-    if app not in APP_WRITE_PERMS:
-        return None
-    if method.upper() in SAFE_METHODS:
-        return Perm.VIEW
+    if app not in APP_WRITE_PERMS or method.upper() in SAFE_METHODS:
+        return None  # reading: every member may; the view scopes what it reads to the team
     return APP_WRITE_PERMS[app]

@@ -92,8 +92,23 @@ class TeamListView(APIView):
         return Response(TeamSerializer(row).data, status=status.HTTP_201_CREATED)
 
 
+class TeamDetailSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    personal = serializers.BooleanField()
+    role = serializers.CharField()
+    members = serializers.IntegerField()
+    wallet = serializers.DictField(
+        allow_null=True, help_text="spendable, burn_per_hour, runway_seconds (billing roles only)"
+    )
+
+
 class TeamDetailView(APIView):
-    @extend_schema(summary="One team: your role and, for billing roles, the wallet", tags=["teams"])
+    @extend_schema(
+        summary="One team: your role and, for billing roles, the wallet",
+        responses=TeamDetailSerializer,
+        tags=["teams"],
+    )
     def get(self, request: Request, team_id: Any) -> Response:
         me = _me(request, team_id)
         body: dict[str, Any] = {

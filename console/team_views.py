@@ -20,7 +20,7 @@ from console.choices import TeamRole
 from console.errors import DomainError
 from console.roles import Perm, may_grant
 from console.teams import services
-from console.tenancy import SESSION_KEY, acting_in
+from console.tenancy import SESSION_KEY, SESSION_NAME_KEY, forget_team, remember_team
 
 
 def _refused(request: HttpRequest, exc: DomainError) -> None:
@@ -41,7 +41,7 @@ def team_list(request: HttpRequest) -> HttpResponse:
         except DomainError as exc:
             _refused(request, exc)
         else:
-            request.session[SESSION_KEY] = str(team.public_id)  # act in it at once
+            remember_team(request.session, team)  # act in it at once
             messages.success(request, _("Team %(name)s created.") % {"name": team.name})
             return redirect(_team_url(team))
     return render(
@@ -140,7 +140,7 @@ def team_member_remove(request: HttpRequest, public_id: Any, member: Any) -> Htt
         _refused(request, exc)
         return _back(request, me)
     if row.user_id == request.user.pk:
-        request.session.pop(SESSION_KEY, None)
+        forget_team(request.session)
         return redirect("team-list")
     messages.success(request, _("%(email)s was removed.") % {"email": row.user.email})
     return _back(request, me)
@@ -155,7 +155,7 @@ def team_leave(request: HttpRequest, public_id: Any) -> HttpResponse:
     except DomainError as exc:
         _refused(request, exc)
         return _back(request, me)
-    request.session.pop(SESSION_KEY, None)
+    forget_team(request.session)
     messages.success(request, _("You left %(name)s.") % {"name": me.team.name})
     return redirect("team-list")
 
@@ -186,7 +186,7 @@ def team_close(request: HttpRequest, public_id: Any) -> HttpResponse:
     except DomainError as exc:
         _refused(request, exc)
         return _back(request, me)
-    request.session.pop(SESSION_KEY, None)
+    forget_team(request.session)
     messages.success(request, _("The team %(name)s is closed.") % {"name": me.team.name})
     return redirect("team-list")
 
@@ -197,10 +197,7 @@ def team_switch(request: HttpRequest) -> HttpResponse:
     """The header's switch: act in another team of mine (a POST, so no link can switch it)."""
     target = request.POST.get("team", "")
     me = services.get_team_for_user(request.user, target)  # 404 unless a member
-    if me.team.personal:
-        request.session.pop(SESSION_KEY, None)
-    else:
-        request.session[SESSION_KEY] = str(me.team.public_id)
+    remember_team(request.session, me.team)
     nxt = request.POST.get("next", "")
     if nxt and url_has_allowed_host_and_scheme(nxt, {request.get_host()}, request.is_secure()):
         return redirect(nxt)
@@ -218,7 +215,7 @@ def team_join(request: HttpRequest, token: str) -> HttpResponse:
         except DomainError as exc:
             _refused(request, exc)
         else:
-            request.session[SESSION_KEY] = str(membership.team.public_id)
+            remember_team(request.session, membership.team)
             messages.success(request, _("You joined %(name)s.") % {"name": membership.team.name})
             return redirect(_team_url(membership.team))
     status = 200 if invitation is not None else 404
@@ -226,14 +223,22 @@ def team_join(request: HttpRequest, token: str) -> HttpResponse:
 
 
 def switcher(request: HttpRequest) -> dict[str, Any]:
-    """The header's switch (a context processor): my teams and the one I act in."""
+    """The header's switch (a context processor): the team acted in, by the name the session
+    keeps (no query on every page; the menu of teams loads when opened, ``team_menu``)."""
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
-    from console.tenancy import NotAMember, acting
+    session = getattr(request, "session", None)
+    return {"acting_team_name": session.get(SESSION_NAME_KEY, "") if session is not None else ""}
 
-    try:
-        current = acting(request)
-    except NotAMember:
-        current = acting_in(user)
-    return {"acting": current, "my_teams": services.teams_of(user)}
+
+@login_required
+@require_GET
+def team_menu(request: HttpRequest) -> HttpResponse:
+    """The switch's menu: my teams, the one acted in marked (htmx, when the menu opens)."""
+    chosen = request.session.get(SESSION_KEY, "")
+    return render(
+        request,
+        "console/_team_menu.html",
+        {"my_teams": services.teams_of(request.user), "chosen": chosen},
+    )

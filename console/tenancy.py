@@ -17,6 +17,21 @@ if TYPE_CHECKING:
     from console.models import Team, User
 
 SESSION_KEY = "acting_team"
+SESSION_NAME_KEY = "acting_team_name"  # the header shows it without a query
+
+
+def remember_team(session: Any, team: Team) -> None:
+    """The session acts in ``team`` from now on (its personal team: the default, nothing kept)."""
+    if team.personal_of_id is not None:
+        forget_team(session)
+        return
+    session[SESSION_KEY] = str(team.public_id)
+    session[SESSION_NAME_KEY] = team.name
+
+
+def forget_team(session: Any) -> None:
+    session.pop(SESSION_KEY, None)
+    session.pop(SESSION_NAME_KEY, None)
 
 
 class NotAMember(Exception):
@@ -142,10 +157,14 @@ def _resolve_request(request: Any) -> Acting | None:
         team = Team.objects.filter(public_id=chosen).first()
         if team is not None:
             try:
-                return acting_in(user, team)
+                found = acting_in(user, team)
             except NotAMember:
                 pass
-        session.pop(SESSION_KEY, None)  # left or removed: back to the personal team
+            else:
+                if session.get(SESSION_NAME_KEY) != team.name:
+                    session[SESSION_NAME_KEY] = team.name  # renamed meanwhile
+                return found
+        forget_team(session)  # left or removed: back to the personal team
     return acting_in(user)
 
 
@@ -169,8 +188,12 @@ def resolve_scope(scope: Any) -> Acting | None:
     return acting_in(user)
 
 
-def acting(request: Any) -> Acting:
-    """The request's Acting, resolved once and kept on the request (views call this)."""
+def acting(request: Any) -> Any:
+    """The request's Acting, resolved once and kept on the request (views call this). An
+    anonymous visitor stays the anonymous user (services answer them as before: nothing)."""
+    user = getattr(request, "user", None)
+    if user is None or not getattr(user, "is_authenticated", False):
+        return user
     cached = getattr(request, "_acting", None)
     if cached is None:
         cached = resolve_request(request)

@@ -80,6 +80,7 @@ urlpatterns = [
     # Teams (issue 30): console/team_views.py over console/teams/services.py.
     path("teams/", team_views.team_list, name="team-list"),
     path("teams/switch/", team_views.team_switch, name="team-switch"),
+    path("teams/menu/", team_views.team_menu, name="team-menu"),
     path("teams/join/<str:token>/", team_views.team_join, name="team-join"),
     path("teams/<uuid:public_id>/", team_views.team_detail, name="team-detail"),
     path("teams/<uuid:public_id>/invite/", team_views.team_invite, name="team-invite"),

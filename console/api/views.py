@@ -76,7 +76,7 @@ class ApiTokenViewSet(ListRetrieveViewSet):
     serializer_class = ApiTokenSerializer
 
     def get_queryset(self) -> QuerySet[ApiToken]:
-        return ApiToken.objects.for_owner(self.request.user)
+        return ApiToken.objects.for_owner(self.request.user).select_related("team")
 
     def get_object(self) -> ApiToken:
         return services.get_api_token_for_user(self.request.user, self.kwargs["public_id"])

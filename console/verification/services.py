@@ -132,6 +132,9 @@ class Status:
 
 def status(user: User) -> Status:
     """The account's standing: its live (pending/approved) record, else its latest rejected one."""
+    from console.tenancy import user_of
+
+    user = user_of(user)
     rows = list(Verification.objects.filter(owner=user)[:5])
     live = next((v for v in rows if v.state != VerificationState.REJECTED), None)
     latest = live or (rows[0] if rows else None)

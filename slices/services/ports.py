@@ -36,7 +36,7 @@ from django.utils.translation import get_language, gettext_noop
 
 from console import sites
 from console.names import NameRefused, clean_name
-from console.tenancy import as_acting
+from console.tenancy import as_acting, user_of
 from marketplace import aiapps
 from marketplace import services as marketplace
 from slices.choices import InstanceState
@@ -366,7 +366,7 @@ def create_share_link(
         instance=instance,
         port=port,
         token_hash=_hash(secret),
-        created_by=user,
+        created_by=user_of(user),
         expires_at=timezone.now() + ttl,
     )
     return link, secret

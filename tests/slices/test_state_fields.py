@@ -96,7 +96,7 @@ def test_the_migration_voucher_and_the_isolation_read_fields_not_the_event_log(
     sim_fleet, funded, settings, django_capture_on_commit_callbacks
 ):
     settings.SLICES_MIGRATION_VOUCHER = "20"
-    vouchers = Account.objects.filter(wallet__owner=funded, kind="voucher")
+    vouchers = Account.objects.filter(wallet__team__personal_of=funded, kind="voucher")
     before = vouchers.count()
     inst = run_order(funded, django_capture_on_commit_callbacks, cards=1)
     assert inst.isolated_at is not None and inst.replacements == 0
@@ -134,7 +134,7 @@ def test_the_data_migration_fills_the_fields_from_the_event_log(
 
     from slices.services.instances import record_event, record_logs
 
-    from_events = import_module("slices.migrations.0012_state_fields_from_events").from_events
+    from_events = import_module("slices.migrations.0013_state_fields_from_events").from_events
     inst = run_order(funded, django_capture_on_commit_callbacks, cards=1)
     now = timezone.now()
     for code in ("replacement_allocated", "no_replacement", "replacement_allocated"):
