@@ -140,6 +140,7 @@ from billing.settlement import (
 )
 from billing.transfers import services as bank_transfers
 from console.api.compiled import CompiledQuery, Many
+from console.audit import services as audit
 from console.errors import ErrorCode
 from console.tenancy import team_of
 from console.verification.services import require_verified
@@ -255,6 +256,7 @@ def grant_voucher(
     valid_days: int = 90,
     by: User | None = None,
     key: str | None = None,
+    request: Any = None,
 ) -> Account:
     """Grant a compute voucher (算力券): its own account with an amount, an expiry and a reason."""
     amount = round_cents(to_decimal(amount))
@@ -276,12 +278,13 @@ def grant_voucher(
         key=key,
         by=by,
     )
+    audit.record(by, "wallet.voucher", voucher, team=wallet.team, operator=bool(by and by.is_staff), label=reason, after={"amount": amount, "expires_at": expires_at}, request=request)  # fmt: skip
     return voucher
 
 
 @transaction.atomic
 def refund_cash(
-    user: User, amount: Decimal, *, reason: str, by: User | None = None
+    user: User, amount: Decimal, *, reason: str, by: User | None = None, request: Any = None
 ) -> LedgerTransaction:
     """Pay cash back to the customer (trial credit and vouchers are never refunded)."""
     amount = round_cents(to_decimal(amount))
@@ -292,6 +295,7 @@ def refund_cash(
     if cash.balance < amount:
         raise InsufficientFunds(gettext_noop("The cash balance is %(cash)s 元."), cash=cash.balance)
     invoicing.ensure_refundable(wallet, amount)  # invoiced cash: reverse the invoice first
+    audit.record(by, "wallet.refund", wallet, team=wallet.team, operator=bool(by and by.is_staff), label=reason, before={"cash": cash.balance}, after={"cash": cash.balance - amount, "amount": amount}, request=request)  # fmt: skip
     return post(
         TransactionKind.REFUND,
         [(cash, -amount), (system_account(AccountKind.REFUNDS), amount)],
@@ -864,7 +868,12 @@ def validate_topup_amount(amount: Any) -> Decimal:
 
 @transaction.atomic
 def start_topup(
-    user: User, amount: Any, *, provider: str = "sandbox", idempotency_key: str | None = None
+    user: User,
+    amount: Any,
+    *,
+    provider: str = "sandbox",
+    idempotency_key: str | None = None,
+    request: Any = None,
 ) -> tuple[Payment, bool]:
     """Create a pending top-up; returns (payment, created).
 
@@ -903,6 +912,7 @@ def start_topup(
         return existing, False
     if provider == "bank_transfer":  # 对公转账: the remittance code the customer writes
         bank_transfers.on_created(payment)
+    audit.record(user, "wallet.topup", payment, team=wallet.team, label=f"{value} 元", after={"amount": value, "provider": provider, "state": payment.state}, request=request)  # fmt: skip
     return payment, True
 
 
@@ -973,6 +983,7 @@ def confirm_payment(
     # Low-balance warnings re-arm at the next settlement if the runway is back above them
     # (billing/lowbalance.py), so a top-up too small to matter does not warn twice.
     Payment.objects.filter(pk=payment.pk).update(transaction=txn)
+    audit.record(None, "wallet.topup_confirmed", payment, team=wallet.team, label=f"{payment.amount} 元", before={"state": payment.state}, after={"state": PaymentState.SUCCEEDED, "amount": payment.amount, "provider": provider}, request=None)  # fmt: skip
     return True
 
 

@@ -47,6 +47,7 @@ from billing.invoicing.models import (
 from billing.ledger import get_or_create_wallet, lock_wallet
 from billing.models import Account, Entry, Wallet
 from billing.money import ZERO, round_cents, to_decimal
+from console.audit import services as audit
 from console.errors import ErrorCode
 from console.ids import uuid_or_404
 from console.notices import services as notices
@@ -159,6 +160,7 @@ def request_invoice(
     bank_account: str = "",
     email: str = "",
     amount: Any = None,
+    request: Any = None,
 ) -> Invoice:
     """A verified customer asks for an electronic invoice of consumed cash (all of it by default).
 
@@ -239,7 +241,7 @@ def request_invoice(
             field="amount",
             invoiceable=balance.invoiceable,
         )
-    return Invoice.objects.create(
+    row = Invoice.objects.create(
         wallet=wallet,
         kind=kind,
         title_type=title_type,
@@ -248,6 +250,8 @@ def request_invoice(
         requested_at=clock.now(),
         **fields,
     )
+    audit.record(user, "invoice.request", row, team=wallet.team, label=fields["title"], after={"amount": value, "kind": kind}, request=request)  # fmt: skip
+    return row
 
 
 # --- lookups -------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def invoices(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _page(request, form, 400)
     try:
-        row = services.request_invoice(request.user, **form.cleaned_data)  # type: ignore[arg-type]
+        row = services.request_invoice(request.user, **form.cleaned_data, request=request)  # type: ignore[arg-type]
     except VerificationRequired as exc:
         return refusal_response(request, exc)
     except DomainError as exc:

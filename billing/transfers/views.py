@@ -35,6 +35,7 @@ def start(request: HttpRequest) -> HttpResponse:
             request.user,  # type: ignore[arg-type]
             form.cleaned_data["amount"],
             provider="bank_transfer",
+            request=request,
         )
     except VerificationRequired as exc:
         return refusal_response(request, exc)

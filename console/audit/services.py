@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections.abc import Iterable
 from datetime import datetime
 from decimal import Decimal
@@ -20,6 +21,7 @@ from django.db.models import QuerySet
 from django.utils.dateparse import parse_date
 
 from console.audit.models import AuditEntry
+from console.tenancy import Acting, team_of, user_of
 
 # What moves money or GPUs: each appears in the log whenever it happens (a test walks them all).
 MONEY_ACTIONS = (
@@ -56,6 +58,7 @@ ACTIONS = (
     "token.create",
     "token.revoke",
     "invoice.request",
+    "ops.node",
 )
 
 
@@ -80,6 +83,15 @@ def client_ip(request: Any) -> str | None:
     return meta.get("REMOTE_ADDR") or None
 
 
+def _request_team(request: Any, who: Any) -> Any:
+    """The team the request acts in, when ``who`` is its signed-in user (a key added while the
+    header's switcher shows a team is that team's entry); None otherwise."""
+    acting = getattr(request, "_acting", None) if request is not None else None
+    if isinstance(acting, Acting) and who is not None and acting.user.pk == getattr(who, "pk", 0):
+        return acting.team
+    return None
+
+
 def record(
     who: Any,
     action: str,
@@ -92,13 +104,16 @@ def record(
     operator: bool = False,
     label: str = "",
 ) -> AuditEntry:
-    from console.tenancy import Acting, team_of, user_of
-
+    """Append one entry in the caller's transaction. The team: ``team=``, else the Acting's, else
+    the object's, else the request's (its signed-in user acting in a team), else ``who``'s
+    personal team. ``who=None`` is the system (background work: a sweep, a webhook)."""
     if team is None:
         if isinstance(who, Acting):
             team = who.team
         elif obj is not None and getattr(obj, "team_id", None) is not None:
             team = obj.team
+        elif _request_team(request, who) is not None:
+            team = _request_team(request, who)
         elif who is not None:
             team = team_of(who)
     actor = user_of(who) if who is not None else None
@@ -156,8 +171,6 @@ CSV_HEADER = (
 
 
 def as_csv(rows: Iterable[AuditEntry]) -> str:
-    import json
-
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(CSV_HEADER)
