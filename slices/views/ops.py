@@ -228,7 +228,9 @@ def _actions_for(node: Node) -> list[tuple[str, str, str]]:
 def ops_instances(request: HttpRequest) -> HttpResponse:
     """Every customer's instances, failed provisioning first, with its reason."""
     state = request.GET.get("state", "")
-    qs = Instance.objects.select_related("team", "created_by", "gpu_model", "region", "allocation__cluster")
+    qs = Instance.objects.select_related(
+        "team", "created_by", "gpu_model", "region", "allocation__cluster"
+    )
     if state in InstanceState.values:
         qs = qs.filter(state=state)
     else:
