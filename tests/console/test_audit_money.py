@@ -36,6 +36,7 @@ def world(full_catalogue, settings) -> None:  # noqa: ANN001
     settings.SLICES_RETRY_BACKOFF_SECONDS = 0
     settings.APP_HEALTH_INTERVAL = 0.01
     settings.RECIPE_FOLLOW_INTERVAL = 0.01
+    settings.BILLING_SANDBOX_PAYMENTS = True  # production mode (the integration run) has it off
     seed_default_prices()
     load_small_fleet()
 
