@@ -7,12 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers
+from rest_framework import generics, serializers
 from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
-from rest_framework.views import APIView
 
-from console.api.pagination import ConsolePagination
 from console.audit import services
 from console.audit.models import AuditEntry
 from console.audit.views import CSV_MAX_ROWS, csv_response, filters_from
@@ -53,21 +51,26 @@ FILTERS = [
 ]
 
 
-class TeamAuditView(APIView):
+class TeamAuditView(generics.ListAPIView):
+    serializer_class = AuditEntrySerializer
     renderer_classes = (JSONRenderer, BrowsableAPIRenderer, CsvRenderer)
+
+    def get_queryset(self) -> Any:
+        request = self.request
+        token_team_id = getattr(request.auth, "team_id", None)
+        acting = services.team_for_audit(
+            request.user, self.kwargs["public_id"], token_team_id=token_team_id
+        )
+        self.team = acting.team
+        return services.entries_for(acting.team, **filters_from(request.query_params))
 
     @extend_schema(
         summary="The team's audit log, newest first",
         parameters=FILTERS,
-        responses={200: AuditEntrySerializer(many=True), (200, "text/csv"): bytes},
         tags=["teams"],
     )
-    def get(self, request: Request, public_id: str) -> Any:
-        token_team_id = getattr(request.auth, "team_id", None)
-        acting = services.team_for_audit(request.user, public_id, token_team_id=token_team_id)
-        rows = services.entries_for(acting.team, **filters_from(request.query_params))
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         if request.query_params.get("format") == "csv":
-            return csv_response(rows[:CSV_MAX_ROWS], f"audit-{acting.team.public_id}.csv")
-        paginator = ConsolePagination()
-        page = paginator.paginate_queryset(rows, request, view=self)
-        return paginator.get_paginated_response(AuditEntrySerializer(page, many=True).data)
+            rows = self.get_queryset()[:CSV_MAX_ROWS]
+            return csv_response(rows, f"audit-{self.team.public_id}.csv")
+        return self.list(request, *args, **kwargs)

@@ -143,7 +143,7 @@ def test_the_page_lists_in_a_fixed_number_of_queries(
     lab, entries, alice_client, django_assert_max_num_queries
 ) -> None:  # noqa: ANN001
     alice_client.get(_url(lab))  # the session and the team warm up
-    with django_assert_max_num_queries(12):
+    with django_assert_max_num_queries(6):  # session, user, team, role, page, count
         assert alice_client.get(_url(lab)).status_code == 200
 
 
@@ -177,6 +177,16 @@ def test_the_api_lists_the_log_paged_and_filtered(lab, entries, alice_api) -> No
     csv_body = alice_api.get(_api_url(lab), {"format": "csv"})
     assert csv_body.status_code == 200 and csv_body["Content-Type"].startswith("text/csv")
     assert "member.role" in csv_body.content.decode("utf-8-sig")
+
+
+def test_the_api_lists_in_a_fixed_number_of_queries(
+    lab, alice, alice_api, django_assert_max_num_queries
+) -> None:  # noqa: ANN001
+    for i in range(60):
+        _log(lab, alice, "disk.create", label=f"d{i}")
+    with django_assert_max_num_queries(4):  # the team, the role, the page, the count
+        body = alice_api.get(_api_url(lab)).json()
+    assert body["count"] == 60 and len(body["results"]) == 50
 
 
 def test_the_api_answers_404_outside_the_team_and_403_to_a_developer(lab, entries, bob) -> None:  # noqa: ANN001
@@ -238,11 +248,10 @@ def test_an_entry_cannot_be_saved_again(lab, entries) -> None:  # noqa: ANN001
 def test_postgresql_refuses_a_raw_update_or_delete(lab, entries) -> None:  # noqa: ANN001
     if connection.vendor != "postgresql":
         pytest.skip("the trigger is PostgreSQL's (console/migrations/0007)")
-    table = AuditEntry._meta.db_table
     for sql in (
-        f"UPDATE {table} SET action = 'x' WHERE id = %s",
-        f"DELETE FROM {table} WHERE id = %s",
-    ):  # noqa: S608
+        "UPDATE console_auditentry SET action = 'x' WHERE id = %s",
+        "DELETE FROM console_auditentry WHERE id = %s",
+    ):
         with (
             pytest.raises(DatabaseError, match="append-only"),
             transaction.atomic(),
