@@ -140,7 +140,9 @@ def add_ssh_key(
         raise ValidationError(
             {"public_key": ValidationError(_("You have already added this key."), code="duplicate")}
         ) from None
-    audit.record(user, "sshkey.add", key, after={"fingerprint": key.fingerprint}, request=request)
+    audit.record_in_every_team(
+        user, "sshkey.add", key, after={"fingerprint": key.fingerprint}, request=request
+    )
     return key
 
 
@@ -188,7 +190,7 @@ def delete_ssh_key(user: User, key: SshKey, *, request: Any = None) -> bool:
     User.objects.select_for_update().filter(pk=user.pk).first()
     deleted, _rows = SshKey.objects.for_owner(user).filter(pk=key.pk).delete()
     if deleted:
-        audit.record(
+        audit.record_in_every_team(
             user, "sshkey.delete", key, before={"fingerprint": key.fingerprint}, request=request
         )
         # robust: a broker away at that moment costs only the early sync (beat's pass follows).

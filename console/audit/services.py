@@ -24,7 +24,7 @@ from django.utils.dateparse import parse_date
 from django.utils.translation import gettext_lazy as _
 
 from console.audit.models import AuditEntry
-from console.models import Team
+from console.models import Membership, Team
 from console.roles import Perm
 from console.tenancy import Acting, NotAMember, acting_in, team_of, user_of
 
@@ -186,6 +186,19 @@ def record(
         after=_plain(after or {}),
         ip=client_ip(request),
     )
+
+
+def record_in_every_team(user: Any, action: str, obj: Any = None, **kwargs: Any) -> int:
+    """One entry in each team ``user`` is a member of: an account's SSH key opens the instances it
+    may reach in every one of them, so each team's log shows it. Returns how many."""
+    teams = Team.objects.filter(
+        pk__in=Membership.objects.filter(user=user).values("team_id"), closed_at__isnull=True
+    )
+    written = 0
+    for team in teams:
+        record(user, action, obj, team=team, **kwargs)
+        written += 1
+    return written
 
 
 def entries_for(

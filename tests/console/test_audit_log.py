@@ -219,7 +219,7 @@ def test_keys_and_tokens_are_recorded_with_the_address(alice_client, alice) -> N
         REMOTE_ADDR="198.51.100.4",
     )
     assert response.status_code in (200, 302)
-    key_entry = AuditEntry.objects.get(action="sshkey.add")
+    key_entry = AuditEntry.objects.get(action="sshkey.add")  # alice is in no other team
     assert (key_entry.actor, key_entry.ip, key_entry.object_label) == (
         alice,
         "198.51.100.4",
@@ -233,6 +233,20 @@ def test_keys_and_tokens_are_recorded_with_the_address(alice_client, alice) -> N
         .order_by("id")
         .values_list("action", "object_id")
     ) == [("token.create", str(token.public_id)), ("token.revoke", str(token.public_id))]
+
+
+def test_a_key_is_in_the_log_of_every_team_of_its_account(lab, alice, alice_client) -> None:  # noqa: ANN001
+    """A key opens the instances its account may reach in each of its teams: each log shows it."""
+    key = console_services.add_ssh_key(alice, name="laptop", public_key=ed25519_public_key())
+    assert console_services.delete_ssh_key(alice, key)
+    rows = AuditEntry.objects.filter(action__startswith="sshkey.")
+    assert sorted((e.action, e.team_id) for e in rows) == sorted(
+        (action, team.pk)
+        for action in ("sshkey.add", "sshkey.delete")
+        for team in (lab, alice.personal_team)
+    )
+    body = alice_client.get(_url(lab), {"action": "sshkey."}).content.decode()
+    assert body.count("<tr data-action=") == 2
 
 
 # -- append-only ---------------------------------------------------------------------------------
