@@ -248,7 +248,7 @@ def grant_trial_credit(user: User) -> bool:
 
 @transaction.atomic
 def grant_voucher(
-    user: User,
+    user: Any,  # an Acting, a team or a user (console.tenancy.team_of)
     amount: Decimal,
     *,
     reason: str,
@@ -611,7 +611,7 @@ def ensure_storage_affordable(user: User, stored_gb: int, added_gb: int) -> None
 # --- metering ------------------------------------------------------------------------------------
 @transaction.atomic
 def open_usage_session(
-    user: User,
+    user: Any,  # an Acting, a team or a user (console.tenancy.team_of)
     *,
     resource_kind: str,
     resource_id: str,
@@ -780,7 +780,7 @@ def close_usage_session(
 # --- long-term rental ----------------------------------------------------------------------------
 @transaction.atomic
 def purchase_term(
-    user: User,
+    user: Any,  # an Acting, a team or a user (console.tenancy.team_of)
     *,
     gpu_model: str,
     cards: int,
