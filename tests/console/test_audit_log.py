@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.db import connection, transaction
@@ -15,6 +16,8 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from billing import services as billing
+from billing.seed import seed_default_prices
 from console import services as console_services
 from console.audit import services as audit
 from console.audit.models import AuditEntry
@@ -273,3 +276,22 @@ def test_postgresql_refuses_a_raw_update_or_delete(lab, entries) -> None:  # noq
         ):
             cursor.execute(sql, [entries[0].pk])
     assert AuditEntry.objects.filter(pk=entries[0].pk, action="wallet.topup").exists()
+
+
+def test_an_invoice_request_is_recorded_with_its_amount(alice, alice_client, settings) -> None:  # noqa: ANN001
+    settings.BILLING_SANDBOX_PAYMENTS = True
+    seed_default_prices()
+    payment, _ = billing.start_topup(alice, "500")
+    billing.confirm_payment(
+        str(payment.public_id), provider="sandbox", provider_txn_id="inv-1", amount=Decimal(500)
+    )
+    billing.purchase_term(
+        alice, gpu_model="RTX 4090", cards=1, days=1, resource_kind="instance", resource_id="r-1"
+    )
+    response = alice_client.post(
+        "/billing/invoices/", {"kind": "normal", "title_type": "personal"}, REMOTE_ADDR="192.0.2.9"
+    )
+    assert response.status_code in (200, 302)
+    entry = AuditEntry.objects.get(action="invoice.request")
+    assert (entry.actor, entry.team, entry.ip) == (alice, alice.personal_team, "192.0.2.9")
+    assert Decimal(entry.after["amount"]) > 0 and entry.after["kind"] == "normal"
