@@ -252,7 +252,7 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
         if request.method == "POST" and form.is_valid():
             try:
                 services.reverse_transaction(
-                    txn, reason=form.cleaned_data["reason"], by=request.user
+                    txn, reason=form.cleaned_data["reason"], by=request.user, request=request
                 )
             except services.BillingError as exc:
                 form.add_error(None, exc.message())

@@ -243,6 +243,7 @@ def grant_trial_credit(user: User) -> bool:
             )
     except IntegrityError:  # granted concurrently without the lock (SQLite) — once is enough
         return False
+    audit.record(user, "wallet.trial", wallet, team=wallet.team, label=f"{TRIAL_CREDIT} 元", after={"amount": TRIAL_CREDIT})  # fmt: skip
     return True
 
 
@@ -307,13 +308,14 @@ def refund_cash(
 
 @transaction.atomic
 def reverse_transaction(
-    txn: LedgerTransaction, *, reason: str, by: User | None = None
+    txn: LedgerTransaction, *, reason: str, by: User | None = None, request: Any = None
 ) -> LedgerTransaction:
     """Correct a transaction with its mirror image (entries are never edited or deleted)."""
     if not reason.strip():
         raise BillingError(gettext_noop("A correction needs a reason."))
     if txn.wallet_id:
-        Wallet.objects.select_for_update().get(pk=txn.wallet_id)
+        locked = Wallet.objects.select_for_update().get(pk=txn.wallet_id)
+        audit.record(by, "wallet.reversal", txn, team=locked.team, operator=bool(by and by.is_staff), label=reason, before={"kind": txn.kind, "amounts": [str(e.amount) for e in txn.entries.all()]}, request=request)  # fmt: skip
     if LedgerTransaction.objects.filter(reverses=txn).exists():
         raise BillingError(gettext_noop("This transaction was already reversed."))
     legs = [(e.account, -e.amount) for e in txn.entries.select_related("account")]

@@ -43,6 +43,8 @@ MONEY_ACTIONS = (
     "wallet.topup_confirmed",
     "wallet.voucher",
     "wallet.refund",
+    "wallet.trial",
+    "wallet.reversal",
     "member.budget",
 )
 
@@ -81,6 +83,8 @@ ACTION_LABELS: dict[str, Any] = {
     "wallet.topup_confirmed": _("Top-up paid"),
     "wallet.voucher": _("Voucher granted"),
     "wallet.refund": _("Refund paid"),
+    "wallet.trial": _("Trial credit granted"),
+    "wallet.reversal": _("Ledger correction (reversal)"),
     "member.budget": _("Changed a member's budget or quota"),
     "team.create": _("Created the team"),
     "team.rename": _("Renamed the team"),

@@ -103,10 +103,25 @@ def test_every_money_moving_action_leaves_one_entry_with_actor_team_object_and_c
     assert e.after["amount"] == "2000.00" and e.object_label == "goodwill"
     e = walk.one(
         "wallet.refund",
-        lambda: billing.refund_cash(alice, Decimal("10"), reason="overpaid", by=operator),
+        lambda: box.update(
+            refund=billing.refund_cash(alice, Decimal("10"), reason="overpaid", by=operator)
+        ),
     )
     assert (e.actor, e.team, e.operator) == (operator, team, True)
     assert Decimal(e.before["cash"]) - Decimal(e.after["cash"]) == Decimal("10")
+    e = walk.one(
+        "wallet.reversal",
+        lambda: billing.reverse_transaction(box["refund"], reason="refund in error", by=operator),
+    )
+    assert (e.actor, e.team, e.operator, e.object_id) == (
+        operator,
+        team,
+        True,
+        str(box["refund"].public_id),
+    )
+    assert e.before["kind"] == "refund" and e.object_label == "refund in error"
+    e = walk.one("wallet.trial", lambda: billing.grant_trial_credit(alice))
+    assert (e.actor, e.team, e.after) == (alice, team, {"amount": "10.00"})
 
     # Compute: order, stop, start, release.
     order = services.OrderRequest(gpu_model="RTX4090", cards=4)
