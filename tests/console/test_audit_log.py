@@ -100,6 +100,10 @@ def test_the_filters_narrow_by_action_prefix_actor_and_days(lab, entries, alice_
         return sorted(e.action for e in entries if f'data-action="{e.action}"' in body)
 
     assert actions(action="instance.") == ["instance.order", "instance.release"]
+    # The CSV link carries the filters (also in the htmx answer, which replaces it).
+    part = alice_client.get(_url(lab), {"action": "wallet."}, HTTP_HX_REQUEST="true")
+    assert "?action=wallet.&amp;format=csv" in part.content.decode()
+    assert "<html" not in part.content.decode()
     assert actions(action="wallet.topup") == ["wallet.topup"]
     assert actions(actor="developer") == ["instance.order"]
     today = timezone.localdate()
