@@ -318,7 +318,7 @@ def _document(row: Invoice, *, red: bool) -> pdf.InvoiceDocument:
 
 
 @transaction.atomic
-def issue_invoice(public_id: Any, *, by: User | None) -> Invoice:
+def issue_invoice(public_id: Any, *, by: User | None, request: Any = None) -> Invoice:
     """Issue a requested invoice: its number and its PDF (once)."""
     row = _locked(public_id, InvoiceState.REQUESTED)
     row.number = _number(row.pk)
@@ -329,12 +329,13 @@ def issue_invoice(public_id: Any, *, by: User | None) -> Invoice:
     row.decided_at = clock.now()
     row.decided_by = by if getattr(by, "pk", None) else None
     row.save()
+    audit.record(by, "invoice.issue", row, team=row.wallet.team, operator=True, label=row.number, before={"state": InvoiceState.REQUESTED}, after={"state": row.state, "amount": row.amount}, request=request)  # fmt: skip
     _mail_on_commit(row)
     return row
 
 
 @transaction.atomic
-def reject_request(public_id: Any, *, by: User | None, reason: str) -> Invoice:
+def reject_request(public_id: Any, *, by: User | None, reason: str, request: Any = None) -> Invoice:
     """Refuse a request (its amount becomes invoiceable again)."""
     if not (reason or "").strip():
         raise InvoiceError(gettext_noop("A rejection needs a reason."), field="reason")
@@ -344,11 +345,14 @@ def reject_request(public_id: Any, *, by: User | None, reason: str) -> Invoice:
     row.decided_at = clock.now()
     row.decided_by = by if getattr(by, "pk", None) else None
     row.save()
+    audit.record(by, "invoice.reject", row, team=row.wallet.team, operator=True, label=row.reason, before={"state": InvoiceState.REQUESTED}, after={"state": row.state, "amount": row.amount}, request=request)  # fmt: skip
     return row
 
 
 @transaction.atomic
-def reverse_invoice(public_id: Any, *, by: User | None, reason: str) -> Invoice:
+def reverse_invoice(
+    public_id: Any, *, by: User | None, reason: str, request: Any = None
+) -> Invoice:
     """冲红: a red-letter invoice cancels an issued one; its amount is invoiceable again (and its
     cash refundable again)."""
     if not (reason or "").strip():
@@ -364,6 +368,7 @@ def reverse_invoice(public_id: Any, *, by: User | None, reason: str) -> Invoice:
         f"{row.public_id}-red.pdf", ContentFile(pdf.render(_document(row, red=True))), save=False
     )
     row.save()
+    audit.record(by, "invoice.reverse", row, team=row.wallet.team, operator=True, label=row.number or "", before={"state": InvoiceState.ISSUED}, after={"state": row.state, "red_number": row.red_number}, request=request)  # fmt: skip
     return row
 
 

@@ -95,13 +95,13 @@ def ops_invoice_action(request: HttpRequest, public_id: str, verb: str) -> HttpR
     by: Any = request.user
     try:
         if verb == "issue":
-            row = services.issue_invoice(public_id, by=by)
+            row = services.issue_invoice(public_id, by=by, request=request)
             messages.success(request, _("Invoice %(number)s issued.") % {"number": row.number})
         elif verb == "reject":
-            services.reject_request(public_id, by=by, reason=reason)
+            services.reject_request(public_id, by=by, reason=reason, request=request)
             messages.success(request, _("Request rejected."))
         elif verb == "reverse":
-            row = services.reverse_invoice(public_id, by=by, reason=reason)
+            row = services.reverse_invoice(public_id, by=by, reason=reason, request=request)
             messages.success(
                 request,
                 _("Invoice %(number)s reversed by red-letter invoice %(red)s.")

@@ -65,6 +65,9 @@ ACTIONS = (
     "token.create",
     "token.revoke",
     "invoice.request",
+    "invoice.issue",
+    "invoice.reject",
+    "invoice.reverse",
     "ops.node",
 )
 
@@ -101,6 +104,9 @@ ACTION_LABELS: dict[str, Any] = {
     "token.create": _("Created an API token"),
     "token.revoke": _("Revoked an API token"),
     "invoice.request": _("Requested an invoice"),
+    "invoice.issue": _("Invoice issued"),
+    "invoice.reject": _("Invoice request rejected"),
+    "invoice.reverse": _("Invoice reversed (red-letter)"),
     "ops.node": _("Operator action on a node"),
 }
 

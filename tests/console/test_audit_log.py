@@ -282,7 +282,9 @@ def test_postgresql_refuses_a_raw_update_or_delete(lab, entries) -> None:  # noq
     assert AuditEntry.objects.filter(pk=entries[0].pk, action="wallet.topup").exists()
 
 
-def test_an_invoice_request_is_recorded_with_its_amount(alice, alice_client, settings) -> None:  # noqa: ANN001
+def test_an_invoice_request_and_the_operator_s_decisions_are_recorded(
+    alice, alice_client, operator_client, operator, settings
+) -> None:  # noqa: ANN001
     settings.BILLING_SANDBOX_PAYMENTS = True
     seed_default_prices()
     payment, _ = billing.start_topup(alice, "500")
@@ -299,3 +301,12 @@ def test_an_invoice_request_is_recorded_with_its_amount(alice, alice_client, set
     entry = AuditEntry.objects.get(action="invoice.request")
     assert (entry.actor, entry.team, entry.ip) == (alice, alice.personal_team, "192.0.2.9")
     assert Decimal(entry.after["amount"]) > 0 and entry.after["kind"] == "normal"
+    row_id = entry.object_id
+    operator_client.post(f"/ops/invoices/{row_id}/issue/")
+    operator_client.post(f"/ops/invoices/{row_id}/reverse/", {"reason": "wrong title"})
+    decided = AuditEntry.objects.filter(action__in=("invoice.issue", "invoice.reverse"))
+    assert sorted((e.action, e.actor_id, e.operator, e.team_id) for e in decided) == [
+        ("invoice.issue", operator.pk, True, alice.personal_team.pk),
+        ("invoice.reverse", operator.pk, True, alice.personal_team.pk),
+    ]
+    assert decided.get(action="invoice.reverse").after["state"] == "reversed"
