@@ -21,7 +21,7 @@ from billing.models import Account, BillingNotice, UsageSession, Wallet
 from billing.providers import get_provider
 from billing.providers.sandbox import SandboxProvider, sandbox_enabled
 from console.htmx import render_page
-from console.tenancy import team_of
+from console.tenancy import acting, team_of
 from console.verification.services import VerificationRequired
 from console.verification.views import refusal_response
 
@@ -42,7 +42,7 @@ def _wallet(user: User) -> Wallet | None:
 
 
 def _transactions_page(request: AuthenticatedRequest, wallet: Wallet | None) -> Any:
-    page = Paginator(statements.transactions_for(request.user), PAGE_SIZE).get_page(
+    page = Paginator(statements.transactions_for(acting(request)), PAGE_SIZE).get_page(
         request.GET.get("tx_page")
     )
     statements.with_net_amounts(list(page.object_list), wallet.pk if wallet else None)
@@ -50,7 +50,7 @@ def _transactions_page(request: AuthenticatedRequest, wallet: Wallet | None) -> 
 
 
 def _usage_page(request: AuthenticatedRequest) -> Any:
-    sessions = UsageSession.objects.for_team(request.user).order_by("-started_at", "-id")
+    sessions = UsageSession.objects.for_team(acting(request)).order_by("-started_at", "-id")
     page = Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("usage_page"))
     statements.with_usage_shapes(list(page.object_list))
     return page
@@ -59,20 +59,20 @@ def _usage_page(request: AuthenticatedRequest) -> Any:
 @login_required
 @require_GET
 def overview(request: AuthenticatedRequest) -> HttpResponse:
-    wallet = _wallet(request.user)
+    wallet = _wallet(acting(request))
     now = clock.now()
-    summary = services.get_wallet_summary(request.user)
+    summary = services.get_wallet_summary(acting(request))
     runway = summary.runway_seconds
     context = {
         "summary": summary,
-        "vouchers": Account.objects.filter(wallet__team=team_of(request.user), kind="voucher")
+        "vouchers": Account.objects.filter(wallet__team=team_of(acting(request)), kind="voucher")
         .spendable(now)
         .order_by("expires_at"),
         # A low-balance warning shows only while it still holds (something burns, the runway is
         # within its threshold); stops stay, as what happened.
         "notices": [
             n
-            for n in BillingNotice.objects.filter(wallet__team=team_of(request.user))[:3]
+            for n in BillingNotice.objects.filter(wallet__team=team_of(acting(request)))[:3]
             if n.kind != NoticeKind.LOW_BALANCE
             or lowbalance.warning_holds(n.threshold_seconds, runway)
         ],
@@ -97,7 +97,7 @@ def topup(request: AuthenticatedRequest) -> HttpResponse:
         return redirect("billing:overview")
     try:
         payment, _created = services.start_topup(
-            request.user, form.cleaned_data["amount"], request=request
+            acting(request), form.cleaned_data["amount"], request=request
         )
     except VerificationRequired as exc:
         return refusal_response(request, exc)
@@ -124,7 +124,7 @@ def _sandbox_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespon
 @require_http_methods(["GET", "POST"])
 def sandbox_checkout(request: AuthenticatedRequest, public_id: str) -> HttpResponse:
     """The sandbox provider's checkout page; "Pay" makes the sandbox send its signed callback."""
-    payment = services.get_payment_for_user(request.user, public_id)
+    payment = services.get_payment_for_user(acting(request), public_id)
     if request.method == "POST" and payment.state == PaymentState.PENDING:
         provider = cast(SandboxProvider, get_provider("sandbox"))
         status = "failed" if request.POST.get("outcome") == "fail" else "succeeded"
@@ -158,7 +158,7 @@ def _statement(request: AuthenticatedRequest) -> statements.Statement | None:
     if not form.is_valid():
         return None
     return statements.build_statement(
-        _wallet(request.user), form.cleaned_data.get("month") or None, clock.now()
+        _wallet(acting(request)), form.cleaned_data.get("month") or None, clock.now()
     )
 
 
@@ -238,7 +238,7 @@ def usage_csv(request: AuthenticatedRequest) -> HttpResponse:
         ]
     )
     sessions = (
-        UsageSession.objects.for_team(request.user)
+        UsageSession.objects.for_team(acting(request))
         .select_related("price_book")
         .order_by("started_at", "id")
     )
@@ -289,7 +289,7 @@ def quote(request: HttpRequest) -> HttpResponse:
         else:
             try:
                 result = services.quote_for(
-                    request.user,
+                    acting(request),
                     gpu_model,
                     form.cleaned_data["cards"],
                     form.cleaned_data["disk_gb"],

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 
 class SshKeyType(models.TextChoices):
@@ -38,8 +39,8 @@ class TokenLifetime(models.TextChoices):
 class TeamRole(models.TextChoices):
     """A member's role in a team (issue 30); console/roles.py says what each may do."""
 
-    OWNER = "owner", _("Owner")
-    ADMIN = "admin", _("Admin")
-    BILLING = "billing", _("Billing")
-    DEVELOPER = "developer", _("Developer")
-    VIEWER = "viewer", _("Viewer")
+    OWNER = "owner", pgettext_lazy("team role", "Owner")
+    ADMIN = "admin", pgettext_lazy("team role", "Admin")
+    BILLING = "billing", pgettext_lazy("team role", "Billing")
+    DEVELOPER = "developer", pgettext_lazy("team role", "Developer")
+    VIEWER = "viewer", pgettext_lazy("team role", "Viewer")

@@ -116,3 +116,41 @@ class MethodNotAllowedPageMiddleware:
         if response.has_header("Allow"):
             page["Allow"] = response["Allow"]
         return page.render()
+
+
+class TeamDoorMiddleware:
+    """The role check at every door of the pages (issue 30): a request acts in a team
+    (console/tenancy.py) and a write needs the role's permission for the app it goes to
+    (console/roles.door_perm); anything else is a 403 page, with nothing changed. The API has the
+    same rule as a DRF permission (console/api/permissions.py), since its tokens are read there."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        return self.get_response(request)
+
+    def process_view(
+        self, request: HttpRequest, view_func: Callable[..., object], args: object, kwargs: object
+    ) -> HttpResponseBase | None:
+        from django.core.exceptions import PermissionDenied
+
+        from console.roles import door_perm
+        from console.tenancy import acting
+
+        if request.path_info.startswith("/api/"):
+            return None
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated or user.is_staff:
+            return None
+        match = request.resolver_match
+        needed = door_perm(
+            getattr(view_func, "__module__", "") or "",
+            request.method or "GET",
+            (match.url_name or "") if match else "",
+        )
+        if needed is None:
+            return None
+        if not acting(request).can(needed):
+            raise PermissionDenied("role")
+        return None

@@ -43,3 +43,29 @@ def may_grant(granter: str, role: str) -> bool:
     if granter == "admin":
         return role in MATRIX and role != "owner"
     return False
+
+
+# The doors (issue 30): what a request needs, from the app its view lives in and its method. Safe
+# methods need only to be a member (``view``); a write to compute (slices, its telemetry, the
+# marketplace) needs ``compute``, a write to billing needs ``billing``. The console's own views
+# (the account, keys, tokens, notices, teams) check for themselves: keys and tokens are a
+# person's, and the teams' views apply the members rules. Operators' pages are staff-only.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+APP_WRITE_PERMS: dict[str, Perm] = {
+    "slices": Perm.COMPUTE,
+    "marketplace": Perm.COMPUTE,
+    "billing": Perm.BILLING,
+}
+
+
+def door_perm(view_module: str, method: str, url_name: str = "") -> Perm | None:
+    """The permission a request to a view of ``view_module`` with ``method`` needs in the acting
+    team, or None when the view decides itself (console's own, operators', public callbacks)."""
+    if url_name.startswith("ops") or url_name.endswith("webhook"):
+        return None
+    app = view_module.split(".", 1)[0]
+    if app not in APP_WRITE_PERMS:
+        return None
+    if method.upper() in SAFE_METHODS:
+        return Perm.VIEW
+    return APP_WRITE_PERMS[app]

@@ -18,6 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.http import Http404
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -57,6 +58,11 @@ def get_api_token_for_user(user: User, public_id: Any) -> ApiToken:
         return ApiToken.objects.for_owner(user).get(public_id=uuid_or_404(public_id))
     except ApiToken.DoesNotExist:
         raise Http404 from None
+
+
+def ssh_keys_of(user: User) -> QuerySet[SshKey]:
+    """A person's SSH keys (keys are a person's, whichever team they act in)."""
+    return SshKey.objects.for_owner(user)
 
 
 def get_default_ssh_key(user: User) -> SshKey | None:

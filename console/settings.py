@@ -177,6 +177,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "allauth.account.middleware.AccountMiddleware",
+    # Every write needs the acting member's role to allow it (issue 30).
+    "console.middleware.TeamDoorMiddleware",
     # A POST-only address opened in the browser: a page with a link to the form (issue 29).
     "console.middleware.MethodNotAllowedPageMiddleware",
 ]
@@ -200,6 +202,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "console.context_processors.console",
+                "console.team_views.switcher",  # the header's team switch (issue 30)
             ],
         },
     },
@@ -719,7 +722,7 @@ REST_FRAMEWORK = {
         "console.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": ["console.api.permissions.TeamDoor"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "console.api.pagination.ConsolePagination",
     "PAGE_SIZE": 50,

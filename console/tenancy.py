@@ -8,7 +8,7 @@ checked on every resolution, so a member who leaves loses the team at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from console.roles import Perm, can
@@ -28,6 +28,9 @@ class Acting:
     team: Team
     user: User
     role: str
+    # Resolved for a request that changes something (POST, PUT, PATCH, DELETE): fetching a row
+    # to act on then checks the member may operate it (``may_operate``), not only see it.
+    writing: bool = False
 
     # A principal that acts: services asking "is someone signed in" get yes.
     is_authenticated = True
@@ -110,6 +113,16 @@ def as_acting(who: Any) -> Acting:
 
 
 def resolve_request(request: Any) -> Acting | None:
+    found = _resolve_request(request)
+    if found is not None and (getattr(request, "method", "GET") or "GET").upper() not in SAFE:
+        found = replace(found, writing=True)
+    return found
+
+
+SAFE = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+
+def _resolve_request(request: Any) -> Acting | None:
     """The request's Acting: the API token's team, else the session's choice, else personal."""
     from console.models import Team
 
@@ -133,6 +146,26 @@ def resolve_request(request: Any) -> Acting | None:
             except NotAMember:
                 pass
         session.pop(SESSION_KEY, None)  # left or removed: back to the personal team
+    return acting_in(user)
+
+
+def resolve_scope(scope: Any) -> Acting | None:
+    """A websocket's Acting: the team its session chose (as the page that opened it), else the
+    user's personal team; None for an anonymous socket or a team the user has left."""
+    user = scope.get("user")
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None
+    from console.models import Team
+
+    session = scope.get("session")
+    chosen = session.get(SESSION_KEY) if session is not None else None
+    if chosen:
+        team = Team.objects.filter(public_id=chosen).first()
+        if team is not None:
+            try:
+                return acting_in(user, team)
+            except NotAMember:
+                return None
     return acting_in(user)
 
 

@@ -9,7 +9,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.permissions import AllowAny
 from rest_framework.routers import APIRootView, DefaultRouter
 
-from console import views
+from console import team_api, team_views, views
 from console.audit import views as audit_views
 from console.lockout import limit_failed_logins
 from console.notices import views as notice_views
@@ -24,6 +24,25 @@ class PublicAPIRootView(APIRootView):
 
     permission_classes = (AllowAny,)
 
+
+# The teams API lives in the shell (it reads the wallet from billing): console/team_api.py.
+TEAM_API = [
+    path("teams/", team_api.TeamListView.as_view(), name="team-api-list"),
+    path("teams/<uuid:team_id>/", team_api.TeamDetailView.as_view(), name="team-api-detail"),
+    path(
+        "teams/<uuid:team_id>/members/", team_api.MemberListView.as_view(), name="team-api-members"
+    ),
+    path(
+        "teams/<uuid:team_id>/members/<uuid:member_id>/",
+        team_api.MemberDetailView.as_view(),
+        name="team-api-member",
+    ),
+    path(
+        "teams/<uuid:team_id>/invitations/",
+        team_api.InvitationListView.as_view(),
+        name="team-api-invitations",
+    ),
+]
 
 api_router = DefaultRouter()
 api_router.APIRootView = PublicAPIRootView
@@ -59,6 +78,28 @@ urlpatterns = [
         name="account-verification-licence",
     ),
     path("ops/verifications/", verification_views.review_queue, name="ops-verifications"),
+    # Teams (issue 30): console/team_views.py over console/teams/services.py.
+    path("teams/", team_views.team_list, name="team-list"),
+    path("teams/switch/", team_views.team_switch, name="team-switch"),
+    path("teams/join/<str:token>/", team_views.team_join, name="team-join"),
+    path("teams/<uuid:public_id>/", team_views.team_detail, name="team-detail"),
+    path("teams/<uuid:public_id>/invite/", team_views.team_invite, name="team-invite"),
+    path(
+        "teams/<uuid:public_id>/invitations/<uuid:invitation>/revoke/",
+        team_views.team_invitation_revoke,
+        name="team-invitation-revoke",
+    ),
+    path(
+        "teams/<uuid:public_id>/members/<uuid:member>/", team_views.team_member, name="team-member"
+    ),
+    path(
+        "teams/<uuid:public_id>/members/<uuid:member>/remove/",
+        team_views.team_member_remove,
+        name="team-member-remove",
+    ),
+    path("teams/<uuid:public_id>/leave/", team_views.team_leave, name="team-leave"),
+    path("teams/<uuid:public_id>/transfer/", team_views.team_transfer, name="team-transfer"),
+    path("teams/<uuid:public_id>/close/", team_views.team_close, name="team-close"),
     # 站内信 and notification settings (console/notices/).
     path("notifications/", notice_views.inbox, name="notifications"),
     path("notifications/badge/", notice_views.badge, name="notifications-badge"),
@@ -75,7 +116,7 @@ urlpatterns = [
     # The pre-allauth name, still used by pages: the same view as allauth's account_login.
     path("accounts/login/", allauth_views.login, name="login"),
     path("admin/", admin.site.urls),
-    path("api/v1/", include([path("", include(api_router.urls)), *api_extra])),
+    path("api/v1/", include([path("", include(api_router.urls)), *api_extra, *TEAM_API])),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
     path("", include("slices.urls")),

@@ -29,6 +29,7 @@ from console.errors import DomainError, ErrorCode
 from console.ids import parse_uuid
 from console.loading import LoadReport, upsert
 from console.retries import TRANSIENT_ERRORS
+from console.tenancy import user_of
 from marketplace import catalogue, mounts
 from marketplace.choices import AssetKind
 from marketplace.models import (
@@ -211,6 +212,7 @@ def resolve_image_version(ref: str, gpu_model: str) -> ImageVersion:
 
 # --- licenses -----------------------------------------------------------------------------------
 def has_accepted_license(user: Any, license: License | None) -> bool:
+    user = user_of(user)  # a licence is accepted by a person, whichever team they act in
     if license is None or not license.requires_acceptance:
         return True
     if not getattr(user, "is_authenticated", False):
@@ -219,6 +221,7 @@ def has_accepted_license(user: Any, license: License | None) -> bool:
 
 
 def accepted_license_ids(user: Any) -> set[int]:
+    user = user_of(user)
     if not getattr(user, "is_authenticated", False):
         return set()
     return set(LicenseAcceptance.objects.filter(user=user).values_list("license_id", flat=True))
@@ -226,6 +229,7 @@ def accepted_license_ids(user: Any) -> set[int]:
 
 @transaction.atomic
 def accept_license(user: Any, license: License) -> tuple[LicenseAcceptance, bool]:
+    user = user_of(user)
     """Record that ``user`` accepts ``license``; accepting again is a no-op. Returns (row, created)."""
     existing = LicenseAcceptance.objects.filter(user=user, license=license).first()
     if existing is not None:

@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from console.htmx import render_page
+from console.tenancy import acting
 from marketplace import services
 from marketplace.catalogue import GPU_LABELS, gpu_code
 from marketplace.choices import AssetKind
@@ -47,7 +48,7 @@ def dataset_list(request: HttpRequest) -> HttpResponse:
 
 def _asset_detail(request: HttpRequest, kind: str, slug: str) -> HttpResponse:
     asset = services.get_listed_asset(kind, slug)
-    accepted = services.has_accepted_license(request.user, asset.license)
+    accepted = services.has_accepted_license(acting(request), asset.license)
     context = {
         "asset": asset,
         "license_accepted": accepted,
@@ -71,7 +72,7 @@ def license_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     license = services.get_license(public_id)
     context = {
         "license": license,
-        "accepted": services.has_accepted_license(request.user, license),
+        "accepted": services.has_accepted_license(acting(request), license),
         "next": _safe_next(request, request.GET.get("next")),
         "examples": license.assets.filter(is_listed=True).only("kind", "slug", "hub_id")[:10],
     }
@@ -91,7 +92,7 @@ def _safe_next(request: HttpRequest, target: str | None) -> str:
 def license_accept(request: HttpRequest, public_id: str) -> HttpResponse:
     license = services.get_license(public_id)
     if license.requires_acceptance:
-        _acceptance, created = services.accept_license(request.user, license)
+        _acceptance, created = services.accept_license(acting(request), license)
         if created:
             messages.success(request, _("You accepted %(name)s.") % {"name": license.name})
     target = _safe_next(request, request.POST.get("next")) or license.get_absolute_url()
@@ -104,7 +105,7 @@ def asset_picker(request: HttpRequest) -> HttpResponse:
     """The order form's asset picker, re-rendered by htmx as the user searches (the checked
     boxes travel along as ``assets`` and stay picked)."""
     picker = services.asset_picker(
-        request.user, request.GET.getlist("assets"), request.GET.get("asset_q", "")[:100]
+        acting(request), request.GET.getlist("assets"), request.GET.get("asset_q", "")[:100]
     )
     return render(request, "marketplace/_asset_picker.html#picker-results", {"picker": picker})
 

@@ -21,6 +21,7 @@ from django.views.decorators.http import require_http_methods
 from billing import services as billing
 from console.errors import DomainError
 from console.ids import parse_uuid
+from console.tenancy import acting
 from marketplace import aiapps
 from slices.models import Instance
 from slices.port_views import _response, headers_for_api, relay
@@ -35,13 +36,13 @@ def app_list(request: HttpRequest) -> HttpResponse:
     # One look at the price book and the wallet for every app; no capacity look-up (the app's
     # page says what is free now).
     rates = app_service.price_rates()
-    summary = billing.get_wallet_summary(request.user)
+    summary = billing.get_wallet_summary(acting(request))
     balance = summary.spendable
-    trial = app_service.trial_left(request.user, summary)
+    trial = app_service.trial_left(acting(request), summary)
     rows = []
     for app in aiapps.shipped_apps():
         offer = app_service.app_offer(
-            request.user, app, rates=rates, balance=balance, trial=trial, full=False
+            acting(request), app, rates=rates, balance=balance, trial=trial, full=False
         )
         rows.append(
             {
@@ -80,7 +81,7 @@ def app_detail(request: HttpRequest, slug: str) -> HttpResponse:
         key = parse_uuid(request.POST.get("launch_key", ""))
         try:
             instance = app_service.launch_app(
-                request.user,
+                acting(request),
                 app,
                 gpu_model=gpu_model,
                 cards=cards,
@@ -99,11 +100,13 @@ def app_detail(request: HttpRequest, slug: str) -> HttpResponse:
                 % {"app": app.localized_name(request.LANGUAGE_CODE)},
             )
             return redirect("slices:instance-detail", public_id=instance.public_id)
-    offer = app_service.app_offer(request.user, app, gpu_model=gpu_model, cards=cards, model=model)
+    offer = app_service.app_offer(
+        acting(request), app, gpu_model=gpu_model, cards=cards, model=model
+    )
     runs: list[Instance] = []
     if request.user.is_authenticated:
         runs = list(
-            Instance.objects.for_team(request.user)
+            Instance.objects.for_team(acting(request))
             .filter(app=app.slug)
             .select_related("gpu_model")
             .order_by("-created_at")[:5]

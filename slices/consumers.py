@@ -24,6 +24,7 @@ from console.consumers import (
     ForwardingJsonConsumer,
     LayerConsumer,
 )
+from console.tenancy import resolve_scope
 from slices.events import instance_group
 from slices.models import Cluster
 from slices.services import terminal
@@ -36,16 +37,26 @@ logger = logging.getLogger(__name__)
 
 
 @database_sync_to_async
-def _may_see_instance(user: Any, public_id: str) -> bool:
-    """The owner sees their instance; operators see the fleet; anyone else gets "not found"."""
+def _may_see_instance(scope: Any, public_id: str) -> bool:
+    """A member sees the team's instance (in the team the session acts in); operators see the
+    fleet; anyone else gets "not found"."""
+    user = scope.get("user")
     try:
         if user.is_staff:
             get_instance_for_operator(public_id)
         else:
-            get_instance_for_user(user, public_id)
+            who = resolve_scope(scope)
+            if who is None:
+                return False
+            get_instance_for_user(who, public_id, operate=False)
     except Http404:
         return False
     return True
+
+
+@database_sync_to_async
+def _scope_acting(scope: Any) -> Any:
+    return resolve_scope(scope)
 
 
 class InstanceConsumer(LayerConsumer):
@@ -57,7 +68,7 @@ class InstanceConsumer(LayerConsumer):
         if user is None:
             return
         public_id = self.scope["url_route"]["kwargs"]["public_id"]
-        if not await _may_see_instance(user, public_id):
+        if not await _may_see_instance(self.scope, public_id):
             await self.close(code=CLOSE_NOT_FOUND)
             return
         await self.join(instance_group(public_id))
@@ -115,7 +126,7 @@ class TelemetryConsumer(ForwardingJsonConsumer):
             group = telemetry_cluster_group(kwargs["code"])
             self.stream = "cluster"
         else:
-            if not await _may_see_instance(user, kwargs["public_id"]):
+            if not await _may_see_instance(self.scope, kwargs["public_id"]):
                 await self.close(code=CLOSE_NOT_FOUND)
                 return
             group = telemetry_instance_group(kwargs["public_id"])
@@ -235,7 +246,10 @@ class TerminalConsumer(LayerConsumer):
             return
         public_id = self.scope["url_route"]["kwargs"]["public_id"]
         try:
-            self.grant = await database_sync_to_async(terminal.authorize)(user, public_id, rank)
+            who = None if user.is_staff else await _scope_acting(self.scope)
+            self.grant = await database_sync_to_async(terminal.authorize)(
+                user, public_id, rank, who
+            )
         except terminal.TerminalRefused as exc:
             if exc.code == "not_found":
                 await self.close(code=CLOSE_NOT_FOUND)

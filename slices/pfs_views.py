@@ -40,6 +40,7 @@ from django.utils.translation import gettext_noop
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
+from console.tenancy import acting
 from slices.services import pfs_files, storage
 from slices.services.pfs_files import AccountFiles, PendingUpload, PfsRefused
 
@@ -69,7 +70,7 @@ def _page(
     context = {
         "listing": listing,
         "error": error,
-        "pfs": storage.fresh_pfs_summary(request.user),
+        "pfs": storage.fresh_pfs_summary(acting(request)),
         "upload_limit": pfs_files.upload_limit(),
     }
     status = error.http_status if error is not None else 200
@@ -79,7 +80,7 @@ def _page(
 @login_required
 @require_safe
 def pfs_browse(request: HttpRequest) -> HttpResponse:
-    return _page(request, pfs_files.for_user(request.user), request.GET.get("path", ""))
+    return _page(request, pfs_files.for_user(acting(request)), request.GET.get("path", ""))
 
 
 async def _chunks(handle: IO[bytes]) -> AsyncIterator[bytes]:
@@ -95,7 +96,7 @@ async def _chunks(handle: IO[bytes]) -> AsyncIterator[bytes]:
 @login_required
 @require_safe
 def pfs_download(request: HttpRequest) -> HttpResponseBase:
-    files = pfs_files.for_user(request.user)
+    files = pfs_files.for_user(acting(request))
     path = request.GET.get("path", "")
     try:
         handle, entry = files.open_file(path)
@@ -187,7 +188,7 @@ def _content_length(request: HttpRequest) -> int:
 def pfs_upload(request: HttpRequest) -> HttpResponse:
     """Refuses an oversized body from its Content-Length, before reading it; otherwise reads the
     form through ``PfsUploadHandler`` and checks CSRF as any other form."""
-    files = pfs_files.for_user(request.user)
+    files = pfs_files.for_user(acting(request))
     folder = request.GET.get("path", "")
     limit = pfs_files.upload_limit()
     length = _content_length(request)
@@ -195,7 +196,7 @@ def pfs_upload(request: HttpRequest) -> HttpResponse:
         folder = files.folder(folder)  # it exists and is a folder (404/400 otherwise)
         if length > limit + MULTIPART_SLACK:
             raise pfs_files.too_large(limit)
-        summary = storage.fresh_pfs_summary(request.user)
+        summary = storage.fresh_pfs_summary(acting(request))
         if summary.used_bytes + max(0, length - MULTIPART_SLACK) > summary.quota_gb * storage.GB:
             raise pfs_files.over_quota(summary.used_bytes, summary.quota_gb)
     except PfsRefused as exc:
@@ -222,7 +223,7 @@ def _upload(
         entry = upload.publish(
             handler.file_name or "",
             overwrite=overwrite,
-            fits=pfs_files.quota_check(request.user),
+            fits=pfs_files.quota_check(acting(request)),
         )
     except PfsRefused as exc:
         return _page(request, files, folder, error=exc)
@@ -237,7 +238,7 @@ def _upload(
 @login_required
 @require_POST
 def pfs_mkdir(request: HttpRequest) -> HttpResponse:
-    files = pfs_files.for_user(request.user)
+    files = pfs_files.for_user(acting(request))
     folder = request.POST.get("path", "")
     try:
         entry = files.make_folder(folder, request.POST.get("name", ""))
@@ -251,7 +252,7 @@ def pfs_mkdir(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def pfs_delete(request: HttpRequest) -> HttpResponse:
     """GET asks for confirmation (the page works without JavaScript); POST deletes."""
-    files = pfs_files.for_user(request.user)
+    files = pfs_files.for_user(acting(request))
     data = request.POST if request.method == "POST" else request.GET
     path = data.get("path", "")
     try:
@@ -266,7 +267,7 @@ def pfs_delete(request: HttpRequest) -> HttpResponse:
     except PfsRefused as exc:
         parts = _parent_of(path)
         return _page(request, files, parts, error=exc)
-    storage.measure_pfs(request.user)
+    storage.measure_pfs(acting(request))
     messages.success(request, _("Deleted %(path)s.") % {"path": entry.pfs_path})
     return redirect(browse_url(entry.path.rpartition("/")[0]))
 

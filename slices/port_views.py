@@ -31,6 +31,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from console import sites
+from console.tenancy import acting
 from slices.drivers import DriverError, get_driver
 from slices.errors import OrderRefused
 from slices.proxy import (
@@ -270,7 +271,7 @@ def port_proxy(request: HttpRequest, public_id: Any, port: int, rest: str = "") 
     instance that does not exist."""
     if not request.user.is_authenticated:
         raise Http404
-    instance = get_instance_for_user(request.user, public_id)
+    instance = get_instance_for_user(acting(request), public_id)
     if not ports.is_open(instance, port):
         raise Http404
     target = reverse("slices:instance-port-open", kwargs={"public_id": public_id, "port": port})
@@ -354,7 +355,8 @@ def _handoff_redirect(request: HttpRequest, instance: Any, port: int, token: str
 @require_GET
 def port_open(request: HttpRequest, public_id: Any, port: int) -> HttpResponse:
     """The Open button: to the port's own host, through a one-time signed hand-off."""
-    instance = get_instance_for_user(request.user, public_id)
+    # Opening a web port acts on the instance: its maker or a team admin (issue 30).
+    instance = get_instance_for_user(acting(request), public_id, operate=True)
     if not ports.is_open(instance, port):
         raise Http404
     token = ports.handoff_token(instance, port, user_id=request.user.pk, link_id=None)
@@ -394,12 +396,12 @@ def _ports_part(
 @login_required
 @require_POST
 def share_link_create(request: HttpRequest, public_id: Any, port: int) -> HttpResponse:
-    instance = get_instance_for_user(request.user, public_id)
+    instance = get_instance_for_user(acting(request), public_id)
     if not ports.is_open(instance, port):
         raise Http404
     try:
         link, secret = ports.create_share_link(
-            request.user, instance, port, request.POST.get("lifetime")
+            acting(request), instance, port, request.POST.get("lifetime")
         )
     except OrderRefused as exc:
         return _ports_part(request, instance, error=str(exc), status=400)
@@ -411,8 +413,8 @@ def share_link_create(request: HttpRequest, public_id: Any, port: int) -> HttpRe
 @login_required
 @require_POST
 def share_link_revoke(request: HttpRequest, public_id: Any, link_id: int) -> HttpResponse:
-    instance = get_instance_for_user(request.user, public_id)
-    ports.revoke_share_link(request.user, instance, link_id)
+    instance = get_instance_for_user(acting(request), public_id)
+    ports.revoke_share_link(acting(request), instance, link_id)
     if getattr(request, "htmx", None):
         return _ports_part(request, instance)
     return redirect("slices:instance-detail", public_id=instance.public_id)

@@ -27,7 +27,7 @@ from billing.models import Account, LedgerTransaction, Payment, UsageSession, Wa
 from console.api.compiled import CompiledQuery
 from console.api.idempotency import idempotency_key
 from console.api.viewsets import ListRetrieveViewSet
-from console.tenancy import team_of
+from console.tenancy import acting, team_of
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
@@ -79,7 +79,7 @@ class WalletView(APIView):
         tags=["billing"],
     )
     def get(self, request: Request) -> Response:
-        summary, vouchers = wallet_summary(request.user)
+        summary, vouchers = wallet_summary(acting(request))
         data = {
             "cash": summary.cash,
             "trial": summary.trial,
@@ -103,7 +103,7 @@ class QuoteView(APIView):
     def post(self, request: Request) -> Response:
         payload = QuoteRequestSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        quote = services.quote_for(request.user, **payload.validated_data)
+        quote = services.quote_for(acting(request), **payload.validated_data)
         return Response(QuoteSerializer(quote).data)
 
 
@@ -132,11 +132,11 @@ class TransactionViewSet(ListRetrieveViewSet):
     serializer_class = TransactionSerializer
 
     def get_queryset(self) -> QuerySet[LedgerTransaction]:
-        return statements.transactions_for(self.request.user)
+        return statements.transactions_for(acting(self.request))
 
     def _wallet_id(self) -> int | None:
         return (
-            Wallet.objects.filter(team=team_of(self.request.user))
+            Wallet.objects.filter(team=team_of(acting(self.request)))
             .values_list("pk", flat=True)
             .first()
         )
@@ -164,7 +164,7 @@ class UsageSessionViewSet(ListRetrieveViewSet):
 
     def get_queryset(self) -> QuerySet[UsageSession]:
         return (
-            UsageSession.objects.for_team(self.request.user)
+            UsageSession.objects.for_team(acting(self.request))
             .select_related("price_book")
             .order_by("-started_at", "-id")
         )
@@ -178,7 +178,7 @@ class TopUpViewSet(ListRetrieveViewSet):
     serializer_class = TopUpSerializer
 
     def get_queryset(self) -> QuerySet[Payment]:
-        return Payment.objects.filter(wallet__team=team_of(self.request.user)).order_by(
+        return Payment.objects.filter(wallet__team=team_of(acting(self.request))).order_by(
             "-created_at", "-id"
         )
 
@@ -195,7 +195,7 @@ class TopUpViewSet(ListRetrieveViewSet):
         max_length = cast(int, Payment._meta.get_field("idempotency_key").max_length)
         key = idempotency_key(request, max_length)
         payment, created = services.start_topup(
-            request.user,
+            acting(request),
             payload.validated_data["amount"],
             provider=payload.validated_data["provider"],
             idempotency_key=key,

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from billing.bills import lines
 from billing.bills.views import FORMATS, export_bytes, parse_filters
 from billing.errors import BillingError
+from console.tenancy import acting
 
 FILTERS = [
     OpenApiParameter("month", str, description="YYYY-MM (default: this month)"),
@@ -43,7 +44,7 @@ class MonthlyBillView(APIView):
     )
     def get(self, request: Request) -> Response:
         filters = _filters(request)
-        user: Any = request.user
+        user: Any = acting(request)
         period, all_lines = lines.month_lines(
             user,
             filters["month"] or None,
@@ -111,7 +112,7 @@ class BillExportView(APIView):
         fmt = request.query_params.get("format", "csv")
         if fmt not in FORMATS:
             raise BillingError("Use ?format=csv|xlsx.", field="format")
-        data, name = export_bytes(request.user, filters, fmt)
+        data, name = export_bytes(acting(request), filters, fmt)
         return Response(
             data,
             content_type=FORMATS[fmt],

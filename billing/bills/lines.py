@@ -23,7 +23,7 @@ from billing.choices import RESOURCE_KIND_LABELS, AccountKind, Meter, Transactio
 from billing.models import Entry, LedgerTransaction, TermRental, UsageCharge, Wallet
 from billing.money import ZERO
 from billing.statements import month_bounds
-from console.tenancy import team_of
+from console.tenancy import team_of, user_of
 
 if TYPE_CHECKING:
     from console.models import User
@@ -145,7 +145,8 @@ def month_lines(
     ).values_list("transaction_id", "account__kind", "amount"):
         key = "voucher" if kind == AccountKind.VOUCHER else str(kind)
         paid[txn_id][key] = paid[txn_id].get(key, ZERO) - amount
-    member = user.get_username()
+    person = user_of(user)
+    member = person.get_username() if person is not None else ""
     by_txn: dict[int, list[BillLine]] = defaultdict(list)
     rows = (
         UsageCharge.objects.filter(transaction_id__in=list(spend))

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from billing.invoicing import services
 from billing.invoicing.models import Invoice, InvoiceKind, TitleType
 from console.api.viewsets import ListRetrieveViewSet
+from console.tenancy import acting
 
 
 class InvoiceSerializer(serializers.ModelSerializer):
@@ -92,7 +93,7 @@ class InvoiceViewSet(ListRetrieveViewSet):
     serializer_class = InvoiceSerializer
 
     def get_queryset(self) -> QuerySet[Invoice]:
-        return services.invoices_for(self.request.user)
+        return services.invoices_for(acting(self.request))
 
     @extend_schema(
         summary="Request an electronic invoice of consumed cash (普票 or 专票)",
@@ -103,7 +104,7 @@ class InvoiceViewSet(ListRetrieveViewSet):
     def create(self, request: Request) -> Response:
         payload = InvoiceRequestSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        row = services.request_invoice(request.user, **payload.validated_data, request=request)
+        row = services.request_invoice(acting(request), **payload.validated_data, request=request)
         return Response(InvoiceSerializer(row).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -111,14 +112,14 @@ class InvoiceViewSet(ListRetrieveViewSet):
     )
     @action(detail=False, methods=["get"])
     def balance(self, request: Request) -> Response:
-        return Response(InvoiceBalanceSerializer(balance_body(request.user)).data)
+        return Response(InvoiceBalanceSerializer(balance_body(acting(request))).data)
 
     @extend_schema(
         summary="The invoice's PDF", responses={(200, "application/pdf"): bytes}, tags=["billing"]
     )
     @action(detail=True, methods=["get"])
     def pdf(self, request: Request, public_id: str) -> FileResponse:
-        row = services.get_invoice_for_user(request.user, public_id)
+        row = services.get_invoice_for_user(acting(request), public_id)
         if not row.pdf:
             raise Http404
         return pdf_response(row.pdf, f"invoice-{row.number}.pdf")

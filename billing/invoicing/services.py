@@ -51,7 +51,7 @@ from console.audit import services as audit
 from console.errors import ErrorCode
 from console.ids import uuid_or_404
 from console.notices import services as notices
-from console.tenancy import contact, team_of
+from console.tenancy import contact, team_of, user_of
 from console.verification.checks import credit_code_valid, normalize
 from console.verification.services import require_verified, verified
 
@@ -168,14 +168,15 @@ def request_invoice(
     verified organisation, with its 税号, 地址电话 and 开户行及账号. Raises ``InvoiceError``
     (``amount`` above the invoiceable cash or below ``INVOICE_MIN_AMOUNT``) or the gate's 403.
     """
-    require_verified(user, "invoice")
+    person = user_of(user)  # who asks: their verification titles the team's invoice
+    require_verified(person, "invoice")
     if kind not in InvoiceKind.values:
         raise InvoiceError(gettext_noop("Choose a general or a special VAT invoice."), field="kind")
     if title_type not in TitleType.values:
         raise InvoiceError(
             gettext_noop("Choose an individual or an organisation title."), field="title_type"
         )
-    who = verified(user)
+    who = verified(person)
     organisation = who is not None and who.is_organisation
     fields = {
         "title": _text(title, 200),
@@ -245,7 +246,7 @@ def request_invoice(
         wallet=wallet,
         kind=kind,
         title_type=title_type,
-        email=_text(email, 254) or user.email,
+        email=_text(email, 254) or person.email,
         amount=value,
         requested_at=clock.now(),
         **fields,

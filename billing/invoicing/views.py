@@ -18,12 +18,13 @@ from billing.invoicing.forms import InvoiceRequestForm, OperatorActionForm
 from billing.invoicing.models import InvoiceState
 from console.auth import staff_required
 from console.errors import DomainError
+from console.tenancy import acting
 from console.verification.services import VerificationRequired, status
 from console.verification.views import refusal_response
 
 
 def _page(request: HttpRequest, form: InvoiceRequestForm, code: int = 200) -> HttpResponse:
-    user: Any = request.user
+    user: Any = acting(request)
     context = {
         "form": form,
         "balance": services.balance_for(user),
@@ -43,7 +44,7 @@ def invoices(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _page(request, form, 400)
     try:
-        row = services.request_invoice(request.user, **form.cleaned_data, request=request)  # type: ignore[arg-type]
+        row = services.request_invoice(acting(request), **form.cleaned_data, request=request)  # type: ignore[arg-type]
     except VerificationRequired as exc:
         return refusal_response(request, exc)
     except DomainError as exc:
@@ -60,7 +61,7 @@ def invoices(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def invoice_pdf(request: HttpRequest, public_id: str) -> FileResponse:
-    row = services.get_invoice_for_user(request.user, public_id)  # type: ignore[arg-type]
+    row = services.get_invoice_for_user(acting(request), public_id)  # type: ignore[arg-type]
     if not row.pdf:
         raise Http404
     return pdf_response(row.pdf, f"invoice-{row.number}.pdf")
@@ -69,7 +70,7 @@ def invoice_pdf(request: HttpRequest, public_id: str) -> FileResponse:
 @login_required
 @require_GET
 def invoice_red_pdf(request: HttpRequest, public_id: str) -> FileResponse:
-    row = services.get_invoice_for_user(request.user, public_id)  # type: ignore[arg-type]
+    row = services.get_invoice_for_user(acting(request), public_id)  # type: ignore[arg-type]
     if not row.red_pdf:
         raise Http404
     return pdf_response(row.red_pdf, f"invoice-{row.red_number}.pdf")

@@ -19,6 +19,7 @@ from billing.forms import TopUpForm
 from billing.transfers import services
 from console.auth import staff_required
 from console.errors import DomainError
+from console.tenancy import acting
 from console.verification.services import VerificationRequired
 from console.verification.views import refusal_response
 
@@ -32,7 +33,7 @@ def start(request: HttpRequest) -> HttpResponse:
         return redirect("billing:overview")
     try:
         payment, _created = billing.start_topup(
-            request.user,  # type: ignore[arg-type]
+            acting(request),  # type: ignore[arg-type]
             form.cleaned_data["amount"],
             provider="bank_transfer",
             request=request,
@@ -48,7 +49,7 @@ def start(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def detail(request: HttpRequest, public_id: str) -> HttpResponse:
-    row = services.transfer_for_user(request.user, public_id)  # type: ignore[arg-type]
+    row = services.transfer_for_user(acting(request), public_id)  # type: ignore[arg-type]
     context = {
         "transfer": row,
         "payment": row.payment,

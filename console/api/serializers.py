@@ -62,12 +62,14 @@ class ApiTokenSerializer(serializers.ModelSerializer):
     id = serializers.UUIDField(source="public_id", read_only=True)
     prefix = serializers.CharField(source="display_prefix", read_only=True)
     state = serializers.SerializerMethodField()
+    team = serializers.UUIDField(source="team.public_id", read_only=True)
 
     class Meta:
         model = ApiToken
         fields = (
             "id",
             "name",
+            "team",
             "prefix",
             "state",
             "created_at",
@@ -83,6 +85,12 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 
 class ApiTokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
+    team = serializers.UUIDField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="The team the token acts in (one of yours; default: your personal team).",
+    )
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
     def validate_expires_at(self, value: datetime | None) -> datetime | None:

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -16,7 +18,7 @@ from console.api.serializers import (
     SshKeySerializer,
 )
 from console.api.viewsets import ListRetrieveViewSet
-from console.models import ApiToken, SshKey
+from console.models import ApiToken, SshKey, Team
 
 
 @extend_schema_view(
@@ -89,9 +91,14 @@ class ApiTokenViewSet(ListRetrieveViewSet):
     def create(self, request: Request) -> Response:
         payload = ApiTokenCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        token, raw = services.create_api_token(
-            request.user, **payload.validated_data, request=request
-        )
+        data = dict(payload.validated_data)
+        team_id = data.pop("team", None)
+        team = None
+        if team_id is not None:
+            team = Team.objects.filter(public_id=team_id, closed_at__isnull=True).first()
+            if team is None or not team.memberships.filter(user=request.user).exists():
+                raise ValidationError({"team": [_("You are not a member of that team.")]})
+        token, raw = services.create_api_token(request.user, team=team, **data, request=request)
         token.token = raw
         response = Response(ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
         response["Cache-Control"] = "no-store"

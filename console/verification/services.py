@@ -73,6 +73,9 @@ class VerificationRequired(DomainError):
 
 # --- the gate ------------------------------------------------------------------------------------
 def verified(user: Any) -> Verification | None:
+    from console.tenancy import user_of
+
+    user = user_of(user)  # a person is verified, whichever team they act in
     if not getattr(user, "pk", None):
         return None
     return Verification.objects.filter(owner=user, state=VerificationState.APPROVED).first()

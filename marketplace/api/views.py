@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from console.api.viewsets import ListRetrieveViewSet
 from console.errors import DomainError, ErrorCode
+from console.tenancy import acting
 from marketplace import services
 from marketplace.api.serializers import (
     AssetDetailSerializer,
@@ -159,7 +160,7 @@ class LicenseViewSet(ListRetrieveViewSet):
 
     def get_serializer_context(self) -> dict:
         context = super().get_serializer_context()
-        context["accepted_ids"] = services.accepted_license_ids(self.request.user)
+        context["accepted_ids"] = services.accepted_license_ids(acting(self.request))
         return context
 
     @extend_schema(
@@ -172,7 +173,7 @@ class LicenseViewSet(ListRetrieveViewSet):
     def accept(self, request: Request, public_id: str) -> Response:
         license = self.get_object()
         if license.requires_acceptance:
-            services.accept_license(request.user, license)
+            services.accept_license(acting(request), license)
         return Response(LicenseSerializer(license, context=self.get_serializer_context()).data)
 
 
@@ -198,5 +199,7 @@ class MountPlanView(APIView):
             raise DomainError(
                 gettext_noop("Name at least one asset id in ?assets=."), field="assets"
             )
-        specs = services.build_mount_specs(request.user, ids)  # MountRefused: 400/403 with "assets"
+        specs = services.build_mount_specs(
+            acting(request), ids
+        )  # MountRefused: 400/403 with "assets"
         return Response({"mounts": [s.as_dict() for s in specs]})

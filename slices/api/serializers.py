@@ -204,6 +204,10 @@ class InstanceListSerializer(serializers.ListSerializer):
 class InstanceSerializer(FieldsBoundOnce, serializers.Serializer):
     id = serializers.UUIDField(source="public_id")
     name = serializers.CharField()
+    team = serializers.UUIDField(source="team.public_id", help_text="The team that owns it.")
+    created_by = serializers.EmailField(
+        source="created_by.email", help_text="The member who ordered it (kept after they leave)."
+    )
     kind = serializers.CharField(help_text="host (one node) or slice (64 cards and up).")
     state = serializers.CharField(
         help_text="pending → allocating → provisioning → running → releasing → released; failed."

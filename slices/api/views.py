@@ -26,7 +26,7 @@ from console.api.idempotency import idempotency_key
 from console.api.viewsets import PublicIdViewSet
 from console.errors import DomainError, ErrorCode
 from console.ids import parse_uuid
-from console.tenancy import team_of
+from console.tenancy import acting, team_of
 from marketplace import aiapps
 from slices import services
 from slices.api.serializers import (
@@ -133,7 +133,7 @@ INSTANCE_STATE_FILTER = OpenApiParameter(
 # The instance as the API reads it (the list, one instance): its rows joined, its nodes (and on a
 # list its share links) in one query each, the SQL built once per process (console/api/compiled.py).
 # Scoped to the owner like every fetch of the API.
-_RELATED = ("gpu_model", "region", "region__gateway", "allocation")
+_RELATED = ("gpu_model", "region", "region__gateway", "allocation", "team", "created_by")
 OWNED_INSTANCE = CompiledQuery(
     lambda team, public_id: (
         Instance.objects.filter(team=team, public_id=public_id).select_related(*_RELATED).order_by()
@@ -189,13 +189,13 @@ class InstanceViewSet(PublicIdViewSet):
 
     def get_queryset(self) -> QuerySet[Instance]:
         return (
-            Instance.objects.for_team(self.request.user)
-            .select_related("gpu_model", "region", "region__gateway", "allocation")
+            Instance.objects.for_team(acting(self.request))
+            .select_related(*_RELATED)
             .prefetch_related("nodes", "share_links")
         )
 
     def _get(self) -> Instance:
-        return services.get_instance_for_user(self.request.user, self.kwargs["public_id"])
+        return services.get_instance_for_user(acting(self.request), self.kwargs["public_id"])
 
     def _answer(self, instance: Instance, code: int = status.HTTP_202_ACCEPTED) -> Response:
         """The instance as the service left it (202: the work goes on in a worker)."""
@@ -217,14 +217,14 @@ class InstanceViewSet(PublicIdViewSet):
             )
         page = self.paginator.paginate(
             request,
-            lambda offset, limit: owned_page(request.user, state, offset, limit),
+            lambda offset, limit: owned_page(acting(request), state, offset, limit),
             lambda: filter_instances(self.get_queryset(), state).count(),
         )
         return self.get_paginated_response(InstanceSerializer(page, many=True).data)
 
     @extend_schema(summary="One instance", tags=["instances"])
     def retrieve(self, request: Request, public_id: str) -> Response:
-        return Response(InstanceSerializer(owned_instance(request.user, public_id)).data)
+        return Response(InstanceSerializer(owned_instance(acting(request), public_id)).data)
 
     @extend_schema(
         summary="Order a host or a slice; provisioning starts at once (202)",
@@ -254,7 +254,7 @@ class InstanceViewSet(PublicIdViewSet):
             web_ports=tuple(d["web_ports"]),
         )
         instance, created = services.order_instance(
-            request.user, req, idempotency_key=key, request=request
+            acting(request), req, idempotency_key=key, request=request
         )
         return self._answer(instance, status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK)
 
@@ -409,14 +409,14 @@ class DiskViewSet(PublicIdViewSet):
             to_attr="live_attachments",
         )
         return (
-            Disk.objects.for_team(self.request.user)
+            Disk.objects.for_team(acting(self.request))
             .live()
             .select_related("region")
             .prefetch_related(live)
         )
 
     def _get(self) -> Disk:
-        disk_service.get_disk_for_user(self.request.user, self.kwargs["public_id"])
+        disk_service.get_disk_for_user(acting(self.request), self.kwargs["public_id"])
         return self.get_queryset().get(public_id=self.kwargs["public_id"])
 
     def _answer(self, disk: Disk, code: int = status.HTTP_200_OK) -> Response:
@@ -427,7 +427,9 @@ class DiskViewSet(PublicIdViewSet):
         """The caller's instance (404 for anyone else's) and the mode an attach or detach names."""
         payload = DiskAttachSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        instance = services.get_instance_for_user(request.user, payload.validated_data["instance"])
+        instance = services.get_instance_for_user(
+            acting(request), payload.validated_data["instance"]
+        )
         return instance, payload.validated_data["mode"]
 
     @extend_schema(summary="Your cloud disks", tags=["storage"])
@@ -448,7 +450,7 @@ class DiskViewSet(PublicIdViewSet):
     def create(self, request: Request) -> Response:
         payload = DiskCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        disk = disk_service.create_disk(request.user, **payload.validated_data, request=request)
+        disk = disk_service.create_disk(acting(request), **payload.validated_data, request=request)
         return self._answer(disk, status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -510,8 +512,8 @@ class StorageView(APIView):
         summary="Storage usage and charge", responses={200: StorageSerializer}, tags=["storage"]
     )
     def get(self, request: Request) -> Response:
-        pfs = storage.fresh_pfs_summary(request.user)
-        s = disk_service.storage_summary(request.user)
+        pfs = storage.fresh_pfs_summary(acting(request))
+        s = disk_service.storage_summary(acting(request))
         row = {
             "pfs_used_bytes": pfs.used_bytes,
             "pfs_files": pfs.files,
@@ -535,7 +537,7 @@ def _app_row(
 ) -> dict[str, Any]:
     """An app as the API lists it: priced at each GPU model's preset; ``available`` is whether the
     preset cards are free now on the detail (null on the list, which asks no capacity)."""
-    offer = apps.app_offer(request.user, app, rates=rates, full=rates is None)
+    offer = apps.app_offer(acting(request), app, rates=rates, full=rates is None)
     language = getattr(request, "LANGUAGE_CODE", "zh-hans")
     return {
         "slug": app.slug,
@@ -613,12 +615,12 @@ class AppViewSet(viewsets.ViewSet):
         d = payload.validated_data
         key = idempotency_key(request, Instance._meta.get_field("idempotency_key").max_length)
         existing = (
-            Instance.objects.filter(team=team_of(request.user), idempotency_key=key).exists()
+            Instance.objects.filter(team=team_of(acting(request)), idempotency_key=key).exists()
             if key
             else False
         )
         instance = apps.launch_app(
-            request.user,
+            acting(request),
             app,
             gpu_model=d["gpu_model"] or None,
             cards=d["cards"],

@@ -333,7 +333,24 @@ def sync_all_gateways() -> list[str]:
     return [sync_gateway(pk) for pk in Gateway.objects.values_list("pk", flat=True)]
 
 
-def sync_for_owner(owner_id: int) -> list[int]:
+def sync_for_team(team: object) -> list[int]:
+    """Queue a keys-file sync of every region where the team has a running instance (a member
+    left: their keys stop getting through at once, not at the next periodic pass)."""
+    regions = sorted(
+        {
+            region_id
+            for region_id in Instance.objects.filter(
+                team=team, state=InstanceState.RUNNING
+            ).values_list("region_id", flat=True)
+            if region_id is not None
+        }
+    )
+    for region_id in regions:
+        jobs.enqueue("slices.tasks.sync_gateway_task", region_id)
+    return regions
+
+
+def sync_for_key_holder(owner_id: int) -> list[int]:
     """Queue a keys-file sync of every region where the account has a running instance (a key
     left it: ``console.hooks.ssh_key_removed``, sent after the commit)."""
     regions = sorted(

@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.http import Http404
@@ -28,10 +29,10 @@ from billing import services as billing
 from billing.choices import BillingMode
 from console import services as console_services
 from console.audit import services as audit
-from console.errors import ErrorCode
+from console.errors import DomainError, ErrorCode
 from console.ids import parse_uuid
 from console.names import NameRefused, clean_name
-from console.tenancy import team_of, user_of
+from console.tenancy import as_acting, team_of, user_of
 from console.verification import services as verification
 from marketplace import services as marketplace
 from slices import envpolicy, events, lifecycle, topology
@@ -63,8 +64,12 @@ MAX_ENV_VARS = 32
 # ---------------------------------------------------------------------------------------------
 
 
-def get_instance_for_user(user: Any, public_id: Any) -> Instance:
-    """The caller's instance, or 404 (another customer's instance does not exist for them)."""
+def get_instance_for_user(user: Any, public_id: Any, *, operate: bool | None = None) -> Instance:
+    """The acting team's instance, or 404 (another team's instance does not exist for them).
+
+    To act on it (``operate``; by default when the Acting was resolved for a write), the member
+    must be allowed to operate it: every instance of the team with ``operate_all``, their own with
+    ``compute`` (a developer sees a teammate's instance but cannot stop it): else 403."""
     pid = parse_uuid(public_id)
     if pid is None:
         raise Http404
@@ -76,7 +81,18 @@ def get_instance_for_user(user: Any, public_id: Any) -> Instance:
     )
     if instance is None:
         raise Http404
+    if operate is None:
+        operate = bool(getattr(user, "writing", False))
+    if operate and not as_acting(user).may_operate(instance):
+        raise NotYours(gettext_noop("Only its maker or a team admin may change this instance."))
     return instance
+
+
+class NotYours(DomainError, PermissionDenied):
+    """A member may see the instance but not act on it: a 403 (the API's body, the 403 page)."""
+
+    code = ErrorCode.PERMISSION_DENIED
+    http_status = 403
 
 
 def get_instance_for_operator(public_id: Any) -> Instance:
@@ -370,9 +386,9 @@ def _lock_quota(user: Any) -> int:
 def _ssh_key(user: Any, ref: str) -> tuple[str, str]:
     try:
         key = (
-            console_services.get_ssh_key_for_user(user, ref)
+            console_services.get_ssh_key_for_user(user_of(user), ref)
             if ref
-            else console_services.get_default_ssh_key(user)
+            else console_services.get_default_ssh_key(user_of(user))
         )
     except Http404:  # unknown, or another customer's: the same answer
         raise OrderRefused(
@@ -479,7 +495,9 @@ def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
         if region is None:
             raise OrderRefused(gettext_noop("Unknown region %(region)s."), region=region_code)
     _check_shape(req)
-    verification.require_verified_for_order(user, req.cards)  # 实名认证 for large slices (403)
+    verification.require_verified_for_order(
+        user_of(user), req.cards
+    )  # 实名认证 for large slices (403)
     price = price_name(model.code)
     if price is None:
         raise billing.PriceNotSet(
@@ -572,7 +590,11 @@ def _create_and_allocate(
         instance,
         EventKind.STATE,
         code="ordered",
-        params={"cards": req.cards, "gpu_model": c.model.code, "user": user.get_username()},
+        params={
+            "cards": req.cards,
+            "gpu_model": c.model.code,
+            "user": user_of(user).get_username(),
+        },
     )
     _reserve(instance, user, c)
     enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)

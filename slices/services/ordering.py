@@ -13,7 +13,7 @@ from django.utils.translation import gettext as _
 
 from billing import services as billing
 from billing.choices import BillingMode
-from console.models import SshKey
+from console import services as console_services
 from console.tenancy import user_of
 from marketplace import recipes
 from marketplace import services as marketplace
@@ -240,7 +240,7 @@ class SshKeyChoices:
 
 
 def ssh_key_choices(user: Any) -> SshKeyChoices:
-    keys = list(SshKey.objects.for_owner(user_of(user)).order_by("-is_default", "name"))
+    keys = list(console_services.ssh_keys_of(user_of(user)).order_by("-is_default", "name"))
     default = next((str(k.public_id) for k in keys if k.is_default), "")
     return SshKeyChoices([(str(k.public_id), k.name) for k in keys], default)
 

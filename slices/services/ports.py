@@ -395,6 +395,13 @@ def end_web_access(instance: Instance) -> int:
     )
 
 
+def end_member_grants(team: Any, user_id: int) -> int:
+    """A member left the team: their app-host cookies on its instances end now (issue 30)."""
+    return PortGrant.objects.filter(
+        user_id=user_id, instance__team=team, revoked_at__isnull=True
+    ).update(revoked_at=timezone.now())
+
+
 def end_user_grants(user: Any) -> int:
     """The user logged out: every app host's cookie made from their session ends."""
     if getattr(user, "pk", None) is None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.utils import timezone
 
@@ -108,23 +109,24 @@ def clamp_size(cols: Any, rows: Any) -> tuple[int, int]:
     return max(MIN_COLS, min(MAX_COLS, c)), max(MIN_ROWS, min(MAX_ROWS, r))
 
 
-def _find(user: Any, public_id: Any) -> tuple[Instance, bool]:
-    """The instance and whether this is an operator's access (staff, not the owner)."""
+def _find(user: Any, public_id: Any, acting: Any = None) -> tuple[Instance, bool]:
+    """The instance and whether this is an operator's access (staff, not the owner). A member
+    opens a shell on what they may operate (their own; every one for a team admin)."""
     try:
-        return get_instance_for_user(user, public_id), False
-    except Http404:
+        return get_instance_for_user(acting or user, public_id, operate=True), False
+    except (Http404, PermissionDenied):
         if not user.is_staff:
             raise
     return get_instance_for_operator(public_id), True
 
 
-def authorize(user: Any, public_id: Any, rank: int) -> TerminalGrant:
+def authorize(user: Any, public_id: Any, rank: int, acting: Any = None) -> TerminalGrant:
     """Whether ``user`` may open a terminal on node ``rank`` of the instance, checked now."""
     if user is None or not user.is_authenticated:
         raise TerminalRefused("not_found")
     try:
-        instance, operator = _find(user, public_id)
-    except Http404:
+        instance, operator = _find(user, public_id, acting)
+    except (Http404, PermissionDenied):
         raise TerminalRefused("not_found") from None
     if instance.state in GONE_STATES:
         raise TerminalRefused("not_found")

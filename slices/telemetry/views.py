@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from console.auth import staff_required
+from console.tenancy import acting
 from slices.models import Cluster, Instance
 from slices.services import get_instance_for_operator, get_instance_for_user
 from slices.services import telemetry as telemetry_services
@@ -32,7 +33,7 @@ def _instance_for(request: HttpRequest, public_id: Any) -> Instance:
     """The owner's instance; operators may see every instance."""
     if request.user.is_staff:
         return get_instance_for_operator(public_id)
-    return get_instance_for_user(request.user, public_id)
+    return get_instance_for_user(acting(request), public_id)
 
 
 @login_required

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_http_methods
 
 from console.errors import DomainError
 from console.ids import parse_uuid
+from console.tenancy import acting
 from marketplace import recipes as catalogue_recipes
 from slices.models import Instance
 from slices.services import NoCapacity, recipes
@@ -32,7 +33,7 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
         key = parse_uuid(request.POST.get("launch_key", ""))
         try:
             instance = recipes.launch_recipe(
-                request.user,
+                acting(request),
                 recipe,
                 accept_license=request.POST.get("accept_license") == "on",
                 gpu_model=request.POST.get("gpu_model") or None,
@@ -50,9 +51,9 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
             # No flash message: the instance page says "starting" inside its live region, which
             # drops it once the run has started or ended (a flash would stay until a reload).
             return redirect("slices:instance-detail", public_id=instance.public_id)
-    offer = recipes.demo_offer(request.user, recipe)
+    offer = recipes.demo_offer(acting(request), recipe)
     runs = list(
-        Instance.objects.for_team(request.user)
+        Instance.objects.for_team(acting(request))
         .filter(env__RECIPE=recipe.slug)
         .select_related("gpu_model")
         .order_by("-created_at")[:5]

@@ -14,6 +14,7 @@ from django.utils.translation import gettext_noop
 from django.views.decorators.http import require_GET, require_http_methods
 
 from console.errors import DomainError
+from console.tenancy import acting
 from slices import services
 from slices.choices import DiskMode
 from slices.forms import DiskForm
@@ -30,14 +31,14 @@ def disk_list(request: HttpRequest) -> HttpResponse:
     form = DiskForm(request.POST or None, regions=regions)
     if request.method == "POST" and form.is_valid():
         try:
-            disk = disk_service.create_disk(request.user, **form.cleaned_data, request=request)
+            disk = disk_service.create_disk(acting(request), **form.cleaned_data, request=request)
         except DomainError as exc:
             form.add_error(None, exc.message())
         else:
             messages.success(request, _("Created the disk %(name)s.") % {"name": disk.name})
             return redirect("slices:disk-detail", public_id=disk.public_id)
     disks = list(
-        Disk.objects.for_team(request.user)
+        Disk.objects.for_team(acting(request))
         .live()
         .select_related("region")
         .annotate(in_use=Count("attachments", filter=Q(attachments__detached_at__isnull=True)))
@@ -46,9 +47,9 @@ def disk_list(request: HttpRequest) -> HttpResponse:
     context = {
         "disks": disks,
         "form": form,
-        "summary": disk_service.storage_summary(request.user),
-        "pfs": storage.fresh_pfs_summary(request.user),
-        "pfs_listing": pfs_files.root_listing(request.user),  # the /pfs browser's top folder
+        "summary": disk_service.storage_summary(acting(request)),
+        "pfs": storage.fresh_pfs_summary(acting(request)),
+        "pfs_listing": pfs_files.root_listing(acting(request)),  # the /pfs browser's top folder
     }
     return render(request, "slices/disk_list.html", context, status=400 if form.errors else 200)
 
@@ -56,12 +57,12 @@ def disk_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def disk_detail(request: HttpRequest, public_id: str) -> HttpResponse:
-    disk = disk_service.get_disk_for_user(request.user, public_id)
+    disk = disk_service.get_disk_for_user(acting(request), public_id)
     attached = disk_service.attachments_of(disk)
     taken = {a.instance_id for a in attached}
     candidates = [
         i
-        for i in Instance.objects.for_team(request.user)
+        for i in Instance.objects.for_team(acting(request))
         .filter(state__in=disk_service.ATTACHABLE_STATES)
         .filter(Q(region=disk.region) | Q(region__isnull=True))
         .order_by("-created_at")[:100]
@@ -73,13 +74,13 @@ def disk_detail(request: HttpRequest, public_id: str) -> HttpResponse:
 
 def _posted_instance(request: HttpRequest) -> Instance:
     try:
-        return services.get_instance_for_user(request.user, request.POST.get("instance"))
+        return services.get_instance_for_user(acting(request), request.POST.get("instance"))
     except Http404:
         raise disk_service.DiskRefused(gettext_noop("Choose one of your instances.")) from None
 
 
 def _disk_action(request: HttpRequest, public_id: str, act: Callable[[Disk], str]) -> HttpResponse:
-    disk = disk_service.get_disk_for_user(request.user, public_id)
+    disk = disk_service.get_disk_for_user(acting(request), public_id)
     try:
         messages.success(request, act(disk))
     except DomainError as exc:

@@ -23,6 +23,7 @@ from billing.choices import BillingMode
 from billing.services import gpu_model_key as billing_key
 from console.errors import DomainError, ErrorCode
 from console.htmx import render_page, stop_polling
+from console.tenancy import acting
 from marketplace.services import asset_picker
 from slices import lifecycle, services
 from slices.choices import EventKind, InstanceState, NoReplacement
@@ -53,7 +54,7 @@ def instance_list(request: HttpRequest) -> HttpResponse:
     read by scripts, refuses it with a 400 instead, so a typo there is not silently widened.
     """
     state = InstanceListFilter(request.GET).chosen() or InstanceListFilter.DEFAULT
-    owned = Instance.objects.for_team(request.user)
+    owned = Instance.objects.for_team(acting(request))
     counts = instance_filter_counts(owned)
     instances = list(
         filter_instances(owned, state)
@@ -120,11 +121,11 @@ def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
         images=choices.images,
         cards=services.card_choices(choices, data.get("gpu_model", ""), data.get("region", "")),
     )
-    keys = services.ssh_key_choices(request.user)
+    keys = services.ssh_key_choices(acting(request))
     if "ssh_key" not in data and keys.default:
         data["ssh_key"] = keys.default
     data.setdefault("billing_mode", BillingMode.ON_DEMAND)
-    own_disks = list(Disk.objects.for_team(request.user).live().select_related("region"))
+    own_disks = list(Disk.objects.for_team(acting(request)).live().select_related("region"))
     order_form = OrderForm(
         data,
         ssh_keys=keys.choices,
@@ -138,7 +139,7 @@ def _order_context(request: HttpRequest, data: Any) -> dict[str, Any]:
     preview = None
     if choices.gpu_models and form.is_valid():
         preview = services.preview_order(
-            request.user,
+            acting(request),
             gpu_model=form.cleaned_data["gpu_model"],
             cards=form.cleaned_data["cards"],
             region=form.cleaned_data["region"] or None,
@@ -185,7 +186,7 @@ def instance_new(request: HttpRequest) -> HttpResponse:
         if form.is_valid() and order_form.is_valid():
             try:
                 instance = services.order_from_forms(
-                    request.user,
+                    acting(request),
                     form.cleaned_data,
                     order_form.cleaned_data,
                     context["asset_ids"],
@@ -199,7 +200,7 @@ def instance_new(request: HttpRequest) -> HttpResponse:
                     _("Ordered %(name)s: it is being provisioned.") % {"name": instance.name},
                 )
                 return redirect("slices:instance-detail", public_id=instance.public_id)
-    context["picker"] = asset_picker(request.user, context["asset_ids"], data.get("asset_q", ""))
+    context["picker"] = asset_picker(acting(request), context["asset_ids"], data.get("asset_q", ""))
     status = 409 if context.get("order_error") is not None else 200
     if getattr(context.get("order_error"), "code", None) == ErrorCode.VERIFICATION_REQUIRED:
         status = 403  # 实名认证 first: refused as the API refuses
@@ -209,7 +210,7 @@ def instance_new(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def instance_detail(request: HttpRequest, public_id: str) -> HttpResponse:
-    instance = services.get_instance_for_user(request.user, public_id)
+    instance = services.get_instance_for_user(acting(request), public_id)
     # htmx asks for one region: the live overview (default) or the event list (?part=events).
     asked = request.GET.get("part")
     part = asked if asked in ("events", "running") else "live"
@@ -484,7 +485,7 @@ def _shown_events(instance: Instance, fold_nodes: int) -> list[Any]:
 @require_http_methods(["GET", "POST"])
 def instance_release(request: HttpRequest, public_id: str) -> HttpResponse:
     """GET asks for confirmation (the page works without JavaScript); POST releases."""
-    instance = services.get_instance_for_user(request.user, public_id)
+    instance = services.get_instance_for_user(acting(request), public_id)
     if request.method == "POST":
         if services.release_instance(
             instance, by=request.user.get_username(), who=request.user, request=request
@@ -568,7 +569,7 @@ def _flash_error(request: HttpRequest, exc: DomainError) -> None:
 @require_http_methods(["POST"])
 def instance_stop(request: HttpRequest, public_id: str) -> HttpResponse:
     """关机: the GPUs are freed and their charge stops; the system disk is kept (storage)."""
-    instance = services.get_instance_for_user(request.user, public_id)
+    instance = services.get_instance_for_user(acting(request), public_id)
     try:
         disk = _system_disk_charge(instance)
         if power.stop_instance(
@@ -594,7 +595,7 @@ def instance_stop(request: HttpRequest, public_id: str) -> HttpResponse:
 @require_http_methods(["POST"])
 def instance_start(request: HttpRequest, public_id: str) -> HttpResponse:
     """开机: same host first, else another host in the region, or 无卡模式 when asked."""
-    instance = services.get_instance_for_user(request.user, public_id)
+    instance = services.get_instance_for_user(acting(request), public_id)
     mode = request.POST.get("mode", power.StartMode.AUTO)
     if mode not in power.StartMode.__members__.values():
         mode = power.StartMode.AUTO
@@ -626,7 +627,7 @@ def instance_start(request: HttpRequest, public_id: str) -> HttpResponse:
 @require_http_methods(["POST"])
 def instance_migration_choice(request: HttpRequest, public_id: str) -> HttpResponse:
     """While no replacement node is free: keep waiting, or release the instance."""
-    instance = services.get_instance_for_user(request.user, public_id)
+    instance = services.get_instance_for_user(acting(request), public_id)
     choice = request.POST.get("choice", "")
     if choice in NoReplacement.values:
         migration.set_no_replacement_choice(instance, choice)
