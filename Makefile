@@ -96,7 +96,7 @@ TYPED := console/services.py console/dashboard.py slices/services/ slices/models
 	billing/ledger.py billing/settlement.py billing/sql.py billing/errors.py billing/statements.py \
 	billing/views.py billing/tasks.py billing/api/ billing/providers/ billing/offers.py console/errors.py console/api/exceptions.py \
 	console/ids.py console/loading.py console/retries.py console/verification/ billing/invoicing/ billing/bills/ \
-	billing/transfers/ console/notices/
+	billing/transfers/ console/notices/ console/audit/
 
 # lint-imports checks the boundaries written in pyproject.toml [tool.importlinter].
 lint: $(VENV)/.synced

@@ -181,11 +181,14 @@ class WalletAdmin(admin.ModelAdmin):
             reason=data["reason"],
             valid_days=data["valid_days"],
             by=request.user,
+            request=request,
         )
         return _("Voucher granted.")
 
     def _refund(self, request: HttpRequest, wallet: Wallet, data: dict) -> str:
-        services.refund_cash(wallet.team, data["amount"], reason=data["reason"], by=request.user)
+        services.refund_cash(
+            wallet.team, data["amount"], reason=data["reason"], by=request.user, request=request
+        )
         return _("Refund recorded.")
 
     def _operation(
@@ -249,7 +252,7 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
         if request.method == "POST" and form.is_valid():
             try:
                 services.reverse_transaction(
-                    txn, reason=form.cleaned_data["reason"], by=request.user
+                    txn, reason=form.cleaned_data["reason"], by=request.user, request=request
                 )
             except services.BillingError as exc:
                 form.add_error(None, exc.message())

@@ -140,6 +140,7 @@ from billing.settlement import (
 )
 from billing.transfers import services as bank_transfers
 from console.api.compiled import CompiledQuery, Many
+from console.audit import services as audit
 from console.errors import ErrorCode
 from console.tenancy import team_of
 from console.verification.services import require_verified
@@ -242,12 +243,13 @@ def grant_trial_credit(user: User) -> bool:
             )
     except IntegrityError:  # granted concurrently without the lock (SQLite) — once is enough
         return False
+    audit.record(user, "wallet.trial", wallet, team=wallet.team, label=f"{TRIAL_CREDIT} 元", after={"amount": TRIAL_CREDIT})  # fmt: skip
     return True
 
 
 @transaction.atomic
 def grant_voucher(
-    user: User,
+    user: Any,  # an Acting, a team or a user (console.tenancy.team_of)
     amount: Decimal,
     *,
     reason: str,
@@ -255,6 +257,7 @@ def grant_voucher(
     valid_days: int = 90,
     by: User | None = None,
     key: str | None = None,
+    request: Any = None,
 ) -> Account:
     """Grant a compute voucher (算力券): its own account with an amount, an expiry and a reason."""
     amount = round_cents(to_decimal(amount))
@@ -276,12 +279,13 @@ def grant_voucher(
         key=key,
         by=by,
     )
+    audit.record(by, "wallet.voucher", voucher, team=wallet.team, operator=bool(by and by.is_staff), label=reason, after={"amount": amount, "expires_at": expires_at}, request=request)  # fmt: skip
     return voucher
 
 
 @transaction.atomic
 def refund_cash(
-    user: User, amount: Decimal, *, reason: str, by: User | None = None
+    user: User, amount: Decimal, *, reason: str, by: User | None = None, request: Any = None
 ) -> LedgerTransaction:
     """Pay cash back to the customer (trial credit and vouchers are never refunded)."""
     amount = round_cents(to_decimal(amount))
@@ -292,6 +296,7 @@ def refund_cash(
     if cash.balance < amount:
         raise InsufficientFunds(gettext_noop("The cash balance is %(cash)s 元."), cash=cash.balance)
     invoicing.ensure_refundable(wallet, amount)  # invoiced cash: reverse the invoice first
+    audit.record(by, "wallet.refund", wallet, team=wallet.team, operator=bool(by and by.is_staff), label=reason, before={"cash": cash.balance}, after={"cash": cash.balance - amount, "amount": amount}, request=request)  # fmt: skip
     return post(
         TransactionKind.REFUND,
         [(cash, -amount), (system_account(AccountKind.REFUNDS), amount)],
@@ -303,13 +308,14 @@ def refund_cash(
 
 @transaction.atomic
 def reverse_transaction(
-    txn: LedgerTransaction, *, reason: str, by: User | None = None
+    txn: LedgerTransaction, *, reason: str, by: User | None = None, request: Any = None
 ) -> LedgerTransaction:
     """Correct a transaction with its mirror image (entries are never edited or deleted)."""
     if not reason.strip():
         raise BillingError(gettext_noop("A correction needs a reason."))
     if txn.wallet_id:
-        Wallet.objects.select_for_update().get(pk=txn.wallet_id)
+        locked = Wallet.objects.select_for_update().get(pk=txn.wallet_id)
+        audit.record(by, "wallet.reversal", txn, team=locked.team, operator=bool(by and by.is_staff), label=reason, before={"kind": txn.kind, "amounts": [str(e.amount) for e in txn.entries.all()]}, request=request)  # fmt: skip
     if LedgerTransaction.objects.filter(reverses=txn).exists():
         raise BillingError(gettext_noop("This transaction was already reversed."))
     legs = [(e.account, -e.amount) for e in txn.entries.select_related("account")]
@@ -607,7 +613,7 @@ def ensure_storage_affordable(user: User, stored_gb: int, added_gb: int) -> None
 # --- metering ------------------------------------------------------------------------------------
 @transaction.atomic
 def open_usage_session(
-    user: User,
+    user: Any,  # an Acting, a team or a user (console.tenancy.team_of)
     *,
     resource_kind: str,
     resource_id: str,
@@ -776,7 +782,7 @@ def close_usage_session(
 # --- long-term rental ----------------------------------------------------------------------------
 @transaction.atomic
 def purchase_term(
-    user: User,
+    user: Any,  # an Acting, a team or a user (console.tenancy.team_of)
     *,
     gpu_model: str,
     cards: int,
@@ -864,7 +870,12 @@ def validate_topup_amount(amount: Any) -> Decimal:
 
 @transaction.atomic
 def start_topup(
-    user: User, amount: Any, *, provider: str = "sandbox", idempotency_key: str | None = None
+    user: User,
+    amount: Any,
+    *,
+    provider: str = "sandbox",
+    idempotency_key: str | None = None,
+    request: Any = None,
 ) -> tuple[Payment, bool]:
     """Create a pending top-up; returns (payment, created).
 
@@ -903,6 +914,7 @@ def start_topup(
         return existing, False
     if provider == "bank_transfer":  # 对公转账: the remittance code the customer writes
         bank_transfers.on_created(payment)
+    audit.record(user, "wallet.topup", payment, team=wallet.team, label=f"{value} 元", after={"amount": value, "provider": provider, "state": payment.state}, request=request)  # fmt: skip
     return payment, True
 
 
@@ -973,6 +985,7 @@ def confirm_payment(
     # Low-balance warnings re-arm at the next settlement if the runway is back above them
     # (billing/lowbalance.py), so a top-up too small to matter does not warn twice.
     Payment.objects.filter(pk=payment.pk).update(transaction=txn)
+    audit.record(None, "wallet.topup_confirmed", payment, team=wallet.team, label=f"{payment.amount} 元", before={"state": payment.state}, after={"state": PaymentState.SUCCEEDED, "amount": payment.amount, "provider": provider}, request=None)  # fmt: skip
     return True
 
 

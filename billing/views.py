@@ -96,7 +96,9 @@ def topup(request: AuthenticatedRequest) -> HttpResponse:
         messages.error(request, _("Enter an amount between 1 and 10,000,000 元."))
         return redirect("billing:overview")
     try:
-        payment, _created = services.start_topup(acting(request), form.cleaned_data["amount"])
+        payment, _created = services.start_topup(
+            acting(request), form.cleaned_data["amount"], request=request
+        )
     except VerificationRequired as exc:
         return refusal_response(request, exc)
     except services.BillingError as exc:

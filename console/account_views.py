@@ -76,6 +76,7 @@ def ssh_key_list(request: HttpRequest) -> HttpResponse:
                 name=form.cleaned_data["name"],
                 public_key=form.cleaned_data["public_key"],
                 make_default=form.cleaned_data["make_default"],
+                request=request,
             )
         except ValidationError as exc:
             _add_errors(form, exc)
@@ -89,7 +90,7 @@ def ssh_key_list(request: HttpRequest) -> HttpResponse:
 @require_POST
 def ssh_key_delete(request: HttpRequest, public_id: str) -> HttpResponse:
     key = services.get_ssh_key_for_user(request.user, public_id)
-    services.delete_ssh_key(request.user, key)
+    services.delete_ssh_key(request.user, key, request=request)
     return _done(
         request, _("SSH key “%(name)s” deleted.") % {"name": key.name}, "account:ssh-key-list"
     )
@@ -134,7 +135,10 @@ def token_list(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         try:
             _token, raw = services.create_api_token(
-                request.user, name=form.cleaned_data["name"], expires_at=form.expires_at()
+                request.user,
+                name=form.cleaned_data["name"],
+                expires_at=form.expires_at(),
+                request=request,
             )
         except ValidationError as exc:
             _add_errors(form, exc)
@@ -148,7 +152,7 @@ def token_list(request: HttpRequest) -> HttpResponse:
 @require_POST
 def token_revoke(request: HttpRequest, public_id: str) -> HttpResponse:
     token = services.get_api_token_for_user(request.user, public_id)
-    services.revoke_api_token(request.user, token)
+    services.revoke_api_token(request.user, token, request=request)
     return _done(
         request, _("Token “%(name)s” revoked.") % {"name": token.name}, "account:token-list"
     )

@@ -25,6 +25,7 @@ from django.utils.translation import gettext as _
 
 from console import hooks
 from console.api.compiled import CompiledQuery
+from console.audit import services as audit
 from console.choices import ApiTokenState
 from console.ids import uuid_or_404
 from console.models import ApiToken, SshKey, Team, TrialCreditClaim, User
@@ -80,7 +81,9 @@ def _check_name(name: str | None) -> str:
 
 # --- SSH keys -----------------------------------------------------------------------------------
 @transaction.atomic
-def add_ssh_key(user: User, *, name: str, public_key: str, make_default: bool = False) -> SshKey:
+def add_ssh_key(
+    user: User, *, name: str, public_key: str, make_default: bool = False, request: Any = None
+) -> SshKey:
     """Validate and store a pasted public key; the first key becomes the default.
 
     Raises ``ValidationError`` (keyed by field) for a malformed, weak or duplicate key.
@@ -125,7 +128,7 @@ def add_ssh_key(user: User, *, name: str, public_key: str, make_default: bool = 
         mine.filter(is_default=True).update(is_default=False)
     try:
         with transaction.atomic():
-            return SshKey.objects.create(
+            key = SshKey.objects.create(
                 owner=user,
                 name=name,
                 key_type=parsed.key_type,
@@ -143,6 +146,10 @@ def add_ssh_key(user: User, *, name: str, public_key: str, make_default: bool = 
         raise ValidationError(
             {"public_key": ValidationError(_("You have already added this key."), code="duplicate")}
         ) from None
+    audit.record_in_every_team(
+        user, "sshkey.add", key, after={"fingerprint": key.fingerprint}, request=request
+    )
+    return key
 
 
 def _key_in_use() -> ValidationError:
@@ -179,7 +186,7 @@ def set_default_ssh_key(user: User, key: SshKey) -> SshKey:
 
 
 @transaction.atomic
-def delete_ssh_key(user: User, key: SshKey) -> bool:
+def delete_ssh_key(user: User, key: SshKey, *, request: Any = None) -> bool:
     """Delete a key; if it was the default, the newest remaining key becomes the default.
 
     The region gateways stop letting it through at their next sync (one is queued on commit
@@ -189,6 +196,9 @@ def delete_ssh_key(user: User, key: SshKey) -> bool:
     User.objects.select_for_update().filter(pk=user.pk).first()
     deleted, _rows = SshKey.objects.for_owner(user).filter(pk=key.pk).delete()
     if deleted:
+        audit.record_in_every_team(
+            user, "sshkey.delete", key, before={"fingerprint": key.fingerprint}, request=request
+        )
         # robust: a broker away at that moment costs only the early sync (beat's pass follows).
         transaction.on_commit(
             lambda: hooks.ssh_key_removed.send(sender=User, user=user), robust=True
@@ -208,7 +218,12 @@ def _hash_token(raw: str) -> str:
 
 @transaction.atomic
 def create_api_token(
-    user: User, *, name: str, expires_at: datetime | None = None, team: Team | None = None
+    user: User,
+    *,
+    name: str,
+    expires_at: datetime | None = None,
+    team: Team | None = None,
+    request: Any = None,
 ) -> tuple[ApiToken, str]:
     """Create a token and return it with its secret, which is never retrievable again. It acts
     in ``team`` (default: the user's personal team), of which the user must be a member."""
@@ -244,10 +259,12 @@ def create_api_token(
         secret_hash=_hash_token(raw),
         expires_at=expires_at,
     )
+    audit.record(user, "token.create", token, team=team, after={"prefix": prefix}, request=request)
     return token, raw
 
 
-def revoke_api_token(user: User, token: ApiToken) -> bool:
+@transaction.atomic
+def revoke_api_token(user: User, token: ApiToken, *, request: Any = None) -> bool:
     """Revoke a token at once. Compare-and-set: True only for the call that revoked it."""
     now = timezone.now()
     won = (
@@ -258,6 +275,7 @@ def revoke_api_token(user: User, token: ApiToken) -> bool:
     )
     if won:
         token.revoked_at = now
+        audit.record(user, "token.revoke", token, before={"prefix": token.prefix}, request=request)
     return won
 
 

@@ -10,6 +10,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.routers import APIRootView, DefaultRouter
 
 from console import team_api, team_views, views
+from console.audit import views as audit_views
 from console.lockout import limit_failed_logins
 from console.notices import views as notice_views
 from console.verification import views as verification_views
@@ -110,6 +111,8 @@ urlpatterns = [
         verification_views.review_decide,
         name="ops-verification-decide",
     ),
+    # A team's audit log (console/audit/).
+    path("teams/<uuid:public_id>/audit/", audit_views.team_audit, name="team-audit"),
     path("accounts/", include("allauth.urls")),
     # The pre-allauth name, still used by pages: the same view as allauth's account_login.
     path("accounts/login/", allauth_views.login, name="login"),

@@ -89,6 +89,7 @@ def app_detail(request: HttpRequest, slug: str) -> HttpResponse:
                 accept_license=request.POST.get("accept_license") == "on",
                 # One launch per rendering of the page: a double click launches once.
                 idempotency_key=f"app:{key}" if key else None,
+                request=request,
             )
         except (DomainError, NoCapacity) as exc:
             error = exc

@@ -199,6 +199,7 @@ class TopUpViewSet(ListRetrieveViewSet):
             payload.validated_data["amount"],
             provider=payload.validated_data["provider"],
             idempotency_key=key,
+            request=request,
         )
         data = TopUpSerializer(payment, context={"request": request}).data
         return Response(data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)

@@ -104,7 +104,7 @@ class InvoiceViewSet(ListRetrieveViewSet):
     def create(self, request: Request) -> Response:
         payload = InvoiceRequestSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        row = services.request_invoice(acting(request), **payload.validated_data)
+        row = services.request_invoice(acting(request), **payload.validated_data, request=request)
         return Response(InvoiceSerializer(row).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(

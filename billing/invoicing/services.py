@@ -47,6 +47,7 @@ from billing.invoicing.models import (
 from billing.ledger import get_or_create_wallet, lock_wallet
 from billing.models import Account, Entry, Wallet
 from billing.money import ZERO, round_cents, to_decimal
+from console.audit import services as audit
 from console.errors import ErrorCode
 from console.ids import uuid_or_404
 from console.notices import services as notices
@@ -159,6 +160,7 @@ def request_invoice(
     bank_account: str = "",
     email: str = "",
     amount: Any = None,
+    request: Any = None,
 ) -> Invoice:
     """A verified customer asks for an electronic invoice of consumed cash (all of it by default).
 
@@ -240,7 +242,7 @@ def request_invoice(
             field="amount",
             invoiceable=balance.invoiceable,
         )
-    return Invoice.objects.create(
+    row = Invoice.objects.create(
         wallet=wallet,
         kind=kind,
         title_type=title_type,
@@ -249,6 +251,8 @@ def request_invoice(
         requested_at=clock.now(),
         **fields,
     )
+    audit.record(user, "invoice.request", row, team=wallet.team, label=fields["title"], after={"amount": value, "kind": kind}, request=request)  # fmt: skip
+    return row
 
 
 # --- lookups -------------------------------------------------------------------------------------
@@ -315,7 +319,7 @@ def _document(row: Invoice, *, red: bool) -> pdf.InvoiceDocument:
 
 
 @transaction.atomic
-def issue_invoice(public_id: Any, *, by: User | None) -> Invoice:
+def issue_invoice(public_id: Any, *, by: User | None, request: Any = None) -> Invoice:
     """Issue a requested invoice: its number and its PDF (once)."""
     row = _locked(public_id, InvoiceState.REQUESTED)
     row.number = _number(row.pk)
@@ -326,12 +330,13 @@ def issue_invoice(public_id: Any, *, by: User | None) -> Invoice:
     row.decided_at = clock.now()
     row.decided_by = by if getattr(by, "pk", None) else None
     row.save()
+    audit.record(by, "invoice.issue", row, team=row.wallet.team, operator=True, label=row.number, before={"state": InvoiceState.REQUESTED}, after={"state": row.state, "amount": row.amount}, request=request)  # fmt: skip
     _mail_on_commit(row)
     return row
 
 
 @transaction.atomic
-def reject_request(public_id: Any, *, by: User | None, reason: str) -> Invoice:
+def reject_request(public_id: Any, *, by: User | None, reason: str, request: Any = None) -> Invoice:
     """Refuse a request (its amount becomes invoiceable again)."""
     if not (reason or "").strip():
         raise InvoiceError(gettext_noop("A rejection needs a reason."), field="reason")
@@ -341,11 +346,14 @@ def reject_request(public_id: Any, *, by: User | None, reason: str) -> Invoice:
     row.decided_at = clock.now()
     row.decided_by = by if getattr(by, "pk", None) else None
     row.save()
+    audit.record(by, "invoice.reject", row, team=row.wallet.team, operator=True, label=row.reason, before={"state": InvoiceState.REQUESTED}, after={"state": row.state, "amount": row.amount}, request=request)  # fmt: skip
     return row
 
 
 @transaction.atomic
-def reverse_invoice(public_id: Any, *, by: User | None, reason: str) -> Invoice:
+def reverse_invoice(
+    public_id: Any, *, by: User | None, reason: str, request: Any = None
+) -> Invoice:
     """冲红: a red-letter invoice cancels an issued one; its amount is invoiceable again (and its
     cash refundable again)."""
     if not (reason or "").strip():
@@ -361,6 +369,7 @@ def reverse_invoice(public_id: Any, *, by: User | None, reason: str) -> Invoice:
         f"{row.public_id}-red.pdf", ContentFile(pdf.render(_document(row, red=True))), save=False
     )
     row.save()
+    audit.record(by, "invoice.reverse", row, team=row.wallet.team, operator=True, label=row.number or "", before={"state": InvoiceState.ISSUED}, after={"state": row.state, "red_number": row.red_number}, request=request)  # fmt: skip
     return row
 
 

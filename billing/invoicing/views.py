@@ -44,7 +44,7 @@ def invoices(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _page(request, form, 400)
     try:
-        row = services.request_invoice(acting(request), **form.cleaned_data)  # type: ignore[arg-type]
+        row = services.request_invoice(acting(request), **form.cleaned_data, request=request)  # type: ignore[arg-type]
     except VerificationRequired as exc:
         return refusal_response(request, exc)
     except DomainError as exc:
@@ -96,13 +96,13 @@ def ops_invoice_action(request: HttpRequest, public_id: str, verb: str) -> HttpR
     by: Any = request.user
     try:
         if verb == "issue":
-            row = services.issue_invoice(public_id, by=by)
+            row = services.issue_invoice(public_id, by=by, request=request)
             messages.success(request, _("Invoice %(number)s issued.") % {"number": row.number})
         elif verb == "reject":
-            services.reject_request(public_id, by=by, reason=reason)
+            services.reject_request(public_id, by=by, reason=reason, request=request)
             messages.success(request, _("Request rejected."))
         elif verb == "reverse":
-            row = services.reverse_invoice(public_id, by=by, reason=reason)
+            row = services.reverse_invoice(public_id, by=by, reason=reason, request=request)
             messages.success(
                 request,
                 _("Invoice %(number)s reversed by red-letter invoice %(red)s.")

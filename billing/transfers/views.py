@@ -36,6 +36,7 @@ def start(request: HttpRequest) -> HttpResponse:
             acting(request),  # type: ignore[arg-type]
             form.cleaned_data["amount"],
             provider="bank_transfer",
+            request=request,
         )
     except VerificationRequired as exc:
         return refusal_response(request, exc)

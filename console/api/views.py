@@ -50,11 +50,12 @@ class SshKeyViewSet(mixins.DestroyModelMixin, ListRetrieveViewSet):
             name=payload.validated_data["name"],
             public_key=payload.validated_data["public_key"],
             make_default=payload.validated_data["is_default"],
+            request=request,
         )
         return Response(SshKeySerializer(key).data, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance: SshKey) -> None:
-        services.delete_ssh_key(self.request.user, instance)
+        services.delete_ssh_key(self.request.user, instance, request=self.request)
 
     @extend_schema(
         summary="Make this key the default for new instances",
@@ -97,7 +98,7 @@ class ApiTokenViewSet(ListRetrieveViewSet):
             team = Team.objects.filter(public_id=team_id, closed_at__isnull=True).first()
             if team is None or not team.memberships.filter(user=request.user).exists():
                 raise ValidationError({"team": [_("You are not a member of that team.")]})
-        token, raw = services.create_api_token(request.user, team=team, **data)
+        token, raw = services.create_api_token(request.user, team=team, **data, request=request)
         token.token = raw
         response = Response(ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
         response["Cache-Control"] = "no-store"
@@ -107,7 +108,7 @@ class ApiTokenViewSet(ListRetrieveViewSet):
         summary="Revoke an API token", request=None, responses={204: None}, tags=["account"]
     )
     def destroy(self, request: Request, public_id: str) -> Response:
-        services.revoke_api_token(request.user, self.get_object())
+        services.revoke_api_token(request.user, self.get_object(), request=request)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(
@@ -119,5 +120,5 @@ class ApiTokenViewSet(ListRetrieveViewSet):
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, public_id: str) -> Response:
         token = self.get_object()
-        services.revoke_api_token(request.user, token)
+        services.revoke_api_token(request.user, token, request=request)
         return Response(ApiTokenSerializer(token).data)

@@ -253,7 +253,9 @@ class InstanceViewSet(PublicIdViewSet):
             disks=tuple((str(x["id"]), x["mode"]) for x in d["disks"]),
             web_ports=tuple(d["web_ports"]),
         )
-        instance, created = services.order_instance(acting(request), req, idempotency_key=key)
+        instance, created = services.order_instance(
+            acting(request), req, idempotency_key=key, request=request
+        )
         return self._answer(instance, status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK)
 
     @extend_schema(
@@ -265,7 +267,9 @@ class InstanceViewSet(PublicIdViewSet):
     @action(detail=True, methods=["post"])
     def release(self, request: Request, public_id: str) -> Response:
         instance = self._get()
-        services.release_instance(instance, by=request.user.get_username())
+        services.release_instance(
+            instance, by=request.user.get_username(), who=request.user, request=request
+        )
         return self._answer(instance)
 
     def _events(self, request: Request, logs: bool) -> Response:
@@ -344,7 +348,9 @@ class InstanceViewSet(PublicIdViewSet):
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, public_id: str) -> Response:
         instance = self._get()
-        power.stop_instance(instance, by=request.user.get_username())
+        power.stop_instance(
+            instance, by=request.user.get_username(), who=request.user, request=request
+        )
         return self._answer(instance)
 
     @extend_schema(
@@ -359,7 +365,11 @@ class InstanceViewSet(PublicIdViewSet):
         payload = InstanceStartSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         power.start_instance(
-            instance, by=request.user.get_username(), mode=payload.validated_data["mode"]
+            instance,
+            by=request.user.get_username(),
+            mode=payload.validated_data["mode"],
+            who=request.user,
+            request=request,
         )
         return self._answer(instance)
 
@@ -440,7 +450,7 @@ class DiskViewSet(PublicIdViewSet):
     def create(self, request: Request) -> Response:
         payload = DiskCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        disk = disk_service.create_disk(acting(request), **payload.validated_data)
+        disk = disk_service.create_disk(acting(request), **payload.validated_data, request=request)
         return self._answer(disk, status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -449,7 +459,7 @@ class DiskViewSet(PublicIdViewSet):
         tags=["storage"],
     )
     def destroy(self, request: Request, public_id: str) -> Response:
-        disk_service.delete_disk(self._get())
+        disk_service.delete_disk(self._get(), who=request.user, request=request)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(
@@ -463,7 +473,9 @@ class DiskViewSet(PublicIdViewSet):
         disk = self._get()
         payload = DiskResizeSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        disk_service.resize_disk(disk, payload.validated_data["size_gb"])
+        disk_service.resize_disk(
+            disk, payload.validated_data["size_gb"], who=request.user, request=request
+        )
         return self._answer(disk)
 
     @extend_schema(
@@ -616,6 +628,7 @@ class AppViewSet(viewsets.ViewSet):
             name=d["name"],
             accept_license=d["accept_license"],
             idempotency_key=key,
+            request=request,
         )
         instance.refresh_from_db()
         code = status.HTTP_200_OK if existing else status.HTTP_202_ACCEPTED

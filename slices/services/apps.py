@@ -280,6 +280,7 @@ def launch_app(
     accept_license: bool = False,
     name: str = "",
     idempotency_key: str | None = None,
+    request: Any = None,
 ) -> Instance:
     """Order ``app``: refused with ``OrderRefused`` (what is wrong) or what ``order_instance``
     raises; the same ``idempotency_key`` returns the instance the first click ordered."""
@@ -322,7 +323,7 @@ def launch_app(
         app=app.slug,
         app_model=offer.model.hub_id,
     )
-    instance, _created = order_instance(user, req, idempotency_key=idempotency_key)
+    instance, _created = order_instance(user, req, idempotency_key=idempotency_key, request=request, audit_action="app.launch")  # fmt: skip
     return instance
 
 

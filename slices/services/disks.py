@@ -29,6 +29,7 @@ from django.utils.translation import gettext_noop
 from billing import services as billing
 from billing.choices import Meter
 from console.api.compiled import CompiledQuery, Many
+from console.audit import services as audit
 from console.errors import DomainError, ErrorCode
 from console.ids import uuid_or_404
 from console.names import NameRefused, clean_name
@@ -224,7 +225,7 @@ def _check_funds(user: Any, added_gb: int) -> None:
 
 
 @transaction.atomic
-def create_disk(user: Any, *, name: str, size_gb: Any, region: str) -> Disk:
+def create_disk(user: Any, *, name: str, size_gb: Any, region: str, request: Any = None) -> Disk:
     size = _check_size(size_gb)
     try:
         name = clean_name(name)  # the rules every customer-chosen name follows (console/names.py)
@@ -249,11 +250,12 @@ def create_disk(user: Any, *, name: str, size_gb: Any, region: str) -> Disk:
         team=team_of(user), created_by=user_of(user), region=region_row, name=name, size_gb=size
     )
     sync_storage_billing(user)
+    audit.record(user, "disk.create", disk, after={"size_gb": size, "region": region}, request=request)  # fmt: skip
     return disk
 
 
 @transaction.atomic
-def resize_disk(disk: Disk, size_gb: Any) -> Disk:
+def resize_disk(disk: Disk, size_gb: Any, *, who: Any = None, request: Any = None) -> Disk:
     """Grow a disk (never shrink: the file system on it would lose data)."""
     size = _check_size(size_gb)
     _lock_account(disk.team)
@@ -265,6 +267,7 @@ def resize_disk(disk: Disk, size_gb: Any) -> Disk:
             gettext_noop("A disk only grows: choose more than %(size)d GB."), size=disk.size_gb
         )
     _check_funds(disk.team, size - disk.size_gb)
+    audit.record(who, "disk.resize", disk, before={"size_gb": disk.size_gb}, after={"size_gb": size}, request=request)  # fmt: skip
     Disk.objects.filter(pk=disk.pk).update(size_gb=size)
     disk.size_gb = size
     for att in attachments_of(disk):
@@ -274,7 +277,7 @@ def resize_disk(disk: Disk, size_gb: Any) -> Disk:
 
 
 @transaction.atomic
-def delete_disk(disk: Disk) -> None:
+def delete_disk(disk: Disk, *, who: Any = None, request: Any = None) -> None:
     """Delete a disk that no live instance uses (its storage charge stops now)."""
     _lock_account(disk.team)
     in_use = [a.instance for a in attachments_of(disk) if a.instance.state in ATTACHABLE_STATES]
@@ -296,6 +299,7 @@ def delete_disk(disk: Disk) -> None:
         raise Http404
     DiskAttachment.objects.filter(disk=disk, detached_at__isnull=True).update(detached_at=now)
     disk.state = DiskState.DELETED
+    audit.record(who, "disk.delete", disk, before={"size_gb": disk.size_gb, "state": "available"}, request=request)  # fmt: skip
     sync_storage_billing(disk.team)
 
 

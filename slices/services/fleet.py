@@ -21,6 +21,7 @@ from django.db.models import DEFERRED, F
 from django.utils import timezone
 
 from console import loading
+from console.audit import services as audit
 from console.loading import update_changed, upsert_counted
 from slices import topology
 from slices.choices import (
@@ -37,6 +38,7 @@ from slices.models import (
     FleetVersion,
     Gateway,
     GpuModel,
+    Instance,
     Node,
     NodeFailure,
     Region,
@@ -395,10 +397,14 @@ def _demand(models: Iterable[GpuModel]) -> dict[str, dict[int, float]]:
 NODE_ACTIONS = ("drain", "maintenance", "fail", "return")
 
 
-def change_node_state(node: Node, action: str, note: str = "") -> bool:
+@transaction.atomic
+def change_node_state(
+    node: Node, action: str, note: str = "", *, who: Any = None, request: Any = None
+) -> bool:
     """Drain, put in maintenance, mark failed or return a node to service (compare-and-set).
 
-    Draining keeps running leases and takes no new ones; maintenance needs an empty node.
+    Draining keeps running leases and takes no new ones; maintenance needs an empty node. Every
+    team with an instance on the node gets an operator entry in its audit log.
     """
     qs = Node.objects.filter(pk=node.pk)
     now = timezone.now()
@@ -432,8 +438,25 @@ def change_node_state(node: Node, action: str, note: str = "") -> bool:
             )
         elif action == "return":
             NodeFailure.objects.filter(node=node, returned_at__isnull=True).update(returned_at=now)
+        _audit_node_action(node, action, note, who, request)
     node.refresh_from_db()
     return won == 1
+
+
+def _audit_node_action(node: Node, action: str, note: str, who: Any, request: Any) -> None:
+    """An operator's node action is an operator action on every team with an instance there."""
+    live = Instance.objects.filter(nodes__node=node, resources_freed_at__isnull=True)
+    for instance in live.select_related("team").distinct():
+        audit.record(
+            who,
+            "ops.node",
+            instance,
+            team=instance.team,
+            operator=True,
+            before={"node": node.hostname},
+            after={"action": action, "note": note},
+            request=request,
+        )
 
 
 # ---------------------------------------------------------------------------------------------

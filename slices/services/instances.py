@@ -28,6 +28,7 @@ from django.utils.translation import gettext_noop
 from billing import services as billing
 from billing.choices import BillingMode
 from console import services as console_services
+from console.audit import services as audit
 from console.errors import DomainError, ErrorCode
 from console.ids import parse_uuid
 from console.names import NameRefused, clean_name
@@ -418,7 +419,12 @@ class _CheckedOrder:
 
 
 def order_instance(
-    user: Any, req: OrderRequest, *, idempotency_key: str | None = None
+    user: Any,
+    req: OrderRequest,
+    *,
+    idempotency_key: str | None = None,
+    request: Any = None,
+    audit_action: str = "instance.order",  # an app launch and the demo say which they were
 ) -> tuple[Instance, bool]:
     """Accept an order: check it, reserve its GPUs and start provisioning on commit.
 
@@ -437,6 +443,7 @@ def order_instance(
         with transaction.atomic():
             created = _create_and_allocate(user, req, checked, idempotency_key, fingerprint)
             disk_service.attach_for_order(created, checked.disks)
+            audit.record(user, audit_action, created, after=_order_facts(created), request=request)
             return created, True
     except IntegrityError:
         # The same Idempotency-Key committed by a concurrent request first: answer with its result.
@@ -445,6 +452,16 @@ def order_instance(
             if existing is not None:
                 return existing, False
         raise
+
+
+def _order_facts(instance: Instance) -> dict[str, Any]:
+    """What the audit log keeps of an order: the cards, the model, the price quoted."""
+    return {
+        "gpu_model": instance.gpu_model.code,
+        "cards": instance.cards,
+        "billing_mode": instance.billing_mode,
+        "per_hour": instance.quoted_per_hour,
+    }
 
 
 def _check_shape(req: OrderRequest) -> None:
@@ -660,24 +677,42 @@ def close_billing(instance: Instance, reason: str, *, code: str = "billing_close
 
 
 @transaction.atomic
-def release_instance(instance: Instance, *, by: str, code: str = "release_requested") -> bool:
+def release_instance(
+    instance: Instance,
+    *,
+    by: str,
+    code: str = "release_requested",
+    who: Any = None,
+    request: Any = None,
+) -> bool:
     """Release with one click: billing stops now, the nodes are cleaned and the GPUs freed by a
-    worker. Idempotent: True only for the call that started the release."""
+    worker. Idempotent: True only for the call that started the release. ``who`` is the person
+    (None: the console itself, ``by`` says why) for the audit log."""
+    before = {"state": instance.state}
     if instance.state == InstanceState.FAILED:
         # Its resources were freed when it failed: releasing only archives it.
-        return transition(
+        won = transition(
             instance,
             InstanceState.RELEASED,
             code=code,
             params={"by": by},
             ended_at=instance.ended_at or timezone.now(),
         )
+        if won:
+            _audit_release(who, instance, before, by, request)
+        return won
     if not transition(instance, InstanceState.RELEASING, code=code, params={"by": by}):
         return False
+    _audit_release(who, instance, before, by, request)
     close_billing(instance, "released")
     _storage_released(instance)
     enqueue_on_commit("slices.tasks.teardown_instance_task", instance.pk)
     return True
+
+
+def _audit_release(who: Any, instance: Instance, before: dict, by: str, request: Any) -> None:
+    after = {"state": instance.state, "by": by}
+    audit.record(who, "instance.release", instance, before=before, after=after, request=request)
 
 
 @transaction.atomic

@@ -260,7 +260,12 @@ def term_days_for(gpu_model: str, prices: list[tuple[Any, list[Any]]] | None = N
 
 
 def order_from_forms(
-    user: Any, preview: dict[str, Any], order: dict[str, Any], asset_ids: list[str]
+    user: Any,
+    preview: dict[str, Any],
+    order: dict[str, Any],
+    asset_ids: list[str],
+    *,
+    request: Any = None,
 ) -> Instance:
     hours = order.get("auto_release_hours")
     req = OrderRequest(
@@ -280,7 +285,7 @@ def order_from_forms(
         ),
         web_ports=tuple(order.get("web_ports") or ()),
     )
-    instance, _created = order_instance(user, req)
+    instance, _created = order_instance(user, req, request=request)
     return instance
 
 

@@ -27,6 +27,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_noop
 
 from billing.choices import BillingMode, CloseReason
+from console.audit import services as audit
 from console.notices import services as notices
 from console.tenancy import for_row
 from slices import lifecycle
@@ -105,7 +106,7 @@ def _check_stoppable(instance: Instance) -> None:
 
 
 @transaction.atomic
-def stop_instance(instance: Instance, *, by: str) -> bool:
+def stop_instance(instance: Instance, *, by: str, who: Any = None, request: Any = None) -> bool:
     """关机: the GPU charge stops now and the system disk is billed as storage; a worker stops
     the node and frees the GPUs. True for the call that stopped it."""
     instance.refresh_from_db()
@@ -118,6 +119,7 @@ def stop_instance(instance: Instance, *, by: str) -> bool:
         params={"by": by, "disk_gb": instance.system_disk_gb, "per_day": str(per_day)},
     ):
         return False
+    audit.record(who, "instance.stop", instance, before={"state": "running"}, after={"state": "stopping", "by": by}, request=request)  # fmt: skip
     close_billing(instance, CloseReason.RELEASED)
     disk_service.sync_storage_billing(instance.team)
     enqueue_on_commit("slices.tasks.stop_instance_task", instance.pk)
@@ -178,7 +180,14 @@ class StartResult:
 
 
 @transaction.atomic
-def start_instance(instance: Instance, *, by: str, mode: str = StartMode.AUTO) -> StartResult:
+def start_instance(
+    instance: Instance,
+    *,
+    by: str,
+    mode: str = StartMode.AUTO,
+    who: Any = None,
+    request: Any = None,
+) -> StartResult:
     """开机: take cards again (same host first), or start without GPUs; a worker provisions.
 
     Raises ``InstanceConflict`` (not stopped), ``NoCapacity`` (no cards free in the region: the
@@ -263,6 +272,7 @@ def start_instance(instance: Instance, *, by: str, mode: str = StartMode.AUTO) -
         stop_warnings=0,
     )
     disk_service.sync_storage_billing(instance.team)
+    audit.record(who, "instance.start", instance, before={"state": "stopped"}, after={"state": "provisioning", "by": by, "mode": mode, "node": node.hostname, "gpuless": gpuless}, request=request)  # fmt: skip
     enqueue_on_commit("slices.tasks.start_instance_task", instance.pk)
     return StartResult(node.hostname, moved_from, gpuless)
 

@@ -237,6 +237,7 @@ def launch_recipe(
     accept_license: bool,
     gpu_model: str | None = None,
     idempotency_key: str | None = None,
+    request: Any = None,
 ) -> Instance:
     """Order ``recipe`` on the offer's choice (or ``gpu_model`` when the page named one the offer
     allows). Raises ``OrderRefused`` when the licence is not accepted or nothing fits the budget,
@@ -298,7 +299,7 @@ def launch_recipe(
             if existing is not None:
                 return existing
         _refuse_a_second_run(user)
-        instance, _created = order_instance(user, req, idempotency_key=idempotency_key)
+        instance, _created = order_instance(user, req, idempotency_key=idempotency_key, request=request, audit_action="demo.run")  # fmt: skip
     return instance
 
 

@@ -39,6 +39,7 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
                 gpu_model=request.POST.get("gpu_model") or None,
                 # One run per rendering of the page: a double click launches once.
                 idempotency_key=f"demo:{key}" if key else None,
+                request=request,
             )
         except recipes.DemoRunLive as exc:
             # One demo run per account at a time: open the live one and say why.

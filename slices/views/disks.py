@@ -31,7 +31,7 @@ def disk_list(request: HttpRequest) -> HttpResponse:
     form = DiskForm(request.POST or None, regions=regions)
     if request.method == "POST" and form.is_valid():
         try:
-            disk = disk_service.create_disk(acting(request), **form.cleaned_data)
+            disk = disk_service.create_disk(acting(request), **form.cleaned_data, request=request)
         except DomainError as exc:
             form.add_error(None, exc.message())
         else:
@@ -94,7 +94,9 @@ def _disk_action(request: HttpRequest, public_id: str, act: Callable[[Disk], str
 @require_http_methods(["POST"])
 def disk_resize(request: HttpRequest, public_id: str) -> HttpResponse:
     def act(disk: Disk) -> str:
-        disk_service.resize_disk(disk, request.POST.get("size_gb"))
+        disk_service.resize_disk(
+            disk, request.POST.get("size_gb"), who=request.user, request=request
+        )
         return _("The disk %(name)s now has %(size)s GB.") % {
             "name": disk.name,
             "size": disk.size_gb,
@@ -107,7 +109,7 @@ def disk_resize(request: HttpRequest, public_id: str) -> HttpResponse:
 @require_http_methods(["POST"])
 def disk_delete(request: HttpRequest, public_id: str) -> HttpResponse:
     def act(disk: Disk) -> str:
-        disk_service.delete_disk(disk)
+        disk_service.delete_disk(disk, who=request.user, request=request)
         return _("Deleted the disk %(name)s; its storage charge stopped.") % {"name": disk.name}
 
     return _disk_action(request, public_id, act)

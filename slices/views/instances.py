@@ -190,6 +190,7 @@ def instance_new(request: HttpRequest) -> HttpResponse:
                     form.cleaned_data,
                     order_form.cleaned_data,
                     context["asset_ids"],
+                    request=request,
                 )
             except (DomainError, NoCapacity) as exc:
                 context["order_error"] = exc
@@ -486,7 +487,9 @@ def instance_release(request: HttpRequest, public_id: str) -> HttpResponse:
     """GET asks for confirmation (the page works without JavaScript); POST releases."""
     instance = services.get_instance_for_user(acting(request), public_id)
     if request.method == "POST":
-        if services.release_instance(instance, by=request.user.get_username()):
+        if services.release_instance(
+            instance, by=request.user.get_username(), who=request.user, request=request
+        ):
             messages.success(
                 request, _("Releasing %(name)s. Billing stopped now.") % {"name": instance.name}
             )
@@ -569,7 +572,9 @@ def instance_stop(request: HttpRequest, public_id: str) -> HttpResponse:
     instance = services.get_instance_for_user(acting(request), public_id)
     try:
         disk = _system_disk_charge(instance)
-        if power.stop_instance(instance, by=request.user.get_username()):
+        if power.stop_instance(
+            instance, by=request.user.get_username(), who=request.user, request=request
+        ):
             if disk.within_free:
                 text = _(
                     "Stopping %(name)s: the GPU charge stopped; its %(gb)s GB system disk is kept "
@@ -595,7 +600,9 @@ def instance_start(request: HttpRequest, public_id: str) -> HttpResponse:
     if mode not in power.StartMode.__members__.values():
         mode = power.StartMode.AUTO
     try:
-        result = power.start_instance(instance, by=request.user.get_username(), mode=mode)
+        result = power.start_instance(
+            instance, by=request.user.get_username(), mode=mode, who=request.user, request=request
+        )
     except DomainError as exc:
         _flash_error(request, exc)
         if isinstance(exc, NoCapacity):

@@ -116,7 +116,9 @@ def ops_node(request: HttpRequest, public_id: str) -> HttpResponse:
         action = request.POST.get("action", "")
         if action not in services.NODE_ACTIONS:
             messages.error(request, _("Unknown action."))
-        elif services.change_node_state(node, action, request.POST.get("note", "")[:255]):
+        elif services.change_node_state(
+            node, action, request.POST.get("note", "")[:255], who=request.user, request=request
+        ):
             messages.success(
                 request,
                 _("%(node)s is now %(state)s.") % {"node": node, "state": node.get_state_display()},

@@ -15,6 +15,7 @@ from typing import Any
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from console.notices import services as notices
+from console.tenancy import personal_team
 from console.verification import services as verification
 from console.verification.models import Verification
 from tests.console.factories import make_api_token, make_ssh_key
@@ -48,7 +49,14 @@ def _notice(owner: Any) -> dict[str, Any]:
     return {"public_id": notice.public_id}
 
 
+def _team(owner: Any) -> dict[str, Any]:
+    return {"public_id": personal_team(owner).public_id}
+
+
 OBJECT_ROUTES: dict[str, Callable[[Any], dict[str, Any]]] = {
+    # the audit log (console/audit/)
+    "team-audit": _team,
+    "team-audit-api": _team,
     "account-verification-licence": _licence,
     "notification-read": _notice,
     "notifications-read-one": _notice,
