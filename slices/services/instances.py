@@ -411,11 +411,14 @@ def _lock_quota(user: Any) -> int:
 
 
 def _ssh_key(user: Any, ref: str) -> tuple[str, str]:
+    person = user_of(user)  # SSH keys are a person's, whichever team they act in
+    if person is None and not ref:
+        return "", ""
     try:
         key = (
-            console_services.get_ssh_key_for_user(user, ref)
+            console_services.get_ssh_key_for_user(person, ref)
             if ref
-            else console_services.get_default_ssh_key(user)
+            else console_services.get_default_ssh_key(person)
         )
     except Http404:  # unknown, or another customer's: the same answer
         raise OrderRefused(
@@ -601,7 +604,11 @@ def _create_and_allocate(
         instance,
         EventKind.STATE,
         code="ordered",
-        params={"cards": req.cards, "gpu_model": c.model.code, "user": user.get_username()},
+        params={
+            "cards": req.cards,
+            "gpu_model": c.model.code,
+            "user": person.get_username() if (person := user_of(user)) is not None else "",
+        },
     )
     _reserve(instance, user, c)
     enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
