@@ -253,7 +253,7 @@ def grant_trial_credit(user: User) -> bool:
 
 @transaction.atomic
 def grant_voucher(
-    user: User,
+    user: User | Any,
     amount: Decimal,
     *,
     reason: str,
@@ -629,7 +629,9 @@ def member_id_of(who: Any) -> int | None:
     return int(personal) if personal is not None else None
 
 
-def member_month_spend(who: Any, member_id: int | None = None, at: datetime | None = None) -> Decimal:
+def member_month_spend(
+    who: Any, member_id: int | None = None, at: datetime | None = None
+) -> Decimal:
     """What the member's lines of the team's bill cost this calendar month (billing/budgets.py)."""
     team = team_of(who)
     return budgets.month_spend(team.pk, member_id_of(who) if member_id is None else member_id, at)
@@ -723,13 +725,13 @@ def ensure_member_within_budget(
             "of your monthly budget of %(budget)s 元 in this team (what you run needs "
             "%(running)s 元 more). Ask a team owner, admin or billing member to raise it."
         )
-    raise BudgetExceeded(template, **params)
+    raise BudgetExceeded(template, **cast(dict[str, Any], params))
 
 
 # --- metering ------------------------------------------------------------------------------------
 @transaction.atomic
 def open_usage_session(
-    user: User,
+    user: User | Any,
     *,
     resource_kind: str,
     resource_id: str,
@@ -899,7 +901,7 @@ def close_usage_session(
 # --- long-term rental ----------------------------------------------------------------------------
 @transaction.atomic
 def purchase_term(
-    user: User,
+    user: User | Any,
     *,
     gpu_model: str,
     cards: int,

@@ -629,7 +629,7 @@ def _decide_budgets(run: _Run) -> None:
         team__wallet__pk__in=charged, stop_on_budget=True, budget_monthly__isnull=False
     ).values_list("team__wallet__pk", "team_id", "user_id", "budget_monthly")
     for wallet_id, team_id, user_id, budget in limits:
-        if budgets.month_spend(team_id, user_id, run.now) < budget:
+        if budget is None or budgets.month_spend(team_id, user_id, run.now) < budget:
             continue
         rows = (
             UsageSession.objects.filter(

@@ -321,12 +321,12 @@ def _correction_lines(
         whole = voucher + trial + cash
         shares = sorted(parts_of.get(reverses, {None: -whole}).items(), key=_member_order)
         group: list[BillLine] = []
-        for i, (member_id, share) in enumerate(shares):
+        for i, (share_member, share) in enumerate(shares):
             # The last member's line takes what is left: the lines sum to the ledger exactly.
             amount = whole - sum((line.amount for line in group), ZERO)
             if i < len(shares) - 1:
                 amount = -share
-            kind, rid, model, where = subjects.get((reverses, member_id), ("", "", "", ""))
+            kind, rid, model, where = subjects.get((reverses, share_member), ("", "", "", ""))
             group.append(
                 BillLine(
                     bill_no=f"R{pk:012d}" + (f"-{i}" if i else ""),
@@ -341,7 +341,7 @@ def _correction_lines(
                     quantity=ZERO,
                     unit_price=ZERO,
                     amount=amount,
-                    member=_member_key(member_id),
+                    member=_member_key(share_member),
                     transaction_id=pk,
                     region=where,
                 )

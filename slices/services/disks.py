@@ -31,8 +31,8 @@ from billing.choices import Meter
 from console.api.compiled import CompiledQuery, Many
 from console.errors import DomainError, ErrorCode
 from console.ids import uuid_or_404
-from console.names import NameRefused, clean_name
 from console.models import Team
+from console.names import NameRefused, clean_name
 from console.tenancy import for_row, team_of, user_of
 from slices.choices import DiskMode, DiskState, EventKind, InstanceState
 from slices.models import Disk, DiskAttachment, Instance, PfsUsage, Region
