@@ -278,6 +278,37 @@ def test_the_order_door_refuses_through_the_api_and_the_form(
     assert not Instance.objects.exists()
 
 
+@pytest.mark.django_db
+def test_a_migration_restart_is_not_refused_and_stays_the_members(
+    lab: Team, bob: User, settings, tmp_path, django_capture_on_commit_callbacks
+) -> None:
+    """A node fails and the platform moves the instance: not an order, so no budget or quota
+    refuses it (the member held these cards before); its new usage session is the member's
+    again, so it counts against the budget, and "stop on exhaustion" stops it there."""
+    from slices.drivers.sim import SimDriver
+    from slices.services import migration
+
+    settings.SLICES_PFS_CONSOLE_ROOT = str(tmp_path / "pfs")
+    settings.SLICES_NODE_FAIL_GRACE_SECONDS = 60
+    settings.SLICES_MIGRATION_VOUCHER = "0"
+    inst = run_order(as_member(lab, bob), django_capture_on_commit_callbacks, cards=4)
+    limit(lab, bob, budget_monthly="1", gpu_quota=1)  # past both now
+    node = inst.nodes.get().node
+    t0 = timezone.now()
+    try:
+        migration.report_node_signal(node, "xid", "Xid 79: GPU has fallen off the bus", at=t0)
+        with django_capture_on_commit_callbacks(execute=True):
+            assert migration.check_node_health(t0 + timedelta(seconds=61)) == [node.hostname]
+    finally:
+        SimDriver.revive()
+    inst.refresh_from_db()
+    assert inst.state == InstanceState.RUNNING, list(inst.events.values_list("code", "params"))
+    assert inst.nodes.get().node != node
+    sessions = UsageSession.objects.filter(resource_id=str(inst.public_id)).order_by("pk")
+    assert [s.member_id for s in sessions] == [bob.pk, bob.pk]
+    assert [s.state for s in sessions] == ["closed", "open"]
+
+
 # --- many orders at once ------------------------------------------------------------------------
 def _twenty_orders(member: Acting, n: int = 20) -> list[Any]:
     out: list[Any] = []
@@ -378,6 +409,14 @@ def test_the_settlement_that_spends_the_budget_stops_the_members_instances(
     assert mine.state in (InstanceState.RELEASING, InstanceState.RELEASED)
     assert hers.state == InstanceState.RUNNING
     assert budgets.month_spend(lab.pk, bob.pk, start + timedelta(minutes=80)) >= Decimal("10")
+    stopped = mine.events.get(code="billing_stopped")
+    assert stopped.params == {"reason": "budget_exhausted"}
+    from slices.messages import event_text
+
+    with translation.override("en"):
+        assert event_text(stopped.code, stopped.params) == (
+            "Stopped by billing: its maker's monthly budget in the team is spent"
+        )
 
 
 @pytest.mark.django_db
@@ -434,3 +473,27 @@ def test_the_members_lines_sum_to_the_teams_bill(
     table = list(csv.reader(io.StringIO(files.to_csv(rows).decode("utf-8-sig"))))
     assert len(table[0]) == 17 and table[0][16] == files.headers()[16]
     assert {row[16] for row in table[1:]} == {"alice", "bob", ""}
+
+
+@pytest.mark.django_db
+def test_the_data_migration_gives_old_rows_their_teams_person(alice: User, prices) -> None:
+    """Rows written before teams (no member) get their personal team's person."""
+    import importlib
+
+    from django.apps import apps as registry
+
+    from billing.models import TermRental
+
+    session = billing.open_usage_session(
+        alice, resource_kind="instance", resource_id="old", gpu_model="RTX 4090", cards=1
+    )
+    billing.grant_voucher(alice, Decimal("100"), reason="test", valid_days=30)
+    rental = billing.purchase_term(
+        alice, gpu_model="RTX 4090", cards=1, days=1, resource_kind="instance", resource_id="t"
+    )
+    UsageSession.objects.filter(pk=session.pk).update(member=None)
+    TermRental.objects.filter(pk=rental.pk).update(member=None)
+    module = importlib.import_module("billing.migrations.0011_member_attribution")
+    module.fill_members(registry, None)
+    assert UsageSession.objects.get(pk=session.pk).member == alice
+    assert TermRental.objects.get(pk=rental.pk).member == alice
