@@ -497,3 +497,33 @@ def test_the_data_migration_gives_old_rows_their_teams_person(alice: User, price
     module.fill_members(registry, None)
     assert UsageSession.objects.get(pk=session.pk).member == alice
     assert TermRental.objects.get(pk=rental.pk).member == alice
+
+
+@pytest.mark.django_db
+def test_the_usage_csv_and_api_add_the_member(alice: User, alice_client, prices) -> None:
+    billing.open_usage_session(
+        alice, resource_kind="instance", resource_id="i-1", gpu_model="RTX 4090", cards=1
+    )
+    table = list(
+        csv.reader(io.StringIO(alice_client.get("/billing/usage.csv").content.decode("utf-8-sig")))
+    )
+    assert table[0][:13] == [  # the columns as they were, the member added at the end
+        "session",
+        "resource_kind",
+        "resource",
+        "name",
+        "gpu_model",
+        "cards",
+        "rate",
+        "started",
+        "ended",
+        "seconds",
+        "amount",
+        "state",
+        "price_version",
+    ]
+    assert table[0][13] == "member" and table[1][13] == "alice"
+    api = APIClient()
+    api.force_authenticate(alice)
+    body = api.get("/api/v1/billing/usage-sessions/").json()
+    assert body["results"][0]["member"] == str(alice.public_id)
