@@ -17,6 +17,13 @@ Services other apps call
   the caller made that billing does not meter yet, and this order) for
   ``ORDER_MIN_RUNWAY_SECONDS``, a term paid in full on top; raises ``InsufficientFunds``. The
   caller holds its account's order lock.
+* ``ensure_member_within_budget(who, gpu_model, cards, *, term_days=None, release_in_seconds=None,
+  committed=(), storage_per_day=None)`` — a team member's monthly budget (issue 30): what they
+  spent this month (``member_month_spend``: their lines of the bill), the runway of what they run
+  and this order must fit it; raises ``BudgetExceeded`` (402). Takes the team's lock; the caller
+  holds its order lock. ``member_limits(who)`` is their membership (budget, card quota, stop on
+  exhaustion); every usage session and term records its member (``member_id_of(who)``: the
+  acting user, for ``for_row(row)`` the row's maker; nobody for a team's shared storage).
 * ``ensure_storage_affordable(user, stored_gb, added_gb)`` — the same for storage: a new or grown
   disk beyond the free allowance needs its first day in the balance. ``storage_price()`` is the
   price book's storage price (per GB a day, the free GB).
@@ -176,6 +183,8 @@ __all__ = [  # what other apps, the views and the tests call
     "current_price_book",
     "ensure_affordable",
     "ensure_member_within_budget",
+    "member_burn",
+    "member_id_of",
     "member_limits",
     "member_month_spend",
     "expire_vouchers",
