@@ -53,7 +53,7 @@ from billing.models import (
 from billing.money import ZERO, charge_for, round_cents
 from billing.sql import bulk_set, insert_rows, pg_array
 from console.events import notify_user
-from console.models import Membership
+from console.models import Membership, Team
 from console.notices import services as notice_service
 from console.retries import retry_transient
 
@@ -628,9 +628,12 @@ def _decide_budgets(run: _Run) -> None:
     limits = Membership.objects.filter(
         team__wallet__pk__in=charged, stop_on_budget=True, budget_monthly__isnull=False
     ).values_list("team__wallet__pk", "team_id", "user_id", "budget_monthly")
+    told: list[tuple[int, dict[str, Any], str]] = []
     for wallet_id, team_id, user_id, budget in limits:
-        if budget is None or budgets.month_spend(team_id, user_id, run.now) < budget:
+        spent = budgets.month_spend(team_id, user_id, run.now) if budget is not None else ZERO
+        if budget is None or spent < budget:
             continue
+        before = len(run.stop)
         rows = (
             UsageSession.objects.filter(
                 state=UsageState.OPEN, wallet_id=wallet_id, member_id=user_id, meter=Meter.GPU
@@ -645,7 +648,32 @@ def _decide_budgets(run: _Run) -> None:
                 continue  # opened since this run charged: its seconds are still to charge
             run.stop[session.pk] = CloseReason.BUDGET_EXHAUSTED
             run.refs[session.pk] = (session.resource_kind, session.resource_id)
-        logger.info("member %s of team %s spent the monthly budget %s", user_id, team_id, budget)
+        if len(run.stop) > before:
+            logger.info("member %s of team %s spent the monthly budget %s", user_id, team_id, budget)
+            params = {"spent": spent, "budget": budget, "n": len(run.stop) - before}
+            told.append((user_id, {**params, "team_id": team_id}, f"{run.now.timestamp()}"))
+    if told:
+        transaction.on_commit(lambda: _tell_members(told))
+
+
+def _tell_members(told: list[tuple[int, dict[str, Any], str]]) -> None:
+    """The member whose instances the budget stopped hears of it (inbox, mail, SMS), once."""
+    names = dict(
+        Team.objects.filter(pk__in={p["team_id"] for _u, p, _k in told}).values_list("pk", "name")
+    )
+    for user_id, params, at in told:
+        team_id = params.pop("team_id")
+        try:
+            with transaction.atomic():
+                notice_service.notify_user_id(
+                    user_id,
+                    "budget_stopped",
+                    {**params, "team": names.get(team_id, "")},
+                    key=f"budget:{team_id}:{user_id}:{at}",
+                    link="/instances/",
+                )
+        except Exception:  # a notice must not undo a settlement
+            logger.exception("could not tell member %s of the budget stop", user_id)
 
 
 def _settled_sessions(run: _Run, wallet_ids: list[int]) -> dict[int, list[_Open]]:

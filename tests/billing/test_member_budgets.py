@@ -409,6 +409,12 @@ def test_the_settlement_that_spends_the_budget_stops_the_members_instances(
     assert mine.state in (InstanceState.RELEASING, InstanceState.RELEASED)
     assert hers.state == InstanceState.RUNNING
     assert budgets.month_spend(lab.pk, bob.pk, start + timedelta(minutes=80)) >= Decimal("10")
+    from console.notices.models import Notice
+
+    told = Notice.objects.get(recipient=bob, event="budget_stopped")
+    assert told.params["budget"] == "10.00" and told.params["n"] == "1"
+    assert told.params["team"] == "Lab"
+    assert not Notice.objects.filter(recipient=alice, event="budget_stopped").exists()
     stopped = mine.events.get(code="billing_stopped")
     assert stopped.params == {"reason": "budget_exhausted"}
     from slices.messages import event_text
