@@ -649,7 +649,9 @@ def _decide_budgets(run: _Run) -> None:
             run.stop[session.pk] = CloseReason.BUDGET_EXHAUSTED
             run.refs[session.pk] = (session.resource_kind, session.resource_id)
         if len(run.stop) > before:
-            logger.info("member %s of team %s spent the monthly budget %s", user_id, team_id, budget)
+            logger.info(
+                "member %s of team %s spent the monthly budget %s", user_id, team_id, budget
+            )
             params = {"spent": spent, "budget": budget, "n": len(run.stop) - before}
             told.append((user_id, {**params, "team_id": team_id}, f"{run.now.timestamp()}"))
     if told:
