@@ -131,6 +131,7 @@ class CloseReason(models.TextChoices):
     MIGRATED = "migrated", _("Migrated away")
     INSUFFICIENT_FUNDS = "insufficient_funds", _("Stopped: balance exhausted")
     TERM_COVERED = "term_covered", _("Covered by a long-term rental")
+    BUDGET_EXHAUSTED = "budget_exhausted", _("Stopped: the member's monthly budget is spent")
 
 
 class PaymentState(models.TextChoices):

@@ -19,6 +19,13 @@ class InsufficientFunds(BillingError):
     http_status = 402
 
 
+class BudgetExceeded(BillingError):
+    """A member's monthly budget (issue 30) cannot carry this order."""
+
+    code = ErrorCode.BUDGET_EXCEEDED
+    http_status = 402
+
+
 class PriceNotSet(BillingError):
     code = ErrorCode.INVALID
 

@@ -387,6 +387,16 @@ class UsageSession(Metered, models.Model):
     settled_seconds = models.PositiveBigIntegerField(_("seconds settled"), default=0)
     charged = models.DecimalField(_("charged"), default=Decimal("0.00"), **MONEY)
     settled_at = models.DateTimeField(null=True, blank=True)
+    # The member who caused it (issue 30): the instance's maker, for budgets and per-member
+    # statements; empty for what the whole team shares (its storage beyond the free GB).
+    member = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        verbose_name=_("member"),
+    )
 
     objects = UsageSessionQuerySet.as_manager()
 
@@ -464,6 +474,14 @@ class TermRental(models.Model):
     ends_at = models.DateTimeField()
     transaction = models.OneToOneField(
         LedgerTransaction, on_delete=models.PROTECT, related_name="+"
+    )
+    member = models.ForeignKey(  # who ordered it (issue 30), as on UsageSession
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        verbose_name=_("member"),
     )
 
     class Meta:

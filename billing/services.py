@@ -17,6 +17,13 @@ Services other apps call
   the caller made that billing does not meter yet, and this order) for
   ``ORDER_MIN_RUNWAY_SECONDS``, a term paid in full on top; raises ``InsufficientFunds``. The
   caller holds its account's order lock.
+* ``ensure_member_within_budget(who, gpu_model, cards, *, term_days=None, release_in_seconds=None,
+  committed=(), storage_per_day=None)`` — a team member's monthly budget (issue 30): what they
+  spent this month (``member_month_spend``: their lines of the bill), the runway of what they run
+  and this order must fit it; raises ``BudgetExceeded`` (402). Takes the team's lock; the caller
+  holds its order lock. ``member_limits(who)`` is their membership (budget, card quota, stop on
+  exhaustion); every usage session and term records its member (``member_id_of(who)``: the
+  acting user, for ``for_row(row)`` the row's maker; nobody for a team's shared storage).
 * ``ensure_storage_affordable(user, stored_gb, added_gb)`` — the same for storage: a new or grown
   disk beyond the free allowance needs its first day in the balance. ``storage_price()`` is the
   price book's storage price (per GB a day, the free GB).
@@ -66,7 +73,7 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from billing import clock
+from billing import budgets, clock
 from billing.choices import (
     AccountKind,
     CloseReason,
@@ -78,6 +85,7 @@ from billing.choices import (
 )
 from billing.errors import (
     BillingError,
+    BudgetExceeded,
     IdempotencyMismatch,
     InsufficientFunds,
     InvalidWebhook,
@@ -142,7 +150,8 @@ from billing.transfers import services as bank_transfers
 from console.api.compiled import CompiledQuery, Many
 from console.audit import services as audit
 from console.errors import ErrorCode
-from console.tenancy import team_of
+from console.models import Membership, Team
+from console.tenancy import team_of, user_of
 from console.verification.services import require_verified
 
 if TYPE_CHECKING:
@@ -157,6 +166,7 @@ __all__ = [  # what other apps, the views and the tests call
     "AccountBurn",
     "Commitment",
     "BillingError",
+    "BudgetExceeded",
     "IdempotencyMismatch",
     "InsufficientFunds",
     "InvalidWebhook",
@@ -173,6 +183,11 @@ __all__ = [  # what other apps, the views and the tests call
     "current_gpu_price",
     "current_price_book",
     "ensure_affordable",
+    "ensure_member_within_budget",
+    "member_burn",
+    "member_id_of",
+    "member_limits",
+    "member_month_spend",
     "expire_vouchers",
     "fail_payment",
     "get_open_session",
@@ -451,15 +466,21 @@ def order_min_runway_seconds() -> int:
 def account_burn(user: User, committed: Iterable[Commitment] = ()) -> AccountBurn:
     """The account's burn from billing's tables (open GPU and disk sessions) plus the commitments
     it does not bill yet, at the current price book (two queries and one per price looked up)."""
+    return _burn(UsageSession.objects.for_team(user).open(), team_of(user), committed)
+
+
+def _burn(
+    sessions: Iterable[UsageSession], team: Any, committed: Iterable[Commitment]
+) -> AccountBurn:
     per_hour, up_front = ZERO, ZERO
     billing_now: set[tuple[str, str]] = set()
-    for session in UsageSession.objects.for_team(user).open():
+    for session in sessions:
         per_hour += session.burn_per_hour
         billing_now.add((session.resource_kind, session.resource_id))
     committed = [c for c in committed if (c.resource_kind, str(c.resource_id)) not in billing_now]
     paid = set(
         TermRental.objects.filter(
-            wallet__team=team_of(user), resource_id__in=[str(c.resource_id) for c in committed]
+            wallet__team=team, resource_id__in=[str(c.resource_id) for c in committed]
         ).values_list("resource_kind", "resource_id")
     )
     for c in committed:
@@ -610,6 +631,118 @@ def ensure_storage_affordable(user: User, stored_gb: int, added_gb: int) -> None
         )
 
 
+# --- per-member budgets (issue 30) -------------------------------------------------------------
+def member_id_of(who: Any) -> int | None:
+    """The member a charge is attributed to: the acting user (for ``for_row(row)`` the row's
+    maker); for a bare team its person when it is a personal team, else nobody (what the whole
+    team shares, e.g. its storage)."""
+    user = user_of(who)
+    if user is not None and getattr(user, "pk", None) is not None:
+        return int(user.pk)
+    team = getattr(who, "team", who)
+    personal = getattr(team, "personal_of_id", None)
+    return int(personal) if personal is not None else None
+
+
+def member_month_spend(
+    who: Any, member_id: int | None = None, at: datetime | None = None
+) -> Decimal:
+    """What the member's lines of the team's bill cost this calendar month (billing/budgets.py)."""
+    team = team_of(who)
+    return budgets.month_spend(team.pk, member_id_of(who) if member_id is None else member_id, at)
+
+
+def member_limits(who: Any) -> Membership | None:
+    """The acting member's membership (budget, card quota, stop on exhaustion), or None (a
+    bare team, or a user who is not a member)."""
+    member_id = member_id_of(who) if user_of(who) is not None else None
+    if member_id is None:
+        return None
+    return Membership.objects.filter(team=team_of(who), user_id=member_id).first()
+
+
+def member_burn(who: Any, committed: Iterable[Commitment] = ()) -> AccountBurn:
+    """The member's own burn: their open GPU sessions in the team and their ``committed``
+    resources (the caller passes only the member's) not billing yet."""
+    team = team_of(who)
+    sessions = UsageSession.objects.open().filter(
+        wallet__team=team, member_id=member_id_of(who), meter=Meter.GPU
+    )
+    return _burn(sessions, team, committed)
+
+
+def ensure_member_within_budget(
+    who: Any,
+    gpu_model: str = "",
+    cards: int = 0,
+    *,
+    term_days: int | None = None,
+    release_in_seconds: float | None = None,
+    committed: Iterable[Commitment] = (),
+    storage_per_day: Decimal | None = None,
+) -> None:
+    """Refuse an order, a start or more storage that would take the acting member past their
+    monthly budget (``Membership.budget_monthly``, 元; none set: no limit). Raises
+    ``BudgetExceeded`` (402 ``budget_exceeded``: ``spent``, ``budget``, ``order``, ``running``).
+
+    ``spent`` is what their lines of this month's bill cost (``member_month_spend``); ``order``
+    is this order as the funds check counts it: its first ``ORDER_MIN_RUNWAY_SECONDS`` on demand
+    (less when released sooner), a term's whole price, or a disk's first day (``storage_per_day``);
+    ``running`` the same runway of what the member already runs or has committed (``member_burn``),
+    so orders that do not bill yet still count. Takes the team's lock (``Team`` row) and reads the
+    budget under it: concurrent orders of one member, and a budget change, are decided one after
+    the other. The caller holds its order lock in the same transaction."""
+    if user_of(who) is None:
+        return
+    Team.objects.select_for_update().filter(pk=team_of(who).pk).values_list("pk").first()
+    row = member_limits(who)
+    if row is None or row.budget_monthly is None:
+        return
+    runway = order_min_runway_seconds()
+    if storage_per_day is not None:
+        order = storage_per_day
+    elif term_days is not None:
+        order = term_total(gpu_model, cards, term_days)
+    else:
+        own_seconds = runway
+        if release_in_seconds is not None:
+            own_seconds = max(0, min(runway, math.ceil(release_in_seconds)))
+        order = quote_for(who, gpu_model, cards).per_hour * own_seconds / SECONDS_PER_HOUR
+    burn = member_burn(who, committed)
+    running = burn.per_hour * runway / SECONDS_PER_HOUR + burn.up_front
+    spent = member_month_spend(who, row.user_id)
+    order = order.quantize(CENT, rounding=ROUND_UP)
+    running = running.quantize(CENT, rounding=ROUND_UP)
+    if spent + running + order <= row.budget_monthly:
+        return
+    params = {
+        "spent": spent,
+        "budget": row.budget_monthly,
+        "order": order,
+        "running": running,
+        "hours": Decimal(runway) / SECONDS_PER_HOUR,
+    }
+    if storage_per_day is not None:
+        template = gettext_noop(
+            "This disk's first day costs %(order)s 元; you have spent %(spent)s 元 of your "
+            "monthly budget of %(budget)s 元 in this team (what you run needs %(running)s 元 "
+            "more). Ask a team owner, admin or billing member to raise it."
+        )
+    elif term_days is not None:
+        template = gettext_noop(
+            "This term costs %(order)s 元 up front; you have spent %(spent)s 元 of your monthly "
+            "budget of %(budget)s 元 in this team (what you run needs %(running)s 元 more). Ask "
+            "a team owner, admin or billing member to raise it."
+        )
+    else:
+        template = gettext_noop(
+            "This order costs %(order)s 元 for its first %(hours)s h; you have spent %(spent)s 元 "
+            "of your monthly budget of %(budget)s 元 in this team (what you run needs "
+            "%(running)s 元 more). Ask a team owner, admin or billing member to raise it."
+        )
+    raise BudgetExceeded(template, **cast(dict[str, Any], params))
+
+
 # --- metering ------------------------------------------------------------------------------------
 @transaction.atomic
 def open_usage_session(
@@ -651,6 +784,7 @@ def open_usage_session(
         with transaction.atomic():
             return UsageSession.objects.create(
                 wallet=wallet,
+                member_id=member_id_of(user),
                 resource_kind=resource_kind,
                 resource_id=str(resource_id),
                 label=label[:120],
@@ -841,6 +975,7 @@ def purchase_term(
         starts_at=now,
         ends_at=now + timedelta(days=days),
         transaction=txn,
+        member_id=member_id_of(user),
     )
 
 

@@ -28,7 +28,7 @@ from django.db import connection, models, transaction
 from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
 
-from billing import clock, lowbalance
+from billing import budgets, clock, lowbalance
 from billing.choices import (
     MEMO_TIME_FORMAT,
     AccountKind,
@@ -53,7 +53,7 @@ from billing.models import (
 from billing.money import ZERO, charge_for, round_cents
 from billing.sql import bulk_set, insert_rows, pg_array
 from console.events import notify_user
-from console.models import Membership
+from console.models import Membership, Team
 from console.notices import services as notice_service
 from console.retries import retry_transient
 
@@ -261,6 +261,7 @@ def _settle(
     charge(run)
     _post_legs(run)
     _decide_low_balance(run)
+    _decide_budgets(run)
     _write_back(run)
     _after_commit(run)
     return SettlementResult(
@@ -616,6 +617,67 @@ def _decide_low_balance(run: _Run) -> None:
         _apply_decision(run, wallet_id, warned, decision)
 
 
+def _decide_budgets(run: _Run) -> None:
+    """Step 5b (issue 30): a member with "stop on exhaustion" whose monthly budget is spent once
+    this run's charges count has their running GPU sessions in the team stopped, as the
+    low-balance stop does (closed now, released by the stop handler on commit). One query when
+    no charged team has such a member."""
+    charged = [wallet_id for wallet_id, due in run.dues.items() if due.owed]
+    if not charged:
+        return
+    limits = Membership.objects.filter(
+        team__wallet__pk__in=charged, stop_on_budget=True, budget_monthly__isnull=False
+    ).values_list("team__wallet__pk", "team_id", "user_id", "budget_monthly")
+    told: list[tuple[int, dict[str, Any], str]] = []
+    for wallet_id, team_id, user_id, budget in limits:
+        spent = budgets.month_spend(team_id, user_id, run.now) if budget is not None else ZERO
+        if budget is None or spent < budget:
+            continue
+        before = len(run.stop)
+        rows = (
+            UsageSession.objects.filter(
+                state=UsageState.OPEN, wallet_id=wallet_id, member_id=user_id, meter=Meter.GPU
+            )
+            .order_by("pk")
+            .values_list(*_OPEN_COLUMNS)
+        )
+        for session in (_Open(*row) for row in rows):
+            if session.pk in run.stop:
+                continue
+            if charge_due(session, run.now).until != session.settled_seconds:
+                continue  # opened since this run charged: its seconds are still to charge
+            run.stop[session.pk] = CloseReason.BUDGET_EXHAUSTED
+            run.refs[session.pk] = (session.resource_kind, session.resource_id)
+        if len(run.stop) > before:
+            logger.info(
+                "member %s of team %s spent the monthly budget %s", user_id, team_id, budget
+            )
+            params = {"spent": spent, "budget": budget, "n": len(run.stop) - before}
+            told.append((user_id, {**params, "team_id": team_id}, f"{run.now.timestamp()}"))
+    if told:
+        transaction.on_commit(lambda: _tell_members(told))
+
+
+def _tell_members(told: list[tuple[int, dict[str, Any], str]]) -> None:
+    """The member whose instances the budget stopped hears of it (inbox, mail, SMS), once."""
+    names = dict(
+        Team.objects.filter(pk__in={p["team_id"] for _u, p, _k in told}).values_list("pk", "name")
+    )
+    for user_id, params, at in told:
+        team_id = params.pop("team_id")
+        try:
+            with transaction.atomic():
+                notice_service.notify_user_id(
+                    user_id,
+                    "budget_stopped",
+                    {**params, "team": names.get(team_id, "")},
+                    key=f"budget:{team_id}:{user_id}:{at}",
+                    link="/instances/",
+                )
+        except Exception:  # a notice must not undo a settlement
+            logger.exception("could not tell member %s of the budget stop", user_id)
+
+
 def _settled_sessions(run: _Run, wallet_ids: list[int]) -> dict[int, list[_Open]]:
     """The open sessions of ``wallet_ids`` that are charged up to ``now`` (all of this run's; not
     one opened by someone else since, which has seconds still to charge and must not be closed
@@ -703,7 +765,7 @@ def _write_back(run: _Run) -> None:
 
 def _after_commit(run: _Run) -> None:
     """Step 7: ask slices to release what was stopped for lack of funds; tell the users."""
-    refs = [run.refs[pk] for pk in run.stop if pk not in run.close]
+    refs = [(*run.refs[pk], str(run.stop[pk])) for pk in run.stop if pk not in run.close]
     if refs:
         transaction.on_commit(lambda: _request_stops(refs))
     if run.notices:
@@ -722,9 +784,9 @@ def _check_thresholds(wallet_ids: list[int]) -> None:
         logger.exception("could not check the balance thresholds")
 
 
-def _request_stops(refs: list[tuple[str, str]]) -> None:
-    for kind, resource_id in refs:
-        _request_stop(kind, resource_id, CloseReason.INSUFFICIENT_FUNDS.value)
+def _request_stops(refs: list[tuple[str, str, str]]) -> None:
+    for kind, resource_id, reason in refs:
+        _request_stop(kind, resource_id, reason)
 
 
 def _notify_on_commit(notices: list[BillingNotice]) -> None:

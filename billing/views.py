@@ -235,11 +235,12 @@ def usage_csv(request: AuthenticatedRequest) -> HttpResponse:
             "amount",
             "state",
             "price_version",
+            "member",  # issue 30: who in the team caused it (empty: the team's shared storage)
         ]
     )
     sessions = (
         UsageSession.objects.for_team(acting(request))
-        .select_related("price_book")
+        .select_related("price_book", "member")
         .order_by("started_at", "id")
     )
     for s in sessions.iterator(chunk_size=2000):
@@ -258,6 +259,7 @@ def usage_csv(request: AuthenticatedRequest) -> HttpResponse:
                 s.charged,
                 s.state,
                 s.price_book.version if s.price_book else "",
+                _csv_text(s.member.get_username()) if s.member else "",
             ]
         )
     return response

@@ -36,3 +36,16 @@ def quota_exceeded(limit: int, used: int, cards: int) -> QuotaExceeded:
         used=used,
         cards=cards,
     )
+
+
+def member_quota_exceeded(quota: int, held: int, cards: int) -> QuotaExceeded:
+    """A member's own card quota in the team (issue 30), set by its owner, admin or billing."""
+    return QuotaExceeded(
+        gettext_noop(
+            "Your card quota in this team is %(quota)d; you hold %(held)d, so %(cards)d more "
+            "would exceed it. Release an instance or ask a team owner or admin to raise it."
+        ),
+        quota=quota,
+        held=held,
+        cards=cards,
+    )

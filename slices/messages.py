@@ -123,6 +123,12 @@ FAILURE_TEXT: dict[str, Promise] = {
     "disk_move_failed": _("the system disk could not be copied to the new host: %(error)s"),
 }
 
+# Why billing stopped an instance (billing's close reasons; issue 30 adds the member's budget).
+BILLING_STOP_TEXT: dict[str, Promise] = {
+    "insufficient_funds": _("the balance ran out"),
+    "budget_exhausted": _("its maker's monthly budget in the team is spent"),
+}
+
 STEP_TEXT: dict[str, Promise] = {
     "reserve": _("Reserve GPUs"),
     "isolate": _("Isolate on the fabric"),
@@ -147,6 +153,8 @@ def render(table: dict[str, Promise], code: str, params: dict[str, Any]) -> str:
     if "reason" in params and isinstance(params["reason"], dict):
         r = params["reason"]
         params["reason"] = render(FAILURE_TEXT, r.get("code", ""), r.get("params", {}))
+    elif code == "billing_stopped" and params.get("reason") in BILLING_STOP_TEXT:
+        params["reason"] = str(BILLING_STOP_TEXT[params["reason"]])
     try:
         return gettext(str(template)) % params
     except (KeyError, TypeError, ValueError):

@@ -57,6 +57,8 @@ class UsageSessionSerializer(serializers.ModelSerializer):
     price_version = serializers.IntegerField(
         source="price_book.version", allow_null=True, read_only=True
     )
+    # Who in the team caused it (issue 30): the member's public id; null for shared storage.
+    member = serializers.UUIDField(source="member.public_id", allow_null=True, read_only=True)
 
     class Meta:
         model = UsageSession
@@ -76,6 +78,7 @@ class UsageSessionSerializer(serializers.ModelSerializer):
             "close_reason",
             "settled_seconds",
             "charged",
+            "member",
         )
         read_only_fields = fields
 

@@ -165,7 +165,7 @@ class UsageSessionViewSet(ListRetrieveViewSet):
     def get_queryset(self) -> QuerySet[UsageSession]:
         return (
             UsageSession.objects.for_team(acting(self.request))
-            .select_related("price_book")
+            .select_related("price_book", "member")
             .order_by("-started_at", "-id")
         )
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Q
 from django.utils.translation import gettext as _
@@ -23,7 +23,7 @@ from billing.choices import RESOURCE_KIND_LABELS, AccountKind, Meter, Transactio
 from billing.models import Entry, LedgerTransaction, TermRental, UsageCharge, Wallet
 from billing.money import ZERO
 from billing.statements import month_bounds
-from console.tenancy import team_of, user_of
+from console.tenancy import team_of
 
 if TYPE_CHECKING:
     from console.models import User
@@ -50,7 +50,7 @@ class BillLine:
     voucher: Decimal = ZERO  # 代金券抵扣
     trial: Decimal = ZERO  # 体验金抵扣
     cash: Decimal = ZERO  # 现金金额
-    member: str = ""  # who in the account (the owner until teams exist)
+    member: str = ""  # who in the team caused it (issue 30); "" = the team's shared storage
     transaction_id: int = 0
     region: str = ""  # 地域: the region's code ("" for account-wide storage)
 
@@ -114,8 +114,31 @@ def _split(lines: list[BillLine], paid: dict[str, Decimal]) -> None:
         line.cash = rest
 
 
+def _split_back(lines: list[BillLine], paid: dict[str, Decimal]) -> None:
+    """A correction's lines (negative): what it gave back to vouchers, trial and cash, handed to
+    them in the same order."""
+    left = {k: paid.get(k, ZERO) for k in ("voucher", "trial")}
+    for line in lines:
+        rest = line.amount
+        for kind in ("voucher", "trial"):
+            take = max(rest, left[kind]) if rest < 0 and left[kind] < 0 else ZERO
+            setattr(line, kind, take)
+            left[kind] -= take
+            rest -= take
+        line.cash = rest
+
+
+def member_names(ids: set[int]) -> dict[int, str]:
+    """Each member's name on the bill (their login name)."""
+    from console.models import User
+
+    if not ids:
+        return {}
+    return dict(User.objects.filter(pk__in=list(ids)).values_list("pk", User.USERNAME_FIELD))
+
+
 def month_lines(
-    user: User,
+    user: User | Any,
     month: str | None = None,
     *,
     product: str = "",
@@ -145,8 +168,6 @@ def month_lines(
     ).values_list("transaction_id", "account__kind", "amount"):
         key = "voucher" if kind == AccountKind.VOUCHER else str(kind)
         paid[txn_id][key] = paid[txn_id].get(key, ZERO) - amount
-    person = user_of(user)
-    member = person.get_username() if person is not None else ""
     by_txn: dict[int, list[BillLine]] = defaultdict(list)
     rows = (
         UsageCharge.objects.filter(transaction_id__in=list(spend))
@@ -165,6 +186,7 @@ def month_lines(
             "session__cards",
             "session__rate",
             "session__region",
+            "session__member_id",
         )
     )
     for (
@@ -181,6 +203,7 @@ def month_lines(
         cards,
         rate,
         where,
+        member_id,
     ) in rows.iterator(chunk_size=5000):
         seconds = Decimal(to - frm)
         disk = meter == Meter.DISK
@@ -200,7 +223,7 @@ def month_lines(
                 ),
                 unit_price=rate,
                 amount=amount,
-                member=member,
+                member=_member_key(member_id),
                 transaction_id=txn_id,
                 region=where,
             )
@@ -220,7 +243,7 @@ def month_lines(
                 quantity=Decimal(rental.cards * rental.days),
                 unit_price=rental.rate,
                 amount=rental.total,
-                member=member,
+                member=_member_key(rental.member_id),
                 transaction_id=rental.transaction_id,
                 region=rental.region,
             )
@@ -229,8 +252,13 @@ def month_lines(
     for txn_id in sorted(by_txn, key=lambda t: (spend[t], t)):
         _split(by_txn[txn_id], paid.get(txn_id, {}))
         lines.extend(by_txn[txn_id])
-    reversed_lines = _correction_lines(corrections, paid, period, member)
+    reversed_lines = _correction_lines(corrections, paid, period)
     lines = sorted(lines + reversed_lines, key=lambda line: (line.charged_at, line.bill_no))
+    keys = {line.member for line in lines}
+    names = member_names({int(k) for k in keys if k})
+    named = {k: names.get(int(k), "") if k else "" for k in keys}
+    for line in lines:  # the member's id becomes their name (one query for the month)
+        line.member = named[line.member]
     if product:
         lines = [line for line in lines if line.product == product]
     if region:
@@ -240,13 +268,19 @@ def month_lines(
     return period, lines
 
 
+def _member_key(member_id: int | None) -> str:
+    """The line's member until the month's names are read (one query): its id ("" for none)."""
+    return "" if member_id is None else str(member_id)
+
+
 def _correction_lines(
     corrections: list[tuple[int, datetime, int]],
     paid: dict[int, dict[str, Decimal]],
     period: str,
-    member: str,
 ) -> list[BillLine]:
-    """A correction gives a charge back: one negative line, what it returned to each bucket."""
+    """A correction gives a charge back: per member of the charge it reverses, one negative line
+    of what their part was (so each member's lines still sum to what they cost), with what it
+    returned to each bucket handed out in spending order."""
     if not corrections:
         return []
     reversed_ids = [c[2] for c in corrections]
@@ -255,49 +289,70 @@ def _correction_lines(
         "pk", "kind"
     ):
         what[txn_id] = kind
-    subjects: dict[int, tuple[str, str, str, str]] = {}
-    for txn_id, kind, rid, model, where in UsageCharge.objects.filter(
-        transaction_id__in=reversed_ids
-    ).values_list(
-        "transaction_id",
-        "session__resource_kind",
-        "session__resource_id",
-        "session__gpu_model",
-        "session__region",
+    # Per reversed transaction: each member's part and the first subject of theirs.
+    parts_of: dict[int, dict[int | None, Decimal]] = defaultdict(dict)
+    subjects: dict[tuple[int, int | None], tuple[str, str, str, str]] = {}
+    for txn_id, kind, rid, model, where, member_id, amount in (
+        UsageCharge.objects.filter(transaction_id__in=reversed_ids)
+        .order_by("transaction_id", "id")
+        .values_list(
+            "transaction_id",
+            "session__resource_kind",
+            "session__resource_id",
+            "session__gpu_model",
+            "session__region",
+            "session__member_id",
+            "amount",
+        )
     ):
-        subjects.setdefault(txn_id, (kind, rid, model, where))
+        parts_of[txn_id][member_id] = parts_of[txn_id].get(member_id, ZERO) + amount
+        subjects.setdefault((txn_id, member_id), (kind, rid, model, where))
     for r in TermRental.objects.filter(transaction_id__in=reversed_ids):
+        parts_of[r.transaction_id][r.member_id] = (
+            parts_of[r.transaction_id].get(r.member_id, ZERO) + r.total
+        )
         subjects.setdefault(
-            r.transaction_id, (r.resource_kind, r.resource_id, r.gpu_model, r.region)
+            (r.transaction_id, r.member_id), (r.resource_kind, r.resource_id, r.gpu_model, r.region)
         )
     out = []
     for pk, at, reverses in corrections:
         parts = paid.get(pk, {})
         voucher, trial, cash = (parts.get(k, ZERO) for k in ("voucher", "trial", "cash"))
-        kind, rid, model, where = subjects.get(reverses, ("", "", "", ""))
-        out.append(
-            BillLine(
-                bill_no=f"R{pk:012d}",
-                period=period,
-                charged_at=at,
-                product=kind,
-                resource_id=rid,
-                label="",
-                item="term" if what.get(reverses) == TransactionKind.TERM_PURCHASE else "gpu",
-                mode="correction",
-                gpu_model=model,
-                quantity=ZERO,
-                unit_price=ZERO,
-                amount=voucher + trial + cash,
-                voucher=voucher,
-                trial=trial,
-                cash=cash,
-                member=member,
-                transaction_id=pk,
-                region=where,
+        whole = voucher + trial + cash
+        shares = sorted(parts_of.get(reverses, {None: -whole}).items(), key=_member_order)
+        group: list[BillLine] = []
+        for i, (share_member, share) in enumerate(shares):
+            # The last member's line takes what is left: the lines sum to the ledger exactly.
+            amount = whole - sum((line.amount for line in group), ZERO)
+            if i < len(shares) - 1:
+                amount = -share
+            kind, rid, model, where = subjects.get((reverses, share_member), ("", "", "", ""))
+            group.append(
+                BillLine(
+                    bill_no=f"R{pk:012d}" + (f"-{i}" if i else ""),
+                    period=period,
+                    charged_at=at,
+                    product=kind,
+                    resource_id=rid,
+                    label="",
+                    item="term" if what.get(reverses) == TransactionKind.TERM_PURCHASE else "gpu",
+                    mode="correction",
+                    gpu_model=model,
+                    quantity=ZERO,
+                    unit_price=ZERO,
+                    amount=amount,
+                    member=_member_key(share_member),
+                    transaction_id=pk,
+                    region=where,
+                )
             )
-        )
+        _split_back(group, {"voucher": voucher, "trial": trial})
+        out.extend(group)
     return out
+
+
+def _member_order(item: tuple[int | None, Decimal]) -> tuple[bool, int]:
+    return (item[0] is None, item[0] or 0)
 
 
 @dataclass(frozen=True)
@@ -339,6 +394,8 @@ def summary(lines: list[BillLine], by: str) -> list[SummaryRow]:
             if by == "product"
             else region_label(key if key != "—" else "")
             if by == "region"
+            else (_("The team (shared storage)") if key == "—" else key)
+            if by == "member"
             else key
         )
         share = int(t.amount * 100 / whole) if whole > 0 else 0
@@ -346,7 +403,7 @@ def summary(lines: list[BillLine], by: str) -> list[SummaryRow]:
     return sorted(rows, key=lambda r: (-r.totals.amount, r.key))
 
 
-def ledger_month_total(user: User, month: str | None = None) -> Decimal:
+def ledger_month_total(user: User | Any, month: str | None = None) -> Decimal:
     """What the ledger says the month's charges cost the customer's buckets (the check of the
     bill: its lines sum to this to the cent)."""
     _first, start, end = month_bounds(month, clock.now())

@@ -45,6 +45,15 @@ EVENTS: dict[str, Event] = {
         ),
         ("inbox", "mail", "sms"),
     ),
+    "budget_stopped": Event(  # issue 30: a member's monthly budget, "stop on exhaustion"
+        _("Stopped for lack of funds"),
+        gettext_noop("Instances stopped: monthly budget spent"),
+        gettext_noop(
+            "You have spent %(spent)s 元 of your monthly budget of %(budget)s 元 in %(team)s: "
+            "%(n)s instance(s) of yours were stopped. Disks and files are kept."
+        ),
+        ("inbox", "mail", "sms"),
+    ),
     "verification_approved": Event(
         _("Verification decisions"),
         gettext_noop("Your real-name verification was approved"),
@@ -101,4 +110,4 @@ PREFERENCE_EVENTS = (
     "release_warning",
     "invoice_issued",
 )
-SHARED = {"verification_rejected": "verification_approved"}
+SHARED = {"verification_rejected": "verification_approved", "budget_stopped": "stopped"}

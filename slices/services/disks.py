@@ -32,8 +32,9 @@ from console.api.compiled import CompiledQuery, Many
 from console.audit import services as audit
 from console.errors import DomainError, ErrorCode
 from console.ids import uuid_or_404
+from console.models import Team
 from console.names import NameRefused, clean_name
-from console.tenancy import team_of, user_of
+from console.tenancy import for_row, team_of, user_of
 from slices.choices import DiskMode, DiskState, EventKind, InstanceState
 from slices.models import Disk, DiskAttachment, Instance, PfsUsage, Region
 from slices.services.history import record_event
@@ -186,7 +187,7 @@ def sync_storage_billing(user: Any) -> None:
         billing.close_usage_session(STORAGE_RESOURCE, rid, at=now)
     if billable > 0 and billing.current_price_book() is not None:
         billing.open_usage_session(
-            user,
+            team_of(user),  # the team's shared storage: no member's (a personal team's person)
             resource_kind=STORAGE_RESOURCE,
             resource_id=rid,
             cards=total,
@@ -219,9 +220,18 @@ def _check_size(size_gb: Any) -> int:
 
 
 def _check_funds(user: Any, added_gb: int) -> None:
-    """Refuse a disk whose first day of storage the balance cannot pay (billing decides)."""
+    """Refuse a disk whose first day of storage the balance cannot pay, or that the acting
+    member's monthly budget cannot carry (billing decides both)."""
     disks, system = storage_gb(user)
     billing.ensure_storage_affordable(user, disks + system, added_gb)
+    added = storage_price().added_per_day(disks + system + added_gb, added_gb)
+    if added > 0:  # within the free allowance a disk costs nothing: no budget to check
+        billing.ensure_member_within_budget(user, storage_per_day=added)
+
+
+def _lock_team(who: Any) -> None:
+    """The team's lock first (the order of every order, start and budget change; issue 30)."""
+    Team.objects.select_for_update().filter(pk=team_of(who).pk).values_list("pk").first()
 
 
 @transaction.atomic
@@ -236,6 +246,7 @@ def create_disk(user: Any, *, name: str, size_gb: Any, region: str, request: Any
     region_row = Region.objects.filter(code=region).first()
     if region_row is None:
         raise DiskRefused(gettext_noop("Unknown region %(region)s."), region=region)
+    _lock_team(user)
     _lock_account(user)
     limit = int(settings.SLICES_DISK_MAX_PER_ACCOUNT)
     if Disk.objects.for_team(user).live().count() >= limit:
@@ -256,8 +267,11 @@ def create_disk(user: Any, *, name: str, size_gb: Any, region: str, request: Any
 
 @transaction.atomic
 def resize_disk(disk: Disk, size_gb: Any, *, who: Any = None, request: Any = None) -> Disk:
-    """Grow a disk (never shrink: the file system on it would lose data)."""
+    """Grow a disk (never shrink: the file system on it would lose data). ``who`` acts (its
+    member's budget is checked); default: the disk's maker in its team."""
     size = _check_size(size_gb)
+    who = who if who is not None else for_row(disk)
+    _lock_team(disk.team)
     _lock_account(disk.team)
     disk.refresh_from_db()
     if disk.state != DiskState.AVAILABLE:
@@ -266,7 +280,7 @@ def resize_disk(disk: Disk, size_gb: Any, *, who: Any = None, request: Any = Non
         raise DiskRefused(
             gettext_noop("A disk only grows: choose more than %(size)d GB."), size=disk.size_gb
         )
-    _check_funds(disk.team, size - disk.size_gb)
+    _check_funds(who, size - disk.size_gb)
     audit.record(who, "disk.resize", disk, before={"size_gb": disk.size_gb}, after={"size_gb": size}, request=request)  # fmt: skip
     Disk.objects.filter(pk=disk.pk).update(size_gb=size)
     disk.size_gb = size

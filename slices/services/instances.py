@@ -31,13 +31,14 @@ from console import services as console_services
 from console.audit import services as audit
 from console.errors import DomainError, ErrorCode
 from console.ids import parse_uuid
+from console.models import Team
 from console.names import NameRefused, clean_name
 from console.tenancy import as_acting, team_of, user_of
 from console.verification import services as verification
 from marketplace import services as marketplace
 from slices import envpolicy, events, lifecycle, topology
 from slices.choices import AllocationKind, EventKind, EventLevel, InstanceState
-from slices.errors import OrderRefused, quota_exceeded
+from slices.errors import OrderRefused, member_quota_exceeded, quota_exceeded
 from slices.models import (
     Allocation,
     GpuModel,
@@ -322,8 +323,11 @@ _COMMITTED_STATES = (
 )
 
 
-def committed_resources(user: Any, *, exclude: Instance | None = None) -> list[billing.Commitment]:
-    """The account's instances billing will meter once they run, as billing's commitments."""
+def committed_resources(
+    user: Any, *, exclude: Instance | None = None, member_id: int | None = None
+) -> list[billing.Commitment]:
+    """The account's instances billing will meter once they run, as billing's commitments (only
+    ``member_id``'s when given)."""
     rows = (
         Instance.objects.for_team(user)
         .filter(state__in=_COMMITTED_STATES, gpuless=False)
@@ -331,6 +335,8 @@ def committed_resources(user: Any, *, exclude: Instance | None = None) -> list[b
     )
     if exclude is not None:
         rows = rows.exclude(pk=exclude.pk)
+    if member_id is not None:
+        rows = rows.filter(created_by_id=member_id)
     return [
         billing.Commitment(
             INSTANCE_RESOURCE,
@@ -343,6 +349,14 @@ def committed_resources(user: Any, *, exclude: Instance | None = None) -> list[b
     ]
 
 
+def _term_and_release(req: OrderRequest) -> tuple[int | None, float | None]:
+    term_days = (req.term_days or 0) if req.billing_mode == BillingMode.TERM else None
+    release_in = None
+    if req.auto_release_at is not None and term_days is None:
+        release_in = (req.auto_release_at - timezone.now()).total_seconds()
+    return term_days, release_in
+
+
 def check_funds(
     user: Any, price: str, req: OrderRequest, *, starting: Instance | None = None
 ) -> tuple[Any, Decimal]:
@@ -350,10 +364,7 @@ def check_funds(
     the balance must carry the account's whole burn with it (``billing.ensure_affordable``).
     Returns the quote and the price per hour (a term's locked rate). Call it again under
     ``_lock_quota`` to decide: it counts the orders committed before."""
-    term_days = (req.term_days or 0) if req.billing_mode == BillingMode.TERM else None
-    release_in = None
-    if req.auto_release_at is not None and term_days is None:
-        release_in = (req.auto_release_at - timezone.now()).total_seconds()
+    term_days, release_in = _term_and_release(req)
     quote = billing.ensure_affordable(
         user,
         price,
@@ -363,6 +374,36 @@ def check_funds(
         committed=committed_resources(user, exclude=starting),
     )
     return quote, quote.per_hour_for(term_days)
+
+
+def check_member_limits(
+    who: Any, price: str, req: OrderRequest, *, starting: Instance | None = None
+) -> None:
+    """The acting member's own limits in the team (issue 30), for an order or for ``starting``
+    a stopped instance (whose maker's limits apply: the usage is theirs): their card quota
+    (``QuotaExceeded``, 409: held, quota, cards) and their monthly budget (billing's
+    ``ensure_member_within_budget``, 402). Called under ``_lock_quota`` (the team's lock), so
+    concurrent orders of one member never pass either on the same cards or the same money."""
+    row = billing.member_limits(who)
+    if row is None or (row.gpu_quota is None and row.budget_monthly is None):
+        return
+    if row.gpu_quota is not None:
+        held_rows = Instance.objects.for_team(who).live().filter(created_by_id=row.user_id)
+        if starting is not None:
+            held_rows = held_rows.exclude(pk=starting.pk)
+        held = int(held_rows.aggregate(n=Sum("cards"))["n"] or 0)
+        if held + req.cards > row.gpu_quota:
+            raise member_quota_exceeded(row.gpu_quota, held, req.cards)
+    if row.budget_monthly is not None:
+        term_days, release_in = _term_and_release(req)
+        billing.ensure_member_within_budget(
+            who,
+            price,
+            req.cards,
+            term_days=term_days,
+            release_in_seconds=release_in,
+            committed=committed_resources(who, exclude=starting, member_id=row.user_id),
+        )
 
 
 def quota_for(user: Any) -> int:
@@ -375,7 +416,10 @@ def cards_in_use(user: Any) -> int:
 
 
 def _lock_quota(user: Any) -> int:
-    """Serialise one account's orders (the quota row is the lock) and return its limit."""
+    """Serialise one account's orders (the team's row, then the quota row, are the locks) and
+    return its limit. The team's lock is the one ``console.teams.services.set_limits`` takes: a
+    member's budget or card quota changed meanwhile applies to the next order at once."""
+    Team.objects.select_for_update().filter(pk=team_of(user).pk).values_list("pk").first()
     row, _created = GpuQuota.objects.get_or_create(
         team=team_of(user), defaults={"max_gpus": int(settings.SLICES_DEFAULT_GPU_QUOTA)}
     )
@@ -384,11 +428,14 @@ def _lock_quota(user: Any) -> int:
 
 
 def _ssh_key(user: Any, ref: str) -> tuple[str, str]:
+    person = user_of(user)  # SSH keys are a person's, whichever team they act in
+    if person is None and not ref:
+        return "", ""
     try:
         key = (
-            console_services.get_ssh_key_for_user(user_of(user), ref)
+            console_services.get_ssh_key_for_user(person, ref)
             if ref
-            else console_services.get_default_ssh_key(user_of(user))
+            else console_services.get_default_ssh_key(person)
         )
     except Http404:  # unknown, or another customer's: the same answer
         raise OrderRefused(
@@ -557,7 +604,9 @@ def _create_and_allocate(
     if used + req.cards > limit:
         raise quota_exceeded(limit, used, req.cards)
     # Decided here, under the lock: an order that committed while this one waited is counted.
-    check_funds(user, price_name(c.model.code) or c.model.code, req)
+    price = price_name(c.model.code) or c.model.code
+    check_funds(user, price, req)
+    check_member_limits(user, price, req)  # the member's card quota and monthly budget
     instance = Instance.objects.create(
         team=team_of(user),
         created_by=user_of(user),
@@ -593,7 +642,7 @@ def _create_and_allocate(
         params={
             "cards": req.cards,
             "gpu_model": c.model.code,
-            "user": user_of(user).get_username(),
+            "user": person.get_username() if (person := user_of(user)) is not None else "",
         },
     )
     _reserve(instance, user, c)

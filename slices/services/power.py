@@ -53,6 +53,7 @@ from slices.services.instances import (
     _lock_quota,
     cards_in_use,
     check_funds,
+    check_member_limits,
     close_billing,
     enqueue_on_commit,
     fail_instance,
@@ -223,12 +224,11 @@ def start_instance(
         if used + instance.cards > limit:
             raise quota_exceeded(limit, used, instance.cards)
         price = price_name(instance.gpu_model.code) or instance.gpu_model.code
-        check_funds(  # billing's rule: the balance carries the account's whole burn with it
-            for_row(instance),
-            price,
-            OrderRequest(gpu_model=instance.gpu_model.code, cards=instance.cards),
-            starting=instance,
-        )
+        again = OrderRequest(gpu_model=instance.gpu_model.code, cards=instance.cards)
+        # billing's rule: the balance carries the account's whole burn with it
+        check_funds(for_row(instance), price, again, starting=instance)
+        # the maker's card quota and monthly budget in the team (their usage, issue 30)
+        check_member_limits(for_row(instance), price, again, starting=instance)
         # The allocator claims, with its rules (an aligned block of the host's GPUs).
         allocation = claim_on_node(
             for_row(instance), old, instance.cards, label=f"instance {instance.public_id}"
