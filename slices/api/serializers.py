@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from console.api.serializers import FieldsBoundOnce
 from slices import lifecycle
+from slices.drivers import driver_capabilities
 from slices.messages import failure_text
 from slices.models import DiskAttachment, Instance
 from slices.services import apps, ports
@@ -98,7 +99,8 @@ class InstanceView:
         if not self._ssh:
             return None
         # On the simulated fleet the command has the real form but reaches nothing (issue 29).
-        return {**self._ssh.as_dict(), "simulated": self.instance.driver == "sim"}
+        simulated = driver_capabilities(self.instance.driver or None).simulated
+        return {**self._ssh.as_dict(), "simulated": simulated}
 
     @property
     def ssh_config(self) -> str:
