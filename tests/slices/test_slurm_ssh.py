@@ -1,0 +1,163 @@
+"""A slice's Slurm against REAL daemons (issue 31): Debian's Slurm 22.05 and munge (``make
+system-deps``) started by the ssh driver inside the instance on the 8 sshd test hosts; the
+console submits, follows, reads the output of and cancels jobs through slurmrestd over its
+pinned SSH connection to rank 0. No fake on this path.
+
+The test hosts are one machine: its 8 nodes run 8 ``slurmd -N <node>`` (one port each) and share
+the slice's munged; their GPUs are stand-ins (links to /dev/null named nvidiaN).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slices import services
+from slices.choices import InstanceState, JobGroup
+from slices.models import Instance, InstanceEvent, Node, SlurmCluster, SlurmJob
+from slices.services import slurm_jobs
+from tests.slices.factories import load_small_fleet, run_order
+from tests.support.sshd import (  # noqa: F401
+    SshFleet,
+    SshHostPool,
+    configure_ssh_fleet,
+    processes_under,
+    ssh_hosts,
+    stop_pids,
+)
+
+pytestmark = pytest.mark.django_db
+
+HOSTS = 8
+SLURM_BINARIES = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/slurmrestd", "/usr/sbin/munged")
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    """The slices' node-local Slurm directories: traversable (slurmrestd runs as nobody), and
+    whatever a failed test left running there is stopped afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="gpc-slurm-"))
+    path.chmod(0o755)
+    yield path
+    stop_pids(processes_under(path))
+
+
+@pytest.fixture
+def fleet(settings, ssh_hosts: SshHostPool, tmp_path: Path, run_dir: Path) -> SshFleet:  # noqa: ANN001, F811
+    missing = [b for b in SLURM_BINARIES if not os.access(b, os.X_OK)]
+    if missing:
+        pytest.fail(f"the Slurm tests need {', '.join(missing)}: run make system-deps")
+    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+    settings.SLICES_SSH_CONNECT_TIMEOUT = 5.0
+    settings.SLICES_SSH_COMMAND_TIMEOUT = 60.0
+    settings.SLICES_SLURM_RUN_DIR = str(run_dir)
+    load_small_fleet()
+    nodes = list(Node.objects.filter(cluster__code="yc-a800").order_by("hostname"))
+    assert len(nodes) == HOSTS
+    return configure_ssh_fleet(
+        settings, ssh_hosts.get(HOSTS), nodes, tmp_path, client_key=ssh_hosts.client_key
+    )
+
+
+def _events(instance: Instance) -> list[str]:
+    return [
+        f"{e.kind}:{e.code}:{e.node}:{e.params}:{e.text[:200]}"
+        for e in InstanceEvent.objects.filter(instance=instance).order_by("pk")
+    ]
+
+
+def _follow_until(instance: Instance, job: SlurmJob, want: set[str], timeout: float = 40) -> SlurmJob:
+    deadline = time.monotonic() + timeout
+    while True:
+        slurm_jobs.follow_jobs(instance.pk)
+        job.refresh_from_db()
+        if job.group in want and (job.group != JobGroup.DONE or job.output_complete):
+            return job
+        assert time.monotonic() < deadline, (job.group, job.slurm_state, job.reason, job.output)
+        time.sleep(0.3)
+
+
+def test_real_slurm_starts_runs_jobs_streams_output_and_cancels(
+    fleet: SshFleet, funded, django_capture_on_commit_callbacks, run_dir: Path
+) -> None:  # noqa: ANN001
+    instance = run_order(funded, django_capture_on_commit_callbacks, gpu_model="A800", cards=64)
+    assert instance.state == InstanceState.RUNNING, _events(instance)
+    cluster = SlurmCluster.objects.get(instance=instance)
+    assert cluster.started_at is not None and cluster.api_version == "v0.0.38"
+
+    # The files: from the allocation, keys as root's own and nobody else's.
+    slurm_dir = run_dir / instance.slug
+    conf = (slurm_dir / "slurm.conf").read_text()
+    hostnames = list(instance.nodes.order_by("rank").values_list("hostname", flat=True))
+    for name in hostnames:
+        assert f"NodeName={name} NodeAddr=127.0.0.1 " in conf
+    assert conf.count("Gres=gpu:a800:8") == 8
+    assert "SwitchName=" in (slurm_dir / "topology.conf").read_text()
+    for key, size in (("munge.key", 1024), ("jwt.key", 64)):
+        info = (slurm_dir / key).stat()
+        assert stat.S_IMODE(info.st_mode) == 0o400 and info.st_uid == 0 and info.st_size == size
+    assert (slurm_dir / key).read_bytes() == bytes(cluster.jwt_key)
+    # The instance's environment points sbatch/srun/sinfo at it.
+    root = fleet.workdirs[hostnames[0]] / "instances" / instance.slug
+    assert f"SLURM_CONF={slurm_dir}/slurm.conf" in (root / "environment").read_text()
+
+    # A 2-node job: the environment is data (no shell evaluates it), every node gets its GPUs.
+    script = (
+        "#!/bin/bash\n"
+        "srun -N 2 bash -c 'echo node=$SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES'\n"
+        'echo "greeting=$GREETING"\n'
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        job = slurm_jobs.submit_job(
+            instance,
+            funded,
+            {"script": script, "name": "hello", "nodes": 2, "gpus_per_node": 8,
+             "time_limit": 5, "environment": {"GREETING": "hi $(touch /tmp/pwned)"}},
+        )  # fmt: skip
+    assert job.slurm_id is not None
+    job = _follow_until(instance, job, {JobGroup.DONE})
+    assert job.slurm_state == "COMPLETED" and job.exit_code == 0, job.output
+    lines = job.output.splitlines()
+    assert lines[-1] == "greeting=hi $(touch /tmp/pwned)"
+    nodes = sorted(line.split()[0] for line in lines if line.startswith("node="))
+    assert len(nodes) == 2 and all(n[len("node="):] in hostnames for n in nodes)
+    assert all(line.endswith("gpus=0,1,2,3,4,5,6,7") for line in lines if line.startswith("node="))
+    assert job.started_at is not None and job.ended_at is not None
+    assert InstanceEvent.objects.filter(instance=instance, code="job_ended").count() == 1
+
+    # A long job runs; one that needs the whole slice waits for it, with Slurm's reason; cancel.
+    long_job = slurm_jobs.submit_job(
+        instance, funded,
+        {"script": "#!/bin/bash\necho started\nsleep 300\n", "name": "long", "nodes": 2},
+    )  # fmt: skip
+    long_job = _follow_until(instance, long_job, {JobGroup.RUNNING})
+    wide = slurm_jobs.submit_job(
+        instance, funded, {"script": "#!/bin/bash\nhostname\n", "name": "wide", "nodes": 8}
+    )
+    slurm_jobs.refresh_queue(instance)
+    wide.refresh_from_db()
+    assert wide.group == JobGroup.QUEUED and wide.reason in ("Resources", "None", "Priority")
+    slurm_jobs.cancel_job(long_job, funded)
+    long_job = _follow_until(instance, long_job, {JobGroup.DONE})
+    assert long_job.slurm_state == "CANCELLED"
+    assert "started" in long_job.output
+    wide = _follow_until(instance, wide, {JobGroup.DONE})
+    assert wide.slurm_state == "COMPLETED"
+
+    # Release: the daemons end with the instance; the keys leave the nodes.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.release_instance(instance, by="alice")
+    instance.refresh_from_db()
+    assert instance.state == InstanceState.RELEASED, _events(instance)
+    deadline = time.monotonic() + 10
+    while processes_under(slurm_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_under(slurm_dir) == []
+    assert not slurm_dir.exists()
+    assert not SlurmCluster.objects.get(pk=cluster.pk).active
