@@ -38,6 +38,7 @@ from slices.choices import (
     NodeState,
     NoReplacement,
 )
+from slices.drivers import driver_capabilities
 from slices.forms import (
     DiskForm,
     InstanceListFilter,
@@ -49,7 +50,7 @@ from slices.forms import (
 from slices.hostspec import host_spec
 from slices.messages import event_text, failure_text, step_label
 from slices.models import Cluster, Disk, Instance, Node, NodeFailure, NodeWatch, Region
-from slices.services import NoCapacity, apps, migration, pfs_files, power, recipes, storage
+from slices.services import NoCapacity, apps, migration, pfs_files, power, recipes, slurm, storage
 from slices.services import disks as disk_service
 from slices.services.eta import instance_eta
 from slices.services.instances import instance_cost, instance_costs
@@ -303,7 +304,8 @@ def _detail_context(instance: Instance) -> dict[str, Any]:
         "elapsed": int(((instance.ended_at or timezone.now()) - since).total_seconds()),
         "elapsed_running": instance.running_at is not None,
         "transitional": instance.state in TRANSITIONAL_STATES,
-        "simulated": instance.driver == "sim",
+        "simulated": driver_capabilities(instance.driver or None).simulated,
+        "has_slurm": slurm.cluster_of(instance) is not None,  # the Jobs tab (issue 31)
         "app_status": (app_status := apps.app_status(instance)),
         "app_name": app_status.app.localized_name(get_language() or "zh-hans")
         if app_status

@@ -349,6 +349,23 @@ class InstanceCreateSerializer(serializers.Serializer):
         '"Gradio"}], ports 1024-65535 outside the instances\' SSH range. A bad one: 400 naming '
         "the field.",
     )
+    scheduler = serializers.ChoiceField(
+        choices=["slurm", "none"],
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text='The slice\'s own Slurm ("slurm", the default for a slice) or plain nodes '
+        '("none", the default for a host).',
+    )
+    job = serializers.DictField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Job mode: a Slurm job submitted once the slice runs (script, name, nodes, "
+        "gpus_per_node, time_limit in minutes, environment); its end releases the slice unless "
+        "release_on_job_end is false.",
+    )
+    release_on_job_end = serializers.BooleanField(required=False, allow_null=True, default=None)
 
 
 class InstanceEventSerializer(serializers.Serializer):

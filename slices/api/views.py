@@ -253,6 +253,9 @@ class InstanceViewSet(PublicIdViewSet):
             env=d["env"],
             disks=tuple((str(x["id"]), x["mode"]) for x in d["disks"]),
             web_ports=tuple(d["web_ports"]),
+            scheduler=d["scheduler"],
+            job=d["job"],
+            release_on_job_end=d["release_on_job_end"],
         )
         instance, created = services.order_instance(request.user, req, idempotency_key=key)
         return self._answer(instance, status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK)

@@ -73,7 +73,9 @@ class SimSlurm:
     def request(self, method: str, path: str, body: dict[str, Any] | None) -> RestAnswer:
         now = time.time()
         if method == "GET" and path == "/openapi/v3":
-            paths = {f"/slurm/{DEFAULT_API}/{p}": {} for p in ("jobs", "job/submit", "ping")}
+            paths: dict[str, Any] = {
+                f"/slurm/{DEFAULT_API}/{p}": {} for p in ("jobs", "job/submit", "ping")
+            }
             return RestAnswer(200, {"paths": paths, "info": {"title": LABEL}})
         prefix = f"/slurm/{DEFAULT_API}"
         if not path.startswith(prefix):

@@ -70,7 +70,7 @@ def clean_job(raw: Any, *, nodes: int) -> dict[str, Any]:
         )
     try:
         want = int(raw.get("nodes") or 1)
-        gpus = int(raw.get("gpus_per_node") if raw.get("gpus_per_node") is not None else 0)
+        gpus = int(raw.get("gpus_per_node") or 0)
         minutes = int(raw.get("time_limit") or 60)
     except (TypeError, ValueError):
         raise OrderRefused(

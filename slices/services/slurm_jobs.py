@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import transaction
@@ -25,10 +25,12 @@ from django.http import Http404
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
+from console.errors import DomainError, ErrorCode
 from console.ids import parse_uuid
 from slices import slurmconf
 from slices.choices import EventKind, EventLevel, InstanceState, JobGroup
 from slices.drivers import DriverError, get_driver
+from slices.drivers.slurm import SlurmDriver
 from slices.errors import InstanceConflict, OrderRefused
 from slices.models import Instance, SlurmCluster, SlurmJob
 from slices.services import slurm
@@ -46,6 +48,20 @@ FOLLOW_TASK = "slices.tasks.follow_slurm_jobs_task"
 
 class SlurmNotReady(InstanceConflict):
     """The instance has no Slurm, or it is not running yet."""
+
+
+class SlurmUnreachable(DomainError):
+    """The slice's slurmrestd did not answer (its rank 0 unreachable, the daemon gone)."""
+
+    code = ErrorCode.ERROR
+    http_status = 502
+
+
+def _unreachable(exc: DriverError) -> SlurmUnreachable:
+    return SlurmUnreachable(
+        gettext_noop("The slice's Slurm could not be reached: %(error)s"),
+        error=(exc.detail or exc.code)[:300],
+    )
 
 
 def _ready_cluster(instance: Instance) -> SlurmCluster:
@@ -68,7 +84,8 @@ class _Link:
 
     def __init__(self, instance: Instance, cluster: SlurmCluster, driver: Any = None) -> None:
         self.instance, self.cluster = instance, cluster
-        self.driver = driver or get_driver(instance.driver or None)
+        # A driver that declares ``slurm`` (slices.drivers.registry) implements SlurmDriver.
+        self.driver: SlurmDriver = driver or cast(SlurmDriver, get_driver(instance.driver or None))
         self.spec = build_spec(instance)
         self.setup = slurm.setup_for(instance, cluster)
         self.api = slurmconf.api(cluster.api_version)
@@ -119,7 +136,10 @@ def submit_job(
     body = link.api.submit_body(
         req, paths.jobs, f"{paths.jobs}/slurm-%j.out", str(settings.SLICES_NODE_PATH)
     )
-    answer = link.call("POST", link.api.submit_path(), body)
+    try:
+        answer = link.call("POST", link.api.submit_path(), body)
+    except DriverError as exc:
+        raise _unreachable(exc) from None
     slurm_id = link.api.submitted_id(answer.body)
     if answer.status >= 400 or slurm_id is None:
         errors = "; ".join(link.api.errors(answer.body)) or f"HTTP {answer.status}"
@@ -148,6 +168,12 @@ def submit_job(
             params={"name": row.name, "slurm_id": slurm_id, "user": _who(user)},
         )
         enqueue_on_commit(FOLLOW_TASK, instance.pk)
+    # The cache follows the event at once (its state and pending reason), not a poll later.
+    try:
+        refresh_queue(instance, driver=link.driver)
+    except DriverError as exc:
+        logger.info("the queue of %s was not read after a submit: %s", instance.public_id, exc)
+    row.refresh_from_db()
     return row
 
 
@@ -162,10 +188,13 @@ def cancel_job(job: SlurmJob, user: Any, *, driver: Any = None) -> SlurmJob:
     if job.group == JobGroup.DONE or job.slurm_id is None:
         return job
     link = _Link(instance, cluster, driver)
-    answer = link.call("DELETE", link.api.job_path(job.slurm_id))
-    if answer.status >= 400:
-        errors = "; ".join(link.api.errors(answer.body)) or f"HTTP {answer.status}"
-        raise DriverError("slurm_failed", errors[:300])
+    try:
+        answer = link.call("DELETE", link.api.job_path(job.slurm_id))
+        if answer.status >= 400:
+            errors = "; ".join(link.api.errors(answer.body)) or f"HTTP {answer.status}"
+            raise DriverError("slurm_failed", errors[:300])
+    except DriverError as exc:
+        raise _unreachable(exc) from None
     with transaction.atomic():
         SlurmJob.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now())
         record_event(
@@ -175,7 +204,10 @@ def cancel_job(job: SlurmJob, user: Any, *, driver: Any = None) -> SlurmJob:
             params={"name": job.name, "slurm_id": job.slurm_id, "user": _who(user)},
         )
         enqueue_on_commit(FOLLOW_TASK, instance.pk)
-    refresh_queue(instance, driver=link.driver)
+    try:
+        refresh_queue(instance, driver=link.driver)
+    except DriverError as exc:
+        logger.info("the queue of %s was not read after a cancel: %s", instance.public_id, exc)
     job.refresh_from_db()
     return job
 
@@ -302,13 +334,13 @@ def submit_order_job(instance_id: int, *, driver: Any = None) -> str:
         return "submitted"
     try:
         submit_job(instance, instance.owner, cluster.job_request, driver=driver, from_order=True)
-    except (OrderRefused, DriverError) as exc:
+    except (OrderRefused, SlurmUnreachable) as exc:
         record_event(
             instance,
             EventKind.ERROR,
             code="job_submit_failed",
             level=EventLevel.ERROR,
-            params={"error": str(getattr(exc, "detail", "") or exc)[:300]},
+            params={"error": exc.message()[:300]},
         )
         if cluster.release_on_job_end:
             release_instance(instance, by="job", code="job_release")

@@ -67,7 +67,7 @@ def test_jobs_run_queue_and_cancel_through_the_simulated_slurmrestd(
     slurm_sim, funded, django_capture_on_commit_callbacks, settings
 ) -> None:  # noqa: ANN001
     instance = _slice(funded, django_capture_on_commit_callbacks)
-    script = "#!/bin/bash\nsrun -N 2 hostname\necho \"$GREETING\"\n"
+    script = '#!/bin/bash\nsrun -N 2 hostname\necho "$GREETING"\n'
     with django_capture_on_commit_callbacks(execute=True):
         job = slurm_jobs.submit_job(
             instance,

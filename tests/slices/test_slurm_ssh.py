@@ -35,7 +35,12 @@ from tests.support.sshd import (  # noqa: F401
 pytestmark = pytest.mark.django_db
 
 HOSTS = 8
-SLURM_BINARIES = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/slurmrestd", "/usr/sbin/munged")
+SLURM_BINARIES = (
+    "/usr/sbin/slurmctld",
+    "/usr/sbin/slurmd",
+    "/usr/sbin/slurmrestd",
+    "/usr/sbin/munged",
+)
 
 
 @pytest.fixture
@@ -72,7 +77,9 @@ def _events(instance: Instance) -> list[str]:
     ]
 
 
-def _follow_until(instance: Instance, job: SlurmJob, want: set[str], timeout: float = 40) -> SlurmJob:
+def _follow_until(
+    instance: Instance, job: SlurmJob, want: set[str], timeout: float = 40
+) -> SlurmJob:
     deadline = time.monotonic() + timeout
     while True:
         slurm_jobs.follow_jobs(instance.pk)
@@ -126,7 +133,7 @@ def test_real_slurm_starts_runs_jobs_streams_output_and_cancels(
     lines = job.output.splitlines()
     assert lines[-1] == "greeting=hi $(touch /tmp/pwned)"
     nodes = sorted(line.split()[0] for line in lines if line.startswith("node="))
-    assert len(nodes) == 2 and all(n[len("node="):] in hostnames for n in nodes)
+    assert len(nodes) == 2 and all(n[len("node=") :] in hostnames for n in nodes)
     assert all(line.endswith("gpus=0,1,2,3,4,5,6,7") for line in lines if line.startswith("node="))
     assert job.started_at is not None and job.ended_at is not None
     assert InstanceEvent.objects.filter(instance=instance, code="job_ended").count() == 1
