@@ -284,8 +284,7 @@ def for_spec(state_dir: str, spec: InstanceSpec, time_scale: float) -> SimSlurm:
 
 
 def start(state_dir: str, spec: InstanceSpec, setup: SlurmSetup, log: LogFn) -> StepResult:
-    slurm = for_spec(state_dir, spec, 0)
-    slurm.jobs_dir.mkdir(parents=True, exist_ok=True)
+    # Nothing is written until the first job: its queue file is made by the first request.
     log(
         f"{LABEL} slurmctld and slurmrestd on {spec.nodes[0].hostname}, slurmd on "
         f"{len(spec.nodes)} node(s) with gpu:{setup.gres_type}:{len(spec.nodes[0].gpus)}"

@@ -90,6 +90,32 @@ def _follow_until(
         time.sleep(0.3)
 
 
+def _in_terminal(instance: Instance, hostname: str, command: str, until: str) -> str:
+    """Type ``command`` in a web terminal on ``hostname``; what it printed once ``until`` and a
+    digit appear (the typed line echoes ``until`` followed by a quote, never a digit)."""
+    from slices.drivers import get_driver
+    from slices.services.provisioning import build_spec
+
+    spec = build_spec(instance)
+    node = next(n for n in spec.nodes if n.hostname == hostname)
+    shell = get_driver("ssh").open_shell(spec, node, 200, 40)
+    said = b""
+    try:
+        shell.send(command.encode() + b"\n")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            chunk = shell.recv(0.5)
+            if chunk is None:
+                break
+            said += chunk
+            text = said.decode(errors="replace")
+            if any(part[:1].isdigit() for part in text.split(until)[1:]):
+                break
+    finally:
+        shell.close()
+    return said.decode(errors="replace")
+
+
 def test_real_slurm_starts_runs_jobs_streams_output_and_cancels(
     fleet: SshFleet, funded, django_capture_on_commit_callbacks, run_dir: Path
 ) -> None:  # noqa: ANN001
@@ -157,6 +183,20 @@ def test_real_slurm_starts_runs_jobs_streams_output_and_cancels(
     wide = _follow_until(instance, wide, {JobGroup.DONE})
     assert wide.slurm_state == "COMPLETED"
 
+    # In the web terminal (a shell in the instance on a node) Slurm's commands work, and a job
+    # submitted there with sbatch shows up in the console's queue at the next refresh.
+    said = _in_terminal(
+        instance,
+        hostnames[3],
+        "sinfo -h -N | wc -l | sed 's/^/NODES=/'; "
+        "sbatch --parsable -J from-terminal --wrap true | sed 's/^/JOB=/'",
+        "JOB=",
+    )
+    assert "NODES=8" in said, said
+    terminal_id = int(said.split("JOB=")[-1].split()[0])
+    slurm_jobs.refresh_queue(instance)
+    assert SlurmJob.objects.get(instance=instance, slurm_id=terminal_id).name == "from-terminal"
+
     # Release: the daemons end with the instance; the keys leave the nodes.
     with django_capture_on_commit_callbacks(execute=True):
         assert services.release_instance(instance, by="alice")
@@ -168,3 +208,28 @@ def test_real_slurm_starts_runs_jobs_streams_output_and_cancels(
     assert processes_under(slurm_dir) == []
     assert not slurm_dir.exists()
     assert not SlurmCluster.objects.get(pk=cluster.pk).active
+
+
+def test_job_mode_on_real_slurm_releases_the_slice_when_its_job_ends(
+    fleet: SshFleet, funded, django_capture_on_commit_callbacks
+) -> None:  # noqa: ANN001
+    job = {"script": "#!/bin/bash\nsrun -N 2 hostname\nexit 0\n", "name": "task", "nodes": 2}
+    instance = run_order(
+        funded, django_capture_on_commit_callbacks, gpu_model="A800", cards=64, job=job
+    )
+    assert instance.state == InstanceState.RUNNING, _events(instance)
+    order_job = SlurmJob.objects.get(instance=instance, from_order=True)
+    deadline = time.monotonic() + 40
+    while True:
+        with django_capture_on_commit_callbacks(execute=True):
+            outcome = slurm_jobs.follow_jobs(instance.pk)
+        instance.refresh_from_db()
+        if instance.state != InstanceState.RUNNING:
+            break
+        assert time.monotonic() < deadline, (outcome, _events(instance))
+        time.sleep(0.3)
+    order_job.refresh_from_db()
+    assert order_job.slurm_state == "COMPLETED" and order_job.output.count("\n") == 2
+    assert instance.state == InstanceState.RELEASED, _events(instance)
+    codes = list(InstanceEvent.objects.filter(instance=instance).values_list("code", flat=True))
+    assert codes.index("job_ended") < codes.index("job_release") < codes.index("released")
