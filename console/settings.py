@@ -358,6 +358,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     },
     "billing-expire-vouchers": {"task": "billing.tasks.expire_vouchers_task", "schedule": 3600.0},
     "slices-reconcile": {"task": "slices.tasks.reconcile_instances_task", "schedule": 30.0},
+    "slices-follow-slurm-jobs": {
+        "task": "slices.tasks.follow_slurm_jobs_all_task",
+        "schedule": 30.0,
+    },
 }
 # --- Instances: ordering, provisioning, nodes -----------------------------------------------------
 # The node driver: "sim" (the simulated fleet; the embedded default) or "ssh" (real nodes).

@@ -194,6 +194,12 @@ def follow_slurm_jobs_task(instance_id: int) -> str:
 
 
 @shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
+def follow_slurm_jobs_all_task() -> int:
+    """Celery beat: slices with live jobs whose follower was lost are followed again."""
+    return retry_transient(slurm_jobs.follow_live_jobs, what="restarting Slurm job followers")
+
+
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
 def submit_order_job_task(instance_id: int) -> str:
     """Job mode: submit the order's job once the slice runs (once)."""
     return retry_transient(

@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.http import Http404
 from django.utils import timezone
 from django.utils.translation import gettext_noop
@@ -36,7 +37,7 @@ from slices.models import Instance, SlurmCluster, SlurmJob
 from slices.services import slurm
 from slices.services.history import record_event
 from slices.services.instances import release_instance
-from slices.services.jobs import enqueue_on_commit
+from slices.services.jobs import enqueue, enqueue_on_commit
 from slices.services.provisioning import build_spec
 
 logger = logging.getLogger(__name__)
@@ -320,6 +321,21 @@ def follow_jobs(instance_id: int, *, driver: Any = None) -> str:
             return "released"
     unread = SlurmJob.objects.filter(instance=instance, output_complete=False).exists()
     return "again" if live or unread else "done"
+
+
+def follow_live_jobs() -> int:
+    """Celery beat: a follower for every running slice with a live job or unread output (one
+    whose follower was lost with its worker); how many were queued."""
+    ids = (
+        SlurmJob.objects.filter(instance__state=InstanceState.RUNNING)
+        .filter(Q(output_complete=False) | ~Q(group=JobGroup.DONE))
+        .values_list("instance_id", flat=True)
+        .distinct()
+    )
+    found = list(ids)
+    for pk in found:
+        enqueue(FOLLOW_TASK, pk)
+    return len(found)
 
 
 def submit_order_job(instance_id: int, *, driver: Any = None) -> str:
