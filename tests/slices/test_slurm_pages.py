@@ -85,3 +85,26 @@ def test_the_jobs_api_submits_lists_reads_and_cancels(
     assert too_big.status_code == 400 and too_big.json()["error"] == "invalid"
     with django_assert_num_queries(2):  # the instance, its jobs (the client is authenticated)
         alice_api.get(base)
+
+
+def test_the_order_form_runs_a_job_and_the_slice_releases_itself(
+    sim_fleet, settings, tmp_path, funded, alice_client, django_capture_on_commit_callbacks
+) -> None:  # noqa: ANN001
+    from slices.choices import InstanceState
+    from slices.models import Instance
+
+    settings.STATE_DIR = tmp_path
+    page = alice_client.get("/instances/new/?gpu_model=A800&cards=64").content.decode()
+    assert "运行作业" in page and 'name="job_script"' in page
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = alice_client.post(
+            "/instances/new/",
+            {"gpu_model": "A800", "cards": 64, "billing_mode": "on_demand",
+             "job_script": "#!/bin/bash\nsrun -N 8 hostname\n", "job_nodes": "8"},
+        )  # fmt: skip
+    instance = Instance.objects.get()
+    assert answer.status_code == 302, answer.content.decode()[-2000:]
+    job = SlurmJob.objects.get(instance=instance, from_order=True)
+    assert job.slurm_state == "COMPLETED" and len(job.output.splitlines()) == 9
+    instance.refresh_from_db()
+    assert instance.state in (InstanceState.RELEASING, InstanceState.RELEASED)
