@@ -1,8 +1,8 @@
 """A slice's own Slurm and its jobs (issue 31).
 
 ``SlurmCluster`` exists for an instance ordered with ``scheduler: slurm``: its keys (secrets,
-written to the nodes as data), its ports, whether it started (``started_at``: the provisioning
-step's resume marker) and the order's job in job mode. ``SlurmJob`` rows are the console's
+written to the nodes as data), its ports, when the provisioning step last started it
+(``started_at``; jobs are taken once it is set) and the order's job in job mode. ``SlurmJob`` rows are the console's
 cached queue: the pages and the API read them; ``slices.services.slurm`` refreshes them from
 slurmrestd on events (a submit, a cancel, the follower while jobs are live), never per view.
 Rows are written only by ``slices.services.slurm``.

@@ -4,9 +4,9 @@
   unless asked) and its job (job mode), checked before anything is reserved.
 - ``create_for_order``: in the order's transaction, the slice's ``SlurmCluster``: a munge key
   and a JWT key (secrets, 1 KiB and 64 bytes from ``secrets``), a block of ports.
-- ``start_slurm``: the step "启动 Slurm" once every node is up (``provisioning``): the driver
-  writes the files and starts the daemons inside the instance; ``started_at`` is the resume
-  marker (a field, not an event).
+- ``start_slurm``: the step "启动 Slurm" once every node is up (``provisioning``), on every drive
+  (idempotent on the nodes): the driver writes the files and starts what is not running with
+  the current config inside the instance; ``started_at`` says when it last did.
 
 The jobs themselves are ``slices.services.slurm_jobs`` (above provisioning: it builds specs).
 """
@@ -200,10 +200,12 @@ def setup_for(instance: Instance, cluster: SlurmCluster) -> SlurmSetup:
 def start_slurm(
     instance: Instance, driver: Any, spec: InstanceSpec, log: LogFn
 ) -> tuple[str, dict[str, Any]] | None:
-    """The step "启动 Slurm": once, after every node is up (a re-drive finds ``started_at``).
+    """The step "启动 Slurm", after every node is up, on every drive: the first one, a re-drive,
+    开机 after 关机 (the daemons ended with the instance; the queue is kept on /pfs), a node
+    replaced (the daemons whose config changed restart). The driver's start is idempotent.
     Returns the failure (code, params) or None."""
     cluster = cluster_of(instance)
-    if cluster is None or cluster.started_at is not None:
+    if cluster is None:
         return None
     try:
         result = driver.start_slurm(spec, setup_for(instance, cluster), log)

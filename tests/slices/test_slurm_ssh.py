@@ -233,3 +233,40 @@ def test_job_mode_on_real_slurm_releases_the_slice_when_its_job_ends(
     assert instance.state == InstanceState.RELEASED, _events(instance)
     codes = list(InstanceEvent.objects.filter(instance=instance).values_list("code", flat=True))
     assert codes.index("job_ended") < codes.index("job_release") < codes.index("released")
+
+
+def test_a_restarted_controller_keeps_the_queue_from_pfs(
+    fleet: SshFleet, funded, django_capture_on_commit_callbacks, run_dir: Path
+) -> None:  # noqa: ANN001
+    """rank 0's slurmctld dies (a crash, a re-driven start): the step 启动 Slurm runs again,
+    keeps what still runs and starts the controller, which recovers its state from /pfs."""
+    from slices.drivers import get_driver
+    from slices.services import slurm
+    from slices.services.provisioning import build_spec
+
+    instance = run_order(funded, django_capture_on_commit_callbacks, gpu_model="A800", cards=64)
+    assert instance.state == InstanceState.RUNNING, _events(instance)
+    first = slurm_jobs.submit_job(instance, funded, {"script": "#!/bin/sh\necho one\n"})
+    first = _follow_until(instance, first, {JobGroup.DONE})
+    slurm_dir = run_dir / instance.slug
+    slurmd_pids = sorted(int(p.read_text()) for p in slurm_dir.glob("slurmd-*.pid"))
+    # (The pid files hold the instance's own pids: its PID namespace's.)
+    controller = [
+        pid
+        for pid in processes_under(slurm_dir)
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "slurmctld"
+    ]
+    assert len(controller) == 1 and stop_pids(controller) == []
+
+    lines: list[str] = []
+    failure = slurm.start_slurm(instance, get_driver("ssh"), build_spec(instance), lines.append)
+    assert failure is None, (failure, lines)
+    # The slurmds went on (their config did not change); the controller is a new one.
+    assert sorted(int(p.read_text()) for p in slurm_dir.glob("slurmd-*.pid")) == slurmd_pids
+    second = slurm_jobs.submit_job(instance, funded, {"script": "#!/bin/sh\necho two\n"})
+    assert second.slurm_id == first.slurm_id + 1  # its state came back from /pfs
+    second = _follow_until(instance, second, {JobGroup.DONE})
+    assert second.slurm_state == "COMPLETED" and second.output.strip() == "two"
+    assert InstanceEvent.objects.filter(instance=instance, code="slurm_started").count() == 2
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.release_instance(instance, by="alice")

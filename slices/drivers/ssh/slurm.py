@@ -82,14 +82,31 @@ _ALIVE_PID = (
     'up() {{ p=$(cat "$1" 2>/dev/null); case "$p" in ""|*[!0-9]*) return 1;; esac; '
     'kill -0 "$p" 2>/dev/null && ! grep -qs "^State:[[:space:]]*Z" "/proc/$p/status"; }}; '
 )
+# A daemon still running with the config it was started with is kept; one whose config changed
+# (a node replaced, the slice started again on other nodes) is restarted: slurmctld recovers
+# its queue from StateSaveLocation (on /pfs), running job steps outlive a slurmd restart.
+# ``$1``: its pid file, ``$2``: the file of the config's hash it started with.
+_CURRENT = (
+    'h=$(sha256sum {conf} | cut -d" " -f1); '
+    'current() {{ up "$1" && [ "$(cat "$2" 2>/dev/null)" = "$h" ]; }}; '
+    'halt() {{ up "$1" || return 0; kill "$p"; i=0; while up "$1" && [ $i -lt 100 ]; do '
+    "sleep 0.1; i=$((i + 1)); done; }}; "
+)
 # Run inside the instance (CMD_IN_INSTANCE): what every node starts.
 SCRIPT_NODE = (
-    _ALIVE_PID + _MUNGE_UP + "up {run}/slurmd-{node}.pid || "
-    "SLURM_CONF={conf} {slurmd} -N {node} -f {conf} || exit 1; echo slurmd {node} up"
+    _ALIVE_PID
+    + _MUNGE_UP
+    + _CURRENT
+    + "if current {run}/slurmd-{node}.pid {run}/slurmd-{node}.sha; "
+    "then echo slurmd {node} reused; exit 0; fi; halt {run}/slurmd-{node}.pid; "
+    "SLURM_CONF={conf} {slurmd} -N {node} -f {conf} || exit 1; "
+    'echo "$h" > {run}/slurmd-{node}.sha; echo slurmd {node} up'
 )
 SCRIPT_CONTROLLER = (
-    _ALIVE_PID + _MUNGE_UP + "up {run}/slurmctld.pid || SLURM_CONF={conf} {slurmctld} -f {conf} "
-    "|| exit 1; echo slurmctld up"
+    _ALIVE_PID + _MUNGE_UP + _CURRENT + "if current {run}/slurmctld.pid {run}/slurmctld.sha; "
+    "then echo slurmctld reused; exit 0; fi; halt {run}/slurmctld.pid; "
+    "SLURM_CONF={conf} {slurmctld} -f {conf} || exit 1; "
+    'echo "$h" > {run}/slurmctld.sha; echo slurmctld up'
 )
 # slurmrestd is no daemon: started in its own session in the background, its pid in a file.
 SCRIPT_RESTD = (
