@@ -28,7 +28,7 @@ from django.utils.translation import gettext_noop
 
 from console.errors import DomainError, ErrorCode
 from console.ids import parse_uuid
-from slices import slurmconf
+from slices import events, slurmconf
 from slices.choices import EventKind, EventLevel, InstanceState, JobGroup
 from slices.drivers import DriverError, get_driver
 from slices.drivers.slurm import SlurmDriver
@@ -280,6 +280,7 @@ def _apply(instance: Instance, row: SlurmJob, status: slurmconf.JobStatus) -> No
             )
     for key, value in fields.items():
         setattr(row, key, value)
+    events.broadcast_job_on_commit(instance, row, "")  # its new state, to the pages
 
 
 def _read_output(link: _Link, row: SlurmJob) -> None:
@@ -296,9 +297,12 @@ def _read_output(link: _Link, row: SlurmJob) -> None:
     if not chunk.text and not done:
         return
     text = (row.output + chunk.text)[-OUTPUT_KEEP:]
-    SlurmJob.objects.filter(pk=row.pk).update(
-        output=text, output_offset=chunk.next_offset, output_complete=done
-    )
+    with transaction.atomic():
+        SlurmJob.objects.filter(pk=row.pk).update(
+            output=text, output_offset=chunk.next_offset, output_complete=done
+        )
+        # Streamed to the job's page over the instance's websocket (the page polls as fallback).
+        events.broadcast_job_on_commit(link.instance, row, chunk.text)
     row.output, row.output_offset, row.output_complete = text, chunk.next_offset, done
 
 

@@ -108,3 +108,51 @@ def test_the_order_form_runs_a_job_and_the_slice_releases_itself(
     assert job.slurm_state == "COMPLETED" and len(job.output.splitlines()) == 9
     instance.refresh_from_db()
     assert instance.state in (InstanceState.RELEASING, InstanceState.RELEASED)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_new_output_is_pushed_over_the_instance_websocket(
+    sim_fleet, settings, tmp_path, alice
+) -> None:  # noqa: ANN001
+    import json
+    from decimal import Decimal
+
+    from asgiref.sync import sync_to_async
+
+    from billing import services as billing
+    from console.routing import websocket_router
+    from slices import services
+    from slices.services import slurm_jobs
+    from tests.support.servers import run_async
+    from tests.support.websocket import open_websocket, websocket_scope
+
+    settings.STATE_DIR = tmp_path
+    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
+    instance, _ = services.order_instance(
+        alice, services.OrderRequest(gpu_model="A800", cards=64)
+    )  # provisioned inline on commit (no test transaction here)
+    instance.refresh_from_db()
+
+    async def scenario() -> list[dict]:
+        path = f"/ws/instances/{instance.public_id}/"
+        communicator, first = await open_websocket(
+            websocket_router(), websocket_scope(path, user=alice)
+        )
+        assert first["type"] == "websocket.accept", first
+        await communicator.receive_output(timeout=5)  # hello
+        await sync_to_async(slurm_jobs.submit_job)(
+            instance, alice, {"script": "#!/bin/sh\necho pushed\n", "name": "p"}
+        )
+        got = []
+        while True:
+            message = json.loads((await communicator.receive_output(timeout=5))["text"])
+            if message["kind"] == "job":
+                got.append(message["payload"])
+                if "pushed" in message["payload"]["text"]:
+                    break
+        await communicator.send_input({"type": "websocket.disconnect", "code": 1000})
+        await communicator.wait(timeout=5)
+        return got
+
+    pushed = run_async(scenario())
+    assert pushed[-1]["text"].endswith("pushed\n") and pushed[-1]["state"] == "done"
