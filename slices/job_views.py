@@ -23,6 +23,7 @@ from console.errors import DomainError
 from console.htmx import render_page, stop_polling
 from slices import services
 from slices.choices import InstanceState
+from slices.drivers import driver_capabilities
 from slices.messages import pending_reason
 from slices.models import Instance, SlurmJob
 from slices.services import slurm, slurm_jobs
@@ -82,6 +83,7 @@ def _context(instance: Instance, form: JobForm | None = None) -> dict[str, Any]:
         and instance.state == InstanceState.RUNNING,
         "rows": _rows(jobs),
         "live": any(j.live for j in jobs),
+        "simulated": driver_capabilities(instance.driver or None).simulated,
         "form": form or JobForm(initial={"nodes": min(2, instance.nodes.count() or 1)}),
     }
 

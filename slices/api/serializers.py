@@ -145,7 +145,7 @@ class InstanceView:
 
     @property
     def simulated(self) -> bool:
-        return self.instance.driver == "sim"
+        return driver_capabilities(self.instance.driver or None).simulated
 
     @property
     def checkpoint(self) -> dict[str, Any]:
