@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import paramiko
@@ -160,16 +162,22 @@ def start_slurm(driver: SshDriver, spec: InstanceSpec, setup: SlurmSetup, log: L
         stand_in = _stand_ins(driver, first, client)
     layout = setup.layout(spec, pfs, stand_in_devices=stand_in)
     files = _files(layout, setup)
-    # Files on every node first (the same text everywhere), then the controller, then the nodes.
+
+    # Files on every node first (the same text everywhere; one node after another: several nodes
+    # of a test host share one directory), then the controller, then the nodes' slurmd in
+    # parallel (one connection each).
     for node in spec.nodes:
         with driver.session(node) as client:
             _write(driver, client, node, layout, files)
+
+    def slurmd(node: NodeTarget) -> None:
+        with driver.session(node) as client:
+            _in_instance(driver, client, spec, node, SCRIPT_NODE, _args(layout, node=node.hostname))
+
     with driver.session(first) as client:
         _in_instance(driver, client, spec, first, SCRIPT_CONTROLLER, _args(layout, node=""))
     log(f"slurmctld listens on {first.address}:{setup.ctld_port} (cluster {layout.cluster})")
-    for node in spec.nodes:
-        with driver.session(node) as client:
-            _in_instance(driver, client, spec, node, SCRIPT_NODE, _args(layout, node=node.hostname))
+    _each(spec, slurmd)
     log(
         f"slurmd runs on {len(spec.nodes)} node(s), each with "
         f"gpu:{layout.gres_type}:{len(first.gpus)}"
@@ -208,6 +216,15 @@ def start_slurm(driver: SshDriver, spec: InstanceSpec, setup: SlurmSetup, log: L
     version = _detect_version(driver, spec, setup)
     log(f"every node is idle in Slurm; slurmrestd speaks {version} on rank 0's loopback")
     return StepResult({"api_version": version, "nodes": len(spec.nodes), "stand_in": stand_in})
+
+
+def _each(spec: InstanceSpec, work: Callable[[NodeTarget], None]) -> None:
+    """``work`` on every node of the slice in parallel; the first error goes up."""
+    with ThreadPoolExecutor(
+        max_workers=min(32, len(spec.nodes)), thread_name_prefix="slurm"
+    ) as pool:
+        for future in [pool.submit(work, node) for node in spec.nodes]:
+            future.result()
 
 
 def _files(layout: SlurmLayout, setup: SlurmSetup) -> list[tuple[str, str | bytes, int]]:
