@@ -149,6 +149,22 @@ class SimSlurm:
             if was_running:
                 self._write(job, [f"slurmstepd: *** JOB {job['id']} CANCELLED ***"])
 
+    def requeue_lost(self, now: float) -> list[tuple[int, str]]:
+        """Running jobs on a node that left the slice go back to the queue: (job, node)."""
+        lost = []
+        with self._queue() as queue:
+            for job in queue["jobs"]:
+                gone = [n for n in job["node_list"] if n not in self.nodes]
+                if job["state"] == "RUNNING" and gone:
+                    self._write(
+                        job, [f"{LABEL} *** JOB {job['id']} REQUEUED: NODE_FAIL {gone[0]} ***"]
+                    )
+                    job.update(
+                        state="PENDING", reason="BeginTime", start=0.0, node_list=[], submit=now
+                    )
+                    lost.append((int(job["id"]), gone[0]))
+        return lost
+
     # -- scheduling ----------------------------------------------------------------------------
     def _duration(self, script: str) -> float:
         total = sum(
@@ -284,7 +300,13 @@ def for_spec(state_dir: str, spec: InstanceSpec, time_scale: float) -> SimSlurm:
 
 
 def start(state_dir: str, spec: InstanceSpec, setup: SlurmSetup, log: LogFn) -> StepResult:
-    # Nothing is written until the first job: its queue file is made by the first request.
+    # Nothing is written until the first job: its queue file is made by the first request. A
+    # start after a node was replaced requeues the jobs that ran on a node no longer in the slice
+    # (what Slurm does with a requeueable job on NODE_FAIL); they run again from the queue.
+    slurm = for_spec(state_dir, spec, 0)
+    if (slurm.root / "queue.json").exists():
+        for job_id, gone in slurm.requeue_lost(time.time()):
+            log(f"{LABEL} job {job_id} requeued: {gone} left the slice")
     log(
         f"{LABEL} slurmctld and slurmrestd on {spec.nodes[0].hostname}, slurmd on "
         f"{len(spec.nodes)} node(s) with gpu:{setup.gres_type}:{len(spec.nodes[0].gpus)}"

@@ -139,3 +139,53 @@ def test_the_simulated_script_prints_only_what_it_can_know(tmp_path) -> None:  #
     sim = SimSlurm(tmp_path, ["n1"], 0)
     answer = sim.request("GET", "/openapi/v3", None)
     assert slurmconf.detect_api(answer.body["paths"]) == "v0.0.38"
+
+
+def test_a_failed_node_is_replaced_and_its_running_job_requeued(
+    sim_driver, settings, tmp_path, django_capture_on_commit_callbacks, alice
+) -> None:  # noqa: ANN001
+    """The same-SU replacement of issue 24, in a Slurm slice: the step 启动 Slurm runs again with
+    the replacement, and the job that ran on the failed node goes back to the queue and runs."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from billing import services as billing
+    from slices.services import migration
+    from tests.slices.factories import SMALL_FLEET, load_small_fleet
+
+    settings.STATE_DIR = tmp_path
+    settings.SLICES_PFS_CONSOLE_ROOT = str(tmp_path / "pfs")
+    settings.SLICES_NODE_FAIL_GRACE_SECONDS = 60
+    load_small_fleet(SMALL_FLEET.replace("scalable_units: [8]", "scalable_units: [10, 10]"))
+    billing.grant_voucher(alice, Decimal("50000"), reason="test", valid_days=30)
+    instance = _slice(alice, django_capture_on_commit_callbacks)
+    # Steps in hundredths of their time; the job's hour of sleep lasts 36 s: still running when
+    # the node fails and after its replacement.
+    settings.SIM_TIME_SCALE = 0.01
+    job = slurm_jobs.submit_job(
+        instance, alice, {"script": "#!/bin/sh\nsleep 3600\n", "name": "train", "nodes": 8}
+    )
+    import time
+
+    time.sleep(0.05)  # its scheduling interval
+    slurm_jobs.refresh_queue(instance)
+    job.refresh_from_db()
+    assert job.group == JobGroup.RUNNING
+    victim = instance.nodes.get(rank=3).node
+    t0 = timezone.now()
+    migration.report_node_signal(victim, "xid", "Xid 79", at=t0)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert migration.check_node_health(t0 + timedelta(seconds=61)) == [victim.hostname]
+    instance.refresh_from_db()
+    assert instance.state == InstanceState.RUNNING
+    assert InstanceEvent.objects.filter(instance=instance, code="slurm_started").count() == 2
+    assert InstanceEvent.objects.filter(
+        instance=instance, kind="log", text__contains=f"requeued: {victim.hostname} left the slice"
+    ).exists()
+    time.sleep(0.05)
+    slurm_jobs.refresh_queue(instance)
+    job.refresh_from_db()
+    assert job.group == JobGroup.RUNNING and victim.hostname not in job.node_list
+    assert "REQUEUED: NODE_FAIL" in job.output
