@@ -22,7 +22,7 @@ class SlurmSetup:
     """One slice's Slurm, as the console decided it: names, ports and the two keys."""
 
     cluster: str  # ClusterName
-    base_port: int  # slurmctld; slurmrestd on +1; the slurmd of rank r on +2+r
+    base_port: int  # slurmctld; slurmrestd on +1; each node's slurmd on +2+its offset
     gres_type: str  # "h100"
     leaves: tuple[str, ...]  # each rank's leaf switch (its scalable unit)
     user: str  # the instance's user: whose jobs, whose tokens
@@ -31,6 +31,9 @@ class SlurmSetup:
     munge_key: bytes = field(default=b"", repr=False)
     jwt_key: bytes = field(default=b"", repr=False)
     cpus_per_node: int = 8
+    # Each node's slurmd port offset (from +2), by hostname: kept for a node's life in the slice,
+    # so a replacement never takes the port of the node it replaces (whose slurmd may still run).
+    node_offsets: tuple[tuple[str, int], ...] = ()
 
     @property
     def ctld_port(self) -> int:
@@ -40,8 +43,9 @@ class SlurmSetup:
     def restd_port(self) -> int:
         return self.base_port + 1
 
-    def node_port(self, rank: int) -> int:
-        return self.base_port + 2 + rank
+    def node_port(self, hostname: str, rank: int) -> int:
+        offsets = dict(self.node_offsets)
+        return self.base_port + 2 + offsets.get(hostname, rank)
 
     def layout(self, spec: InstanceSpec, pfs: str, *, stand_in_devices: bool) -> SlurmLayout:
         """Slurm's view of the slice (``pfs``: the account's directory as nodes see it)."""
@@ -51,7 +55,7 @@ class SlurmSetup:
             SlurmNode(
                 name=n.hostname,
                 address=n.address,
-                port=self.node_port(n.rank),
+                port=self.node_port(n.hostname, n.rank),
                 gpus=n.gpus,
                 leaf=self.leaves[i],
                 cpus=self.cpus_per_node,

@@ -29,6 +29,8 @@ class SlurmCluster(models.Model):
     active = models.BooleanField(default=True)
     munge_key = models.BinaryField(editable=False)
     jwt_key = models.BinaryField(editable=False)
+    # Each node's slurmd port offset by hostname (``SlurmSetup.node_offsets``).
+    node_ports = models.JSONField(default=dict, blank=True)
     api_version = models.CharField(_("REST version"), max_length=16, blank=True)
     started_at = models.DateTimeField(_("Slurm started at"), null=True, blank=True)
     # Job mode: the order's job (submitted once Slurm runs) and whether its end releases the slice.

@@ -183,7 +183,8 @@ def _leaf(node: Any) -> str:
 
 def setup_for(instance: Instance, cluster: SlurmCluster) -> SlurmSetup:
     """What the driver needs to run (or reach) the instance's Slurm."""
-    parts = instance.nodes.select_related("node__su", "node__cluster").order_by("rank")
+    parts = list(instance.nodes.select_related("node__su", "node__cluster").order_by("rank"))
+    offsets = _node_offsets(cluster, [p.hostname for p in parts])
     return SlurmSetup(
         cluster=slurmconf.cluster_name(instance.short_id),
         base_port=cluster.base_port,
@@ -194,7 +195,22 @@ def setup_for(instance: Instance, cluster: SlurmCluster) -> SlurmSetup:
         api_version=cluster.api_version,
         munge_key=bytes(cluster.munge_key),
         jwt_key=bytes(cluster.jwt_key),
+        node_offsets=tuple(sorted(offsets.items())),
     )
+
+
+def _node_offsets(cluster: SlurmCluster, hostnames: list[str]) -> dict[str, int]:
+    """Each node's slurmd port offset, a new node (a replacement) taking the next one unused."""
+    offsets = {str(k): int(v) for k, v in (cluster.node_ports or {}).items()}
+    missing = [h for h in hostnames if h not in offsets]
+    if missing:
+        taken = set(offsets.values())
+        free = (i for i in range(slurmconf.MAX_NODES) if i not in taken)
+        for hostname in missing:
+            offsets[hostname] = next(free)
+        SlurmCluster.objects.filter(pk=cluster.pk).update(node_ports=offsets)
+        cluster.node_ports = offsets
+    return offsets
 
 
 def start_slurm(

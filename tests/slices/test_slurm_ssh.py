@@ -90,6 +90,22 @@ def _follow_until(
         time.sleep(0.3)
 
 
+def _hostnames(expression: str) -> set[str]:
+    """Slurm's node list ("n[01-03,05]", "a,b") as names."""
+    import re
+
+    names: set[str] = set()
+    for prefix, ranges, single in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", expression):
+        if single:
+            names.add(single)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            for i in range(int(low), int(high or low) + 1):
+                names.add(f"{prefix}{i:0{len(low)}d}")
+    return names
+
+
 def _in_terminal(instance: Instance, hostname: str, command: str, until: str) -> str:
     """Type ``command`` in a web terminal on ``hostname``; what it printed once ``until`` and a
     digit appear (the typed line echoes ``until`` followed by a quote, never a digit)."""
@@ -268,5 +284,71 @@ def test_a_restarted_controller_keeps_the_queue_from_pfs(
     second = _follow_until(instance, second, {JobGroup.DONE})
     assert second.slurm_state == "COMPLETED" and second.output.strip() == "two"
     assert InstanceEvent.objects.filter(instance=instance, code="slurm_started").count() == 2
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.release_instance(instance, by="alice")
+
+
+@pytest.fixture
+def spare_fleet(settings, ssh_hosts: SshHostPool, tmp_path: Path, run_dir: Path) -> SshFleet:  # noqa: ANN001, F811
+    """The A800 cluster with two spare nodes per SU (10 nodes on 10 test hosts)."""
+    from tests.slices.factories import SMALL_FLEET
+
+    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+    settings.SLICES_SSH_CONNECT_TIMEOUT = 5.0
+    settings.SLICES_SSH_COMMAND_TIMEOUT = 60.0
+    settings.SLICES_SLURM_RUN_DIR = str(run_dir)
+    settings.SLICES_NODE_FAIL_GRACE_SECONDS = 60
+    settings.SLICES_PFS_CONSOLE_ROOT = str(tmp_path / "pfs")
+    load_small_fleet(SMALL_FLEET.replace("scalable_units: [8]", "scalable_units: [10, 10]"))
+    nodes = list(Node.objects.filter(cluster__code="yc-a800").order_by("su__index", "index"))[:10]
+    return configure_ssh_fleet(
+        settings, ssh_hosts.get(10), nodes, tmp_path, client_key=ssh_hosts.client_key
+    )
+
+
+def test_a_replaced_node_joins_the_slices_real_slurm(
+    spare_fleet: SshFleet, funded, django_capture_on_commit_callbacks
+) -> None:  # noqa: ANN001
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from slices.services import migration
+
+    instance = run_order(funded, django_capture_on_commit_callbacks, gpu_model="A800", cards=64)
+    assert instance.state == InstanceState.RUNNING, _events(instance)
+    job = slurm_jobs.submit_job(
+        instance, funded,
+        {"script": "#!/bin/bash\necho start $SLURM_RESTART_COUNT\nsleep 600\n", "name": "train",
+         "nodes": 8},
+    )  # fmt: skip
+    job = _follow_until(instance, job, {JobGroup.RUNNING})
+    victim = instance.nodes.get(rank=3).node
+    t0 = timezone.now()
+    migration.report_node_signal(victim, "xid", "Xid 79", at=t0)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert migration.check_node_health(t0 + timedelta(seconds=61)) == [victim.hostname]
+    instance.refresh_from_db()
+    assert instance.state == InstanceState.RUNNING, _events(instance)
+    hostnames = set(instance.nodes.values_list("hostname", flat=True))
+    assert victim.hostname not in hostnames
+    replacement = instance.nodes.get(rank=3).hostname
+    # Slurm requeued the job that ran on the failed node (it starts again after Slurm's requeue
+    # delay, about two minutes: not waited for here).
+    slurm_jobs.refresh_queue(instance)
+    job.refresh_from_db()
+    assert job.slurm_state == "PENDING", (job.slurm_state, job.reason)  # NodeDown, BeginTime
+    assert job.output.startswith("start")
+    assert InstanceEvent.objects.filter(instance=instance, code="slurm_started").count() == 2
+    slurm_jobs.cancel_job(job, funded)
+    # The replacement is one of the slice's Slurm nodes: a job on all 8 runs on it too.
+    check = slurm_jobs.submit_job(
+        instance, funded, {"script": "#!/bin/bash\nsrun -N 8 hostname -s\n", "nodes": 8}
+    )
+    check = _follow_until(instance, check, {JobGroup.DONE}, timeout=60)
+    assert check.slurm_state == "COMPLETED", check.output
+    ran_on = _hostnames(check.node_list)
+    assert replacement in ran_on and victim.hostname not in ran_on and len(ran_on) == 8, ran_on
+    assert len(check.output.splitlines()) == 8
     with django_capture_on_commit_callbacks(execute=True):
         assert services.release_instance(instance, by="alice")
