@@ -133,8 +133,13 @@ def _in_terminal(instance: Instance, hostname: str, command: str, until: str) ->
 
 
 def test_real_slurm_starts_runs_jobs_streams_output_and_cancels(
-    fleet: SshFleet, funded, django_capture_on_commit_callbacks, run_dir: Path
+    fleet: SshFleet, funded, django_capture_on_commit_callbacks, run_dir: Path, tmp_path: Path
 ) -> None:  # noqa: ANN001
+    from console import services as console_services
+    from tests.support.sshd import generate_key
+
+    key = generate_key(tmp_path / "alice_key", "alice@laptop")
+    console_services.add_ssh_key(funded, name="laptop", public_key=key)
     instance = run_order(funded, django_capture_on_commit_callbacks, gpu_model="A800", cards=64)
     assert instance.state == InstanceState.RUNNING, _events(instance)
     cluster = SlurmCluster.objects.get(instance=instance)
@@ -210,6 +215,22 @@ def test_real_slurm_starts_runs_jobs_streams_output_and_cancels(
     )
     assert "NODES=8" in said, said
     terminal_id = int(said.split("JOB=")[-1].split()[0])
+    # Over SSH to the instance's own sshd on a node, as a customer logs in: the same.
+    import paramiko
+
+    part = instance.nodes.get(rank=5)
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - a test host
+    client.connect(
+        "127.0.0.1", port=part.ssh_port, username="root",
+        key_filename=str(tmp_path / "alice_key"), look_for_keys=False, allow_agent=False,
+        timeout=10,
+    )  # fmt: skip
+    try:
+        _in, out, _err = client.exec_command("sinfo -h -N | wc -l", timeout=20)
+        assert out.read().decode().strip() == "8"
+    finally:
+        client.close()
     slurm_jobs.refresh_queue(instance)
     assert SlurmJob.objects.get(instance=instance, slurm_id=terminal_id).name == "from-terminal"
 

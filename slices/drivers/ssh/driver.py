@@ -794,6 +794,9 @@ class SshDriver(SshConnections):
         if runtime == "process":
             files = _sshd_files(paths)
             config = INSTANCE_SSHD_CONFIG.format(port=port, address=_listen(node), root=paths.root)
+            if spec.slurm_run:  # sbatch, srun, sinfo over SSH too (issue 31)
+                conf = clean_abs(f"{spec.slurm_run}/slurm.conf", "the Slurm config")
+                config += f"SetEnv SLURM_CONF={conf}\n"
             written: list[tuple[str, str | bytes, int]] = [(files["config"], config, 0o600)]
             if spec.ssh_host_key:
                 # The console's key for the instance: the same on every node (issue 29).
