@@ -210,7 +210,8 @@ def main() -> int:
         )
         _release(kept[0])
     finally:
-        stop_pids(processes_under(run_dir))
+        # What a failed order left running on the test hosts too (its instance was not released).
+        stop_pids(processes_under(run_dir) + processes_under(work))
         if pool is not None:
             pool.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -10,6 +10,7 @@ the slice's munged; their GPUs are stand-ins (links to /dev/null named nvidiaN).
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
 import time
@@ -51,6 +52,7 @@ def run_dir() -> Iterator[Path]:
     path.chmod(0o755)
     yield path
     stop_pids(processes_under(path))
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
