@@ -37,14 +37,19 @@ serve: $(VENV)/.synced
 	$(VENV)/bin/uvicorn console.asgi:application --host $(HOST) --port $(PORT) --lifespan off --ws-per-message-deflate false --ws-max-size 262144
 
 # Browser journeys need Debian's Chromium; the SSH tests need openssh-server; invoice PDFs embed
-# the Chinese font of fonts-wqy-microhei (INVOICE_FONT_PATH, billing/invoicing/pdf.py).
+# the Chinese font of fonts-wqy-microhei (INVOICE_FONT_PATH, billing/invoicing/pdf.py). The
+# real-Slurm tests (tests/slices/test_slurm_ssh.py) run Debian's Slurm 22.05 and munge on the
+# sshd test hosts (about 15 MB; the packages' own services are never started).
 CJK_FONT := /usr/share/fonts/truetype/wqy/wqy-microhei.ttc
+DEBIAN_DEPS := chromium openssh-server fonts-wqy-microhei slurmctld slurmd slurmrestd slurm-client munge
 system-deps:
-	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/sbin/sshd ] || [ ! -f $(CJK_FONT) ]; then \
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/sbin/sshd ] || [ ! -f $(CJK_FONT) ] \
+	    || [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/slurmrestd ] \
+	    || [ ! -x /usr/bin/sbatch ] || [ ! -x /usr/sbin/munged ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium openssh-server fonts-wqy-microhei >/dev/null \
-	      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium openssh-server fonts-wqy-microhei >/dev/null; }; \
-	  else echo "Please install Debian packages: chromium openssh-server fonts-wqy-microhei"; exit 1; fi; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_DEPS) >/dev/null \
+	      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_DEPS) >/dev/null; }; \
+	  else echo "Please install Debian packages: $(DEBIAN_DEPS)"; exit 1; fi; \
 	fi
 
 # The LLaMA LoRA recipe's own environment (torch CPU, transformers, peft): what the image ships,

@@ -361,12 +361,28 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     },
     "billing-expire-vouchers": {"task": "billing.tasks.expire_vouchers_task", "schedule": 3600.0},
     "slices-reconcile": {"task": "slices.tasks.reconcile_instances_task", "schedule": 30.0},
+    "slices-follow-slurm-jobs": {
+        "task": "slices.tasks.follow_slurm_jobs_all_task",
+        "schedule": 30.0,
+    },
 }
 # --- Instances: ordering, provisioning, nodes -----------------------------------------------------
 # The node driver: "sim" (the simulated fleet; the embedded default) or "ssh" (real nodes).
 SLICES_DRIVER: str = _get("SLICES_DRIVER", env.str, "sim")
 if SLICES_DRIVER not in {"sim", "ssh"}:
     raise ConfigError(f"SLICES_DRIVER={SLICES_DRIVER!r} must be sim or ssh")
+# A slice's own Slurm (issue 31): its node-local directory (config, keys, sockets; the same on
+# every node) under this one, and the ports its daemons take: blocks of 200 from the base, one
+# block per live slice (several slices share a machine on the test hosts).
+SLICES_SLURM_RUN_DIR: str = _get("SLICES_SLURM_RUN_DIR", env.str, "/run/gpc-slurm")
+SLICES_SLURM_PORT_BASE: int = _get("SLICES_SLURM_PORT_BASE", env.int, 17000)
+SLICES_SLURM_PORT_BLOCKS: int = _get("SLICES_SLURM_PORT_BLOCKS", env.int, 75)
+# How often the follower reads a slice's queue and its jobs' output while a job is live.
+SLURM_FOLLOW_INTERVAL: float = _get("SLURM_FOLLOW_INTERVAL", env.float, 1.0)
+if not SLICES_SLURM_RUN_DIR.startswith("/") or not 1024 <= SLICES_SLURM_PORT_BASE <= 60000:
+    raise ConfigError("SLICES_SLURM_RUN_DIR must be absolute, SLICES_SLURM_PORT_BASE a port")
+if SLICES_SLURM_PORT_BASE + 200 * SLICES_SLURM_PORT_BLOCKS > 65535 or SLICES_SLURM_PORT_BLOCKS < 1:
+    raise ConfigError("SLICES_SLURM_PORT_BLOCKS leaves the port range")
 # Every simulated delay is multiplied by this (1 = realistic, 0 = instant).
 SIM_TIME_SCALE: float = _get("SIM_TIME_SCALE", env.float, 1.0)
 if not 0 <= SIM_TIME_SCALE <= 100:

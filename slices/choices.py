@@ -136,3 +136,25 @@ def gpu_product_name(code: str) -> str:
     """How people write a GPU model ("RTX 4090") from its fleet code ("RTX4090"); others as is."""
     m = _PRODUCT_NAME.match(code or "")
     return f"{m.group(1)} {m.group(2)}" if m else code
+
+
+class Scheduler(models.TextChoices):
+    """What runs a slice's jobs (issue 31): its own Slurm, or nothing (plain nodes)."""
+
+    NONE = "none", _("None (plain nodes)")
+    SLURM = "slurm", _("Slurm")
+
+
+class JobGroup(models.TextChoices):
+    """A Slurm job as the console groups Slurm's states (``slices.slurmconf.STATE_GROUPS``)."""
+
+    QUEUED = "queued", _("Queued")
+    RUNNING = "running", _("Running")
+    DONE = "done", _("Done")
+
+
+JOB_GROUP_BADGES: dict[JobGroup, str] = {
+    JobGroup.QUEUED: "secondary",
+    JobGroup.RUNNING: "primary",
+    JobGroup.DONE: "success",
+}

@@ -99,3 +99,20 @@ def broadcast_state_on_commit(instance: Instance) -> None:
                 logger.debug("notification dropped", exc_info=True)
 
     transaction.on_commit(send)
+
+
+def broadcast_job_on_commit(instance: Instance, job: Any, text: str) -> None:
+    """A Slurm job's new state and the output the follower just read (``text``: only the new
+    part), to the instance's page and its job pages (issue 31)."""
+    _send_on_commit(
+        instance,
+        "job",
+        {
+            "id": str(job.public_id),
+            "slurm_id": job.slurm_id,
+            "state": job.group,
+            "slurm_state": job.slurm_state,
+            "exit_code": job.exit_code,
+            "text": text,
+        },
+    )

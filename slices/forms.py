@@ -10,7 +10,7 @@ from django.utils.translation import ngettext, pgettext_lazy
 
 from billing.choices import BillingMode
 from slices import lifecycle, topology
-from slices.choices import InstanceState, gpu_product_name
+from slices.choices import InstanceState, Scheduler, gpu_product_name
 from slices.services import ports
 
 # What customers can order: hosts of one node, slices in whole 64-card units up to a cluster.
@@ -81,6 +81,22 @@ class OrderForm(forms.Form):
         max_length=1000,
         help_text=_('Opened through the console beside JupyterLab: e.g. "7860 Gradio, 8000 API".'),
     )
+    # A slice's own Slurm and job mode (issue 31): "" = Slurm for a slice, none for a host.
+    scheduler = forms.ChoiceField(
+        label=_("Scheduler"),
+        required=False,
+        choices=[("", _("Default (Slurm for a slice)")), *Scheduler.choices],
+    )
+    job_script = forms.CharField(
+        label=_("Run a job (job mode)"),
+        required=False,
+        max_length=65536,
+        strip=False,
+        help_text=_(
+            "A Slurm batch script: submitted once the slice runs, and the slice is released when it ends."
+        ),
+    )
+    job_nodes = forms.IntegerField(label=_("Job nodes"), required=False, min_value=1, max_value=198)
 
     def __init__(
         self,

@@ -108,6 +108,19 @@ EVENT_TEXT: dict[str, Promise] = {
     "terminal_stopped": _(
         "The web terminal of %(user)s on node #%(rank)s closed after %(seconds)s s: the instance is no longer running."
     ),
+    # The slice's own Slurm and its jobs (issue 31).
+    "slurm_started": _(
+        "Slurm runs: slurmctld and slurmrestd on rank 0, slurmd on %(nodes)s node(s) (REST %(api)s)."
+    ),
+    "job_submitted": _("Job %(name)s submitted to Slurm as job %(slurm_id)s by %(user)s."),
+    "job_ended": _(
+        "Job %(name)s (Slurm job %(slurm_id)s) ended: %(state)s, exit code %(exit_code)s."
+    ),
+    "job_cancel_requested": _(
+        "Cancel of job %(name)s (Slurm job %(slurm_id)s) requested by %(user)s."
+    ),
+    "job_release": _("Released automatically: its job ended (job mode)."),
+    "job_submit_failed": _("The order's job could not be submitted: %(error)s"),
 }
 
 FAILURE_TEXT: dict[str, Promise] = {
@@ -121,6 +134,8 @@ FAILURE_TEXT: dict[str, Promise] = {
     "stuck": _("no worker made progress for too long"),
     "internal": _("an internal error (%(error)s); everything was freed"),
     "disk_move_failed": _("the system disk could not be copied to the new host: %(error)s"),
+    "slurm_failed": _("Slurm did not start in the slice: %(error)s"),
+    "slurm_unsupported": _("Slurm cannot run on this node's runtime yet: %(error)s"),
 }
 
 # Why billing stopped an instance (billing's close reasons; issue 30 adds the member's budget).
@@ -138,6 +153,25 @@ STEP_TEXT: dict[str, Promise] = {
     "start": _("Start the image"),
     "health": _("Health check"),
     "ready": _("Ready"),
+    "slurm": _("Starting Slurm"),
+}
+
+# Slurm's pending reasons (squeue's REASON), in words; others are shown as Slurm names them.
+PENDING_REASON_TEXT: dict[str, Promise] = {
+    "None": _("waiting to be scheduled"),
+    "Resources": _("waiting for nodes or GPUs to become free"),
+    "Priority": _("queued behind jobs of higher priority"),
+    "Dependency": _("waiting for the jobs it depends on"),
+    "BeginTime": _("waiting for its start time"),
+    "JobHeldUser": _("held by its user"),
+    "JobHeldAdmin": _("held by an administrator"),
+    "PartitionNodeLimit": _("asks for more nodes than the slice has"),
+    "PartitionTimeLimit": _("asks for more time than the partition allows"),
+    "ReqNodeNotAvail": _("a node it needs is not available"),
+    "NodeDown": _("a node it needs is down"),
+    "BadConstraints": _("asks for what no node of the slice has"),
+    "Reservation": _("waiting for its reservation"),
+    "Prolog": _("its prolog is running"),
 }
 
 
@@ -171,3 +205,9 @@ def failure_text(code: str, params: dict[str, Any]) -> str:
 
 def step_label(step: str) -> str:
     return str(STEP_TEXT.get(step, step))
+
+
+def pending_reason(reason: str) -> str:
+    """Slurm's pending reason in the reader's language (Slurm's name when unknown)."""
+    text = PENDING_REASON_TEXT.get(reason)
+    return gettext(str(text)) if text is not None else reason

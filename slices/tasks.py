@@ -27,7 +27,7 @@ from celery import shared_task
 from django.conf import settings
 
 from console.retries import TransientRetryTask, retry_transient
-from slices.services import access, apps, provisioning, recipes, reconcile, telemetry
+from slices.services import access, apps, provisioning, recipes, reconcile, slurm_jobs, telemetry
 from slices.services.migration import drive_migration
 from slices.services.power import drive_start, drive_stop
 
@@ -172,3 +172,36 @@ def sync_gateways_task() -> str:
     write that failed (the gateway away) or a file changed by hand converges."""
     results = retry_transient(access.sync_all_gateways, what="syncing gateway keys")
     return "; ".join(results) or "no gateways"
+
+
+# -- the slice's Slurm (issue 31) -----------------------------------------------------------------
+@shared_task(
+    base=TransientRetryTask, acks_late=True, ignore_result=True, soft_time_limit=60, time_limit=90
+)
+def follow_slurm_jobs_task(instance_id: int) -> str:
+    """Refresh a slice's cached queue and its jobs' output (one pass); queued again,
+    ``SLURM_FOLLOW_INTERVAL`` later, while a job is live. Run inline (tests), one pass only: the
+    tests drive the follower themselves."""
+    what = f"following the Slurm jobs of instance {instance_id}"
+    result = retry_transient(lambda: slurm_jobs.follow_jobs(instance_id), what=what)
+    if result == "again" and not follow_slurm_jobs_task.request.is_eager:
+        interval = float(settings.SLURM_FOLLOW_INTERVAL)
+        retry_transient(
+            lambda: follow_slurm_jobs_task.apply_async((instance_id,), countdown=interval),
+            what=what,
+        )
+    return result
+
+
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
+def follow_slurm_jobs_all_task() -> int:
+    """Celery beat: slices with live jobs whose follower was lost are followed again."""
+    return retry_transient(slurm_jobs.follow_live_jobs, what="restarting Slurm job followers")
+
+
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
+def submit_order_job_task(instance_id: int) -> str:
+    """Job mode: submit the order's job once the slice runs (once)."""
+    return retry_transient(
+        lambda: slurm_jobs.submit_order_job(instance_id), what=f"the job of instance {instance_id}"
+    )

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from slices import app_views, pfs_views, port_views, views
+from slices import app_views, job_views, pfs_views, port_views, views
 
 app_name = "slices"
 urlpatterns = [
@@ -10,6 +10,18 @@ urlpatterns = [
     path("instances/new/", views.instance_new, name="instance-new"),
     path("instances/<uuid:public_id>/", views.instance_detail, name="instance-detail"),
     path("instances/<uuid:public_id>/release/", views.instance_release, name="instance-release"),
+    # A slice's Slurm jobs (issue 31).
+    path("instances/<uuid:public_id>/jobs/", job_views.instance_jobs, name="instance-jobs"),
+    path(
+        "instances/<uuid:public_id>/jobs/<uuid:job_id>/",
+        job_views.instance_job,
+        name="instance-job",
+    ),
+    path(
+        "instances/<uuid:public_id>/jobs/<uuid:job_id>/cancel/",
+        job_views.instance_job_cancel,
+        name="instance-job-cancel",
+    ),
     path("instances/<uuid:public_id>/stop/", views.instance_stop, name="instance-stop"),
     path("instances/<uuid:public_id>/start/", views.instance_start, name="instance-start"),
     path(

@@ -48,6 +48,7 @@ HOST_MODULES = frozenset(
         "tests/slices/test_ssh_driver.py",
         "tests/slices/test_ssh_gateway.py",
         "tests/slices/test_ssh_provisioning.py",
+        "tests/slices/test_slurm_ssh.py",
         "tests/slices/test_ssh_stable_endpoint.py",
         "tests/slices/test_stop_start_ssh.py",
         "tests/slices/test_telemetry_ssh.py",

@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from console.api.serializers import FieldsBoundOnce
 from slices import lifecycle
+from slices.drivers import driver_capabilities
 from slices.messages import failure_text
 from slices.models import DiskAttachment, Instance
 from slices.services import apps, ports
@@ -98,7 +99,8 @@ class InstanceView:
         if not self._ssh:
             return None
         # On the simulated fleet the command has the real form but reaches nothing (issue 29).
-        return {**self._ssh.as_dict(), "simulated": self.instance.driver == "sim"}
+        simulated = driver_capabilities(self.instance.driver or None).simulated
+        return {**self._ssh.as_dict(), "simulated": simulated}
 
     @property
     def ssh_config(self) -> str:
@@ -143,7 +145,7 @@ class InstanceView:
 
     @property
     def simulated(self) -> bool:
-        return self.instance.driver == "sim"
+        return driver_capabilities(self.instance.driver or None).simulated
 
     @property
     def checkpoint(self) -> dict[str, Any]:
@@ -351,6 +353,23 @@ class InstanceCreateSerializer(serializers.Serializer):
         '"Gradio"}], ports 1024-65535 outside the instances\' SSH range. A bad one: 400 naming '
         "the field.",
     )
+    scheduler = serializers.ChoiceField(
+        choices=["slurm", "none"],
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text='The slice\'s own Slurm ("slurm", the default for a slice) or plain nodes '
+        '("none", the default for a host).',
+    )
+    job = serializers.DictField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Job mode: a Slurm job submitted once the slice runs (script, name, nodes, "
+        "gpus_per_node, time_limit in minutes, environment); its end releases the slice unless "
+        "release_on_job_end is false.",
+    )
+    release_on_job_end = serializers.BooleanField(required=False, allow_null=True, default=None)
 
 
 class InstanceEventSerializer(serializers.Serializer):

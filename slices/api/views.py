@@ -252,6 +252,9 @@ class InstanceViewSet(PublicIdViewSet):
             env=d["env"],
             disks=tuple((str(x["id"]), x["mode"]) for x in d["disks"]),
             web_ports=tuple(d["web_ports"]),
+            scheduler=d["scheduler"],
+            job=d["job"],
+            release_on_job_end=d["release_on_job_end"],
         )
         instance, created = services.order_instance(
             acting(request), req, idempotency_key=key, request=request

@@ -1,31 +1,33 @@
-"""Node drivers: ``get_driver()`` returns the configured one (``SLICES_DRIVER``: sim or ssh)."""
+"""Node drivers: ``get_driver()`` returns the configured one (``SLICES_DRIVER``), made from the
+registry (``slices.drivers.registry``: each driver by name, with what it can do)."""
 
 from __future__ import annotations
 
 from django.conf import settings
 
 from slices.drivers.base import DriverError, InstanceSpec, Mount, NodeDriver, NodeTarget, StepResult
+from slices.drivers.registry import Capabilities, capabilities, entry
 
 __all__ = [
+    "Capabilities",
     "DriverError",
     "InstanceSpec",
     "Mount",
     "NodeDriver",
     "NodeTarget",
     "StepResult",
+    "capabilities",
+    "driver_capabilities",
     "get_driver",
 ]
 
 
 def get_driver(name: str | None = None) -> NodeDriver:
     """The driver named ``name`` (default: the ``SLICES_DRIVER`` setting), configured from settings."""
-    name = name or settings.SLICES_DRIVER
-    if name == "sim":
-        from slices.drivers.sim import SimDriver  # a driver module is loaded only when chosen
+    driver: NodeDriver = entry(name or settings.SLICES_DRIVER).make(settings)
+    return driver
 
-        return SimDriver(time_scale=settings.SIM_TIME_SCALE)
-    if name == "ssh":
-        from slices.drivers.ssh import SshDriver, SshSettings
 
-        return SshDriver(SshSettings.from_settings(settings))
-    raise ValueError(f"unknown node driver {name!r}")
+def driver_capabilities(name: str | None = None) -> Capabilities:
+    """What the driver named ``name`` (default: the configured one) can do."""
+    return capabilities(name or settings.SLICES_DRIVER)

@@ -94,6 +94,9 @@ class InstanceSpec:
     # life, so the key a customer pinned stays valid on any node it runs on (issue 29). Never in
     # a repr (a spec may be logged); "" = the node makes one.
     ssh_host_key: str = field(default="", repr=False)
+    # The slice's own Slurm (issue 31): its node-local directory ("" = no Slurm), the same on
+    # every node; the instance's SLURM_CONF points into it.
+    slurm_run: str = ""
 
     @property
     def master_addr(self) -> str:

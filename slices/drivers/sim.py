@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from marketplace.recipes import PARAMETER_LIMITS
+from slices.drivers import sim_slurm
 from slices.drivers.base import (
     DriverError,
     GatewayGrant,
@@ -39,7 +40,9 @@ from slices.drivers.gateway import routes_file as gateway_routes_file
 from slices.drivers.pfs import SAFE_NAME as PFS_SAFE_NAME
 from slices.drivers.sim_shell import SimShell
 from slices.drivers.sim_web import open_sim_tunnel
+from slices.drivers.slurm import OutputChunk, RestAnswer, SlurmSetup
 from slices.progress import parse_line
+from slices.slurmconf import SlurmPaths
 from slices.telemetry.workload import SimWorkload, workload_for
 
 # Realistic seconds per step on one node (image pulls dominate), before scaling.
@@ -74,8 +77,14 @@ class SimDriver:
         else:
             cls.silent.discard(hostname)
 
-    def __init__(self, time_scale: float = 1.0) -> None:
+    @classmethod
+    def from_settings(cls, settings: Any) -> SimDriver:
+        """The driver as ``slices.drivers.registry`` makes it."""
+        return cls(time_scale=settings.SIM_TIME_SCALE, state_dir=str(settings.STATE_DIR))
+
+    def __init__(self, time_scale: float = 1.0, state_dir: str = "var") -> None:
         self.time_scale = max(0.0, float(time_scale))
+        self.state_dir = state_dir  # where the simulated Slurm keeps its queues (sim_slurm)
         self._transient_seen: set[tuple[str, str, int]] = set()
         self._lock = threading.Lock()
 
@@ -215,8 +224,37 @@ class SimDriver:
 
     def teardown(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         self._sleep("teardown", node)
+        if spec.slurm_run and node.rank == 0:
+            shutil.rmtree(sim_slurm.sim_root(self.state_dir, spec), ignore_errors=True)
         log(f"[sim] stopped {spec.slug}, unmounted, removed the instance directory")
         return StepResult()
+
+    # -- the slice's simulated Slurm (issue 31: slices.drivers.sim_slurm) ----------------------
+    def start_slurm(self, spec: InstanceSpec, setup: SlurmSetup, log: LogFn) -> StepResult:
+        sim_slurm.check(spec)
+        self._maybe_fail(spec, "slurm", None)
+        return sim_slurm.start(self.state_dir, spec, setup, log)
+
+    def slurm_request(
+        self,
+        spec: InstanceSpec,
+        setup: SlurmSetup,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        token: str,
+    ) -> RestAnswer:
+        slurm = sim_slurm.for_spec(self.state_dir, spec, self.time_scale)
+        return slurm.request(method, path, body)
+
+    def slurm_output(
+        self, spec: InstanceSpec, setup: SlurmSetup, job_id: int, offset: int, limit: int
+    ) -> OutputChunk:
+        slurm = sim_slurm.for_spec(self.state_dir, spec, self.time_scale)
+        return sim_slurm.output(slurm, job_id, offset, limit)
+
+    def slurm_paths(self, spec: InstanceSpec, setup: SlurmSetup) -> SlurmPaths:
+        return sim_slurm.paths(self.state_dir, spec, setup)
 
     def stop(self, spec: InstanceSpec, node: NodeTarget, log: LogFn) -> StepResult:
         self._step(spec, "stop", node, takes="teardown")

@@ -23,9 +23,12 @@ from slices.models.instances import (
     PortGrant,
     ShareLink,
 )
+from slices.models.slurm import SlurmCluster, SlurmJob
 from slices.models.telemetry import GpuRollup, IdleWatch
 
 __all__ = [
+    "SlurmCluster",
+    "SlurmJob",
     "GPU",
     "Allocation",
     "AllocationNode",

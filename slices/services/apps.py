@@ -44,7 +44,7 @@ from marketplace.aiapps import AiApp, GpuOption
 from marketplace.catalogue import GPU_LABELS
 from slices import events
 from slices.choices import EventKind, EventLevel, InstanceState
-from slices.drivers import DriverError, get_driver
+from slices.drivers import DriverError, capabilities, get_driver
 from slices.errors import OrderRefused
 from slices.models import Instance
 from slices.services import jobs, ports, proxy
@@ -395,9 +395,9 @@ def _follow_output(instance: Instance) -> bool:
     from slices.services.provisioning import build_spec  # provisioning imports ports
 
     driver: Any = get_driver(instance.driver or None)
-    reader = getattr(driver, "workload_output", None)
-    if reader is None:
+    if not capabilities(driver.name).workload_output:
         return True
+    reader = driver.workload_output
     spec = build_spec(instance)
     if not spec.nodes:
         return True

@@ -49,6 +49,7 @@ from slices.models import (
 )
 from slices.services import access, ports
 from slices.services import disks as disk_service
+from slices.services import slurm as slurm_service
 from slices.services.allocation import allocate, release_allocation
 from slices.services.history import record_event, record_logs  # noqa: F401 (re-exported)
 from slices.services.jobs import enqueue_on_commit
@@ -188,6 +189,10 @@ class OrderRequest:
     # the instance gets a key of its own for the app's API.
     app: str = ""
     app_model: str = ""
+    # The slice's scheduler ("" = Slurm for a slice, none for a host) and job mode (issue 31).
+    scheduler: str = ""
+    job: dict[str, Any] | None = None
+    release_on_job_end: bool | None = None
 
     def fingerprint(self) -> str:
         body = {
@@ -207,6 +212,8 @@ class OrderRequest:
             **({"entrypoint": self.entrypoint} if self.entrypoint else {}),
             **({"web_ports": list(self.web_ports)} if self.web_ports else {}),
             **({"app": self.app, "app_model": self.app_model} if self.app else {}),
+            **({"scheduler": self.scheduler} if self.scheduler else {}),
+            **({"job": self.job, "release": self.release_on_job_end} if self.job else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -463,6 +470,7 @@ class _CheckedOrder:
     auto_release_at: datetime | None
     disks: Any
     web_ports: list[dict[str, Any]] = field(default_factory=list)
+    slurm: slurm_service.SlurmOrder | None = None
 
 
 def order_instance(
@@ -576,6 +584,7 @@ def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
         auto_release_at=None if term else req.auto_release_at,  # a term sets it at running
         disks=order_disks,
         web_ports=ports.clean_web_ports(list(req.web_ports)),
+        slurm=slurm_service.clean_order(req.cards, req.scheduler, req.job, req.release_on_job_end),
     )
 
 
@@ -645,6 +654,8 @@ def _create_and_allocate(
             "user": person.get_username() if (person := user_of(user)) is not None else "",
         },
     )
+    if c.slurm is not None:
+        slurm_service.create_for_order(instance, c.slurm)  # its keys and ports (issue 31)
     _reserve(instance, user, c)
     enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
     return instance

@@ -284,6 +284,15 @@ def order_from_forms(
             for d in order.get("disks") or ()
         ),
         web_ports=tuple(order.get("web_ports") or ()),
+        scheduler=order.get("scheduler") or "",
+        # 运行作业 (job mode, issue 31): its end releases the slice.
+        job={
+            "script": order["job_script"],
+            "name": "job",
+            "nodes": order.get("job_nodes") or max(1, int(preview["cards"]) // 8),
+        }
+        if (order.get("job_script") or "").strip()
+        else None,
     )
     instance, _created = order_instance(user, req, request=request)
     return instance

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import transaction
@@ -37,7 +37,7 @@ from slices.choices import (
     EventLevel,
     InstanceState,
 )
-from slices.drivers import DriverError, NodeDriver, get_driver
+from slices.drivers import DriverError, NodeDriver, capabilities, get_driver
 from slices.errors import InstanceConflict, quota_exceeded
 from slices.models import Allocation, Instance, InstanceNode, Node
 from slices.services import access
@@ -140,10 +140,9 @@ def drive_stop(instance_id: int, driver: NodeDriver | None = None) -> str:
         logs = _Logs()
         for target in spec.nodes:
             try:
-                stop = getattr(driver, "stop", None)
-                if stop is None:  # a driver without 关机 support: nothing kept on the node
+                if not capabilities(driver.name).stop:  # no 关机 support: nothing kept there
                     raise DriverError("unsupported", f"the {driver.name} driver cannot stop")
-                stop(spec, target, logs.sink(target.hostname, "stop"))
+                cast(Any, driver).stop(spec, target, logs.sink(target.hostname, "stop"))
             except DriverError as exc:
                 record_node_warning(instance, "stop_failed", target.hostname, exc)
         record_logs(instance, logs.drain())
@@ -296,10 +295,11 @@ def drive_start(instance_id: int, driver: NodeDriver | None = None) -> str:
         src = Node.objects.filter(hostname=src_host).first()
         dst = spec.nodes[0]
         logs = _Logs()
-        mover = getattr(driver, "move_disk", None)
         try:
-            if src is not None and mover is not None:
-                mover(spec, node_target(src, 0, 0), dst, logs.sink(dst.hostname, "prepare"))
+            if src is not None and capabilities(driver.name).migration:
+                cast(Any, driver).move_disk(
+                    spec, node_target(src, 0, 0), dst, logs.sink(dst.hostname, "prepare")
+                )
         except DriverError as exc:
             record_logs(instance, logs.drain())
             fail_instance(instance, "disk_move_failed", {"error": exc.detail or exc.code})

@@ -37,7 +37,7 @@ from slices.drivers import DriverError, InstanceSpec, Mount, NodeDriver, NodeTar
 from slices.drivers.base import DiskMount
 from slices.messages import FAILURE_TEXT
 from slices.models import Instance, InstanceNode, Node
-from slices.services import access, heartbeats, ports, storage
+from slices.services import access, heartbeats, ports, slurm, storage
 from slices.services.instances import (
     INSTANCE_RESOURCE,
     enqueue_on_commit,
@@ -258,6 +258,7 @@ def build_spec(instance: Instance) -> InstanceSpec:
         system_disk_gb=instance.system_disk_gb,
         ports=_image_ports(instance),
         ssh_host_key=instance.ssh_host_key,
+        slurm_run=slurm.run_dir(instance),
     )
 
 
@@ -413,9 +414,18 @@ def _provision(instance: Instance, driver: NodeDriver, *, first: bool = True) ->
         return "failed"
     if not _still_provisioning(instance):
         return "cancelled"
+    # 启动 Slurm (issue 31): the slice's own, once every node is up; once (``started_at``).
+    slurm_failure = slurm.start_slurm(instance, driver, spec, logs.sink("", "slurm"))
+    record_logs(instance, logs.drain())
+    if slurm_failure is not None:
+        fail_instance(instance, *slurm_failure)
+        return "failed"
     if spec.nodes and len(spec.nodes) > 1 and (first or not instance.allreduce):
         _allreduce(instance, driver, spec, logs)  # once: a retry keeps the figures it has
-    return "running" if mark_running(instance, spec) else "cancelled"
+    if not mark_running(instance, spec):
+        return "cancelled"
+    slurm.after_running(instance)  # job mode: the order's job is submitted now
+    return "running"
 
 
 _KNOWN = set(FAILURE_TEXT)  # driver error codes with a message of their own
@@ -804,4 +814,5 @@ def _record_teardown(
                 health=NodeHealth.DEGRADED, note=f"teardown of {instance.slug} failed"[:255]
             )
             record_node_warning(instance, "teardown_failed", hostname, err)
+    slurm.release_ports(instance)
     finish_teardown(instance)

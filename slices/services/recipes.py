@@ -41,7 +41,7 @@ from marketplace.catalogue import GPU_LABELS, gpu_code
 from marketplace.recipes import Recipe
 from slices import events, progress
 from slices.choices import EventKind, EventLevel, InstanceState
-from slices.drivers import DriverError, get_driver
+from slices.drivers import DriverError, capabilities, get_driver
 from slices.errors import InstanceConflict, OrderRefused
 from slices.lifecycle import LIVE
 from slices.models import Instance, InstanceEvent
@@ -447,9 +447,9 @@ def _follow(instance: Instance, driver: Any, budget: float, interval: float) -> 
     seconds (each read is bounded by the driver: a window of lines, an SSH command timeout)."""
     from slices.services.provisioning import build_spec  # provisioning imports this module
 
-    reader = getattr(driver, "workload_output", None)
-    if reader is None:
+    if not capabilities(driver.name).workload_output:
         return "unsupported"
+    reader = driver.workload_output
     spec = build_spec(instance)
     if not spec.nodes:
         return "nothing to do"
@@ -500,10 +500,9 @@ def _saved(instance: Instance, driver: Any, env: dict[str, str], lines: list[str
     kinds = {(progress.parse_line(line) or {}).get("event") for line in lines}
     if not kinds & {"checkpoint", "done"}:
         return
-    writer = getattr(driver, "write_recipe_files", None)
-    if writer is not None and getattr(driver, "simulated", False):
+    if capabilities(driver.name).simulated:
         try:
-            writer(storage.account_root(instance.team), env, lines)
+            driver.write_recipe_files(storage.account_root(instance.team), env, lines)
         except (OSError, DriverError) as exc:
             logger.warning("writing the simulated files of %s: %s", instance.public_id, exc)
     try:

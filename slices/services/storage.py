@@ -17,7 +17,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from console.tenancy import team_of
-from slices.drivers import DriverError
+from slices.drivers import DriverError, driver_capabilities
 from slices.drivers.pfs import Checkpoint, LocalPfs, Usage
 from slices.models import Instance, PfsUsage
 
@@ -30,7 +30,7 @@ def pfs_root() -> Path:
     configured = str(settings.SLICES_PFS_CONSOLE_ROOT)
     if configured:
         return Path(configured)
-    if settings.SLICES_DRIVER == "sim":
+    if driver_capabilities().simulated:
         return Path(settings.STATE_DIR) / "sim-pfs"
     return Path(settings.SLICES_PFS_ROOT)
 

@@ -21,6 +21,7 @@ from django.utils.translation import gettext as _
 
 from console.events import notify_user
 from slices.choices import EventKind, EventLevel, InstanceState
+from slices.drivers import driver_capabilities
 from slices.models import GpuRollup, IdleWatch, Instance
 from slices.services.instances import record_event, release_instance
 from slices.telemetry.ring import Ring
@@ -105,7 +106,7 @@ def instance_history(
         "instance": str(instance.public_id),
         "hosts": hosts,
         "columns": list(ROW_COLUMNS),
-        "simulated": instance.driver == "sim",
+        "simulated": driver_capabilities(instance.driver or None).simulated,
         "interval": settings.TELEMETRY_INTERVAL,
         "idle": idle_status(instance),
         "entries": ring.since(str(instance.public_id), since),

@@ -44,7 +44,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections
 from console import layer_loop
 from console.retries import TRANSIENT_ERRORS
 from slices.choices import InstanceState
-from slices.drivers import get_driver
+from slices.drivers import capabilities, get_driver
 from slices.drivers.base import TelemetrySource
 from slices.models import Instance
 from slices.services.provisioning import build_spec
@@ -75,13 +75,14 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, TimeoutErro
 def _source(driver: Any, spec: Any, node: Any, gpu_model: str) -> TelemetrySource:
     """A node's telemetry: the driver's own (the simulated workload) or, for real nodes, the
     agent started over SSH."""
-    if hasattr(driver, "telemetry"):
+    kind = capabilities(driver.name).telemetry
+    if kind == "driver":
         return driver.telemetry(spec, node, gpu_model)
-    if getattr(driver, "name", "") == "ssh":
+    if kind == "agent":
         from slices.drivers.ssh_telemetry import SshAgentSource  # paramiko: only with that driver
 
         return SshAgentSource(driver, spec, node, interval=settings.TELEMETRY_INTERVAL)
-    raise TypeError(f"the {getattr(driver, 'name', driver)!r} driver has no telemetry")
+    raise TypeError(f"the {driver.name!r} driver has no telemetry")
 
 
 @dataclass
@@ -217,7 +218,7 @@ class Relay:
             public_id=str(instance.public_id),
             hosts=[n.hostname for n in spec.nodes],
             nodes=nodes,
-            simulated=bool(getattr(driver, "simulated", False)),
+            simulated=capabilities(driver.name).simulated,
         )
 
     def _stop(self, public_id: str) -> None:

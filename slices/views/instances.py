@@ -27,6 +27,7 @@ from console.tenancy import acting
 from marketplace.services import asset_picker
 from slices import lifecycle, services
 from slices.choices import EventKind, InstanceState, NoReplacement
+from slices.drivers import driver_capabilities
 from slices.forms import (
     InstanceListFilter,
     OrderForm,
@@ -37,7 +38,7 @@ from slices.forms import (
 from slices.hostspec import host_spec
 from slices.messages import event_text, failure_text, step_label
 from slices.models import Disk, Instance
-from slices.services import NoCapacity, apps, migration, power, storage
+from slices.services import NoCapacity, apps, migration, power, slurm, storage
 from slices.services import disks as disk_service
 from slices.services.eta import instance_eta
 from slices.services.instances import instance_cost, instance_costs
@@ -295,7 +296,8 @@ def _detail_context(instance: Instance) -> dict[str, Any]:
         "elapsed": int(((instance.ended_at or timezone.now()) - since).total_seconds()),
         "elapsed_running": instance.running_at is not None,
         "transitional": instance.state in TRANSITIONAL_STATES,
-        "simulated": instance.driver == "sim",
+        "simulated": driver_capabilities(instance.driver or None).simulated,
+        "has_slurm": slurm.cluster_of(instance) is not None,  # the Jobs tab (issue 31)
         "app_status": (app_status := apps.app_status(instance)),
         "app_name": app_status.app.localized_name(get_language() or "zh-hans")
         if app_status

@@ -52,7 +52,22 @@ def _share_link(owner: Any) -> dict[str, Any]:
     return {"public_id": instance.public_id, "link_id": link.pk}
 
 
+def _job(owner: Any) -> dict[str, Any]:
+    from slices.models import SlurmJob
+
+    instance = make_instance(owner)
+    job = SlurmJob.objects.create(instance=instance, slurm_id=1, name="j", script="#!/bin/sh\n")
+    return {"public_id": instance.public_id, "job_id": job.public_id}
+
+
 OBJECT_ROUTES: dict = {
+    # A slice's Slurm jobs (issue 31).
+    "job-list": _instance,
+    "job-detail": _job,
+    "job-cancel": _job,
+    "slices:instance-jobs": _instance,
+    "slices:instance-job": _job,
+    "slices:instance-job-cancel": _job,
     # Web ports (issues 19, 29): the console's routes answer 404 to anyone but the owner, whom
     # they only send on to the port's own host.
     "slices:instance-port": _web_port,

@@ -9,6 +9,7 @@ import json
 import posixpath
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import paramiko
 
@@ -23,8 +24,9 @@ from slices.drivers.base import (
     Tunnel,
     WorkloadOutput,
 )
-from slices.drivers.ssh import tunnel
-from slices.drivers.ssh.client import SshConnections, fingerprint
+from slices.drivers.slurm import OutputChunk, RestAnswer, SlurmSetup
+from slices.drivers.ssh import slurm, tunnel
+from slices.drivers.ssh.client import SshConnections, SshSettings, fingerprint
 from slices.drivers.ssh.commands import (
     ASSET_PREFIX,
     CMD_ALLREDUCE,
@@ -85,6 +87,7 @@ from slices.drivers.ssh.commands import (
 )
 from slices.drivers.ssh.gateway import sync_gateway_keys
 from slices.drivers.ssh.shell import SshShell, open_ssh_shell
+from slices.slurmconf import SlurmPaths
 
 # Rough expectations per step on one node (for the ETA); a docker start includes the image pull.
 STEP_SECONDS: dict[str, float] = {
@@ -137,6 +140,11 @@ class _Paths:
 class SshDriver(SshConnections):
     name = "ssh"
     simulated = False
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SshDriver:
+        """The driver as ``slices.drivers.registry`` makes it."""
+        return cls(SshSettings.from_settings(settings))
 
     def step_seconds(self) -> dict[str, float]:
         return dict(STEP_SECONDS)
@@ -224,6 +232,8 @@ class SshDriver(SshConnections):
         # own interfaces behind docker's bridge (published on the node's loopback), else the
         # node's loopback only, reached through the console's tunnel (issue 19).
         bridged = node.runtime == "docker" and not node.exclusive
+        if spec.slurm_run:
+            env["SLURM_CONF"] = f"{spec.slurm_run}/slurm.conf"  # sbatch, srun, sinfo (issue 31)
         env["GPC_BIND_ADDRESS"] = "0.0.0.0" if bridged else "127.0.0.1"  # noqa: S104
         if node.runtime == "process":
             # A bare process has no image to give it a PATH: the operator's, and its own home.
@@ -646,6 +656,8 @@ class SshDriver(SshConnections):
                 self.run(client, node, CMD_STOP_INSTANCE_SSHD, log=log, **_sshd_files(paths))
                 self.run(client, node, CMD_STOP_PROCESS, pid=paths.pid, log=log)
             self.run(client, node, CMD_REMOVE, links=links, root=paths.root, log=log)
+            if spec.slurm_run:  # the slice's Slurm keys and config (its daemons ended above)
+                slurm.remove(self, client, node, clean_abs(spec.slurm_run, "the Slurm directory"))
         log(f"stopped {spec.slug} and removed {paths.root}")
         return StepResult()
 
@@ -736,6 +748,29 @@ class SshDriver(SshConnections):
         args.update(port=int(port), hexport=f"{int(port):04X}")
         return tunnel.open_owned_channel(self, node, port, (spec.slug, render(template, **args)))
 
+    # -- the slice's Slurm (issue 31: slices.drivers.ssh.slurm) ---------------------------------
+    def start_slurm(self, spec: InstanceSpec, setup: SlurmSetup, log: LogFn) -> StepResult:
+        return slurm.start_slurm(self, spec, setup, log)
+
+    def slurm_request(
+        self,
+        spec: InstanceSpec,
+        setup: SlurmSetup,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        token: str,
+    ) -> RestAnswer:
+        return slurm.request(self, spec, setup, method, path, body, token)
+
+    def slurm_output(
+        self, spec: InstanceSpec, setup: SlurmSetup, job_id: int, offset: int, limit: int
+    ) -> OutputChunk:
+        return slurm.output(self, spec, setup, job_id, offset, limit)
+
+    def slurm_paths(self, spec: InstanceSpec, setup: SlurmSetup) -> SlurmPaths:
+        return slurm.paths(self, spec, setup)
+
     # -- SSH through the region's gateway (issue 19) -------------------------------------------
     def _start_sshd(
         self,
@@ -759,6 +794,9 @@ class SshDriver(SshConnections):
         if runtime == "process":
             files = _sshd_files(paths)
             config = INSTANCE_SSHD_CONFIG.format(port=port, address=_listen(node), root=paths.root)
+            if spec.slurm_run:  # sbatch, srun, sinfo over SSH too (issue 31)
+                conf = clean_abs(f"{spec.slurm_run}/slurm.conf", "the Slurm config")
+                config += f"SetEnv SLURM_CONF={conf}\n"
             written: list[tuple[str, str | bytes, int]] = [(files["config"], config, 0o600)]
             if spec.ssh_host_key:
                 # The console's key for the instance: the same on every node (issue 29).
