@@ -8,7 +8,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -164,7 +164,11 @@ def team_leave(request: HttpRequest, public_id: Any) -> HttpResponse:
 @require_POST
 def team_transfer(request: HttpRequest, public_id: Any) -> HttpResponse:
     me = services.get_team_for_user(request.user, public_id)
-    row = services.get_membership(me, request.POST.get("member", ""))
+    try:
+        row = services.get_membership(me, request.POST.get("member", ""))
+    except Http404:
+        messages.error(request, _("Choose a member of the team."))
+        return _back(request, me)
     try:
         services.transfer_ownership(me, row, request=request)
     except DomainError as exc:

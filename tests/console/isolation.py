@@ -53,7 +53,51 @@ def _team(owner: Any) -> dict[str, Any]:
     return {"public_id": personal_team(owner).public_id}
 
 
+def _shared_team(owner: Any) -> Any:
+    from console.teams import services as teams
+
+    return teams.create_team(owner, f"team-{uuid.uuid4().hex[:6]}")
+
+
+def _team_page(owner: Any) -> dict[str, Any]:
+    return {"public_id": _shared_team(owner).public_id}
+
+
+def _member(owner: Any) -> dict[str, Any]:
+    return {"public_id": _shared_team(owner).public_id, "member": owner.public_id}
+
+
+def _invitation(owner: Any) -> dict[str, Any]:
+    from console.teams import services as teams
+    from console.tenancy import acting_in
+
+    team = _shared_team(owner)
+    row, _raw = teams.invite(acting_in(owner, team), f"{uuid.uuid4().hex[:8]}@example.com", "viewer")
+    return {"public_id": team.public_id, "invitation": row.public_id}
+
+
+def _team_api(owner: Any) -> dict[str, Any]:
+    return {"team_id": _shared_team(owner).public_id}
+
+
+def _member_api(owner: Any) -> dict[str, Any]:
+    return {"team_id": _shared_team(owner).public_id, "member_id": owner.public_id}
+
+
 OBJECT_ROUTES: dict[str, Callable[[Any], dict[str, Any]]] = {
+    # teams (console/team_views.py, console/team_api.py)
+    "team-detail": _team_page,
+    "team-invite": _team_page,
+    "team-leave": _team_page,
+    "team-transfer": _team_page,
+    "team-close": _team_page,
+    "team-member": _member,
+    "team-member-remove": _member,
+    "team-invitation-revoke": _invitation,
+    "team-api-detail": _team_api,
+    "team-api-members": _team_api,
+    "team-api-member": _member_api,
+    "team-api-invitations": _team_api,
     # the audit log (console/audit/)
     "team-audit": _team,
     "team-audit-api": _team,
@@ -73,3 +117,9 @@ OBJECT_ROUTES: dict[str, Callable[[Any], dict[str, Any]]] = {
 }
 
 STAFF_ROUTES: dict[str, Callable[[Any], dict[str, Any]]] = {"ops-verification-decide": _licence}
+
+EXEMPT_ROUTES: dict[str, str] = {
+    "team-join": "an invitation's secret token, not an object id: a wrong or used one is 404 for "
+    "everyone, and a right one only accepts for the address it was sent to "
+    "(tests/console/test_teams.py)",
+}
