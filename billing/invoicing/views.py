@@ -44,7 +44,7 @@ def invoices(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _page(request, form, 400)
     try:
-        row = services.request_invoice(acting(request), **form.cleaned_data, request=request)  # type: ignore[arg-type]
+        row = services.request_invoice(acting(request), **form.cleaned_data, request=request)
     except VerificationRequired as exc:
         return refusal_response(request, exc)
     except DomainError as exc:
@@ -61,7 +61,7 @@ def invoices(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def invoice_pdf(request: HttpRequest, public_id: str) -> FileResponse:
-    row = services.get_invoice_for_user(acting(request), public_id)  # type: ignore[arg-type]
+    row = services.get_invoice_for_user(acting(request), public_id)
     if not row.pdf:
         raise Http404
     return pdf_response(row.pdf, f"invoice-{row.number}.pdf")
@@ -70,7 +70,7 @@ def invoice_pdf(request: HttpRequest, public_id: str) -> FileResponse:
 @login_required
 @require_GET
 def invoice_red_pdf(request: HttpRequest, public_id: str) -> FileResponse:
-    row = services.get_invoice_for_user(acting(request), public_id)  # type: ignore[arg-type]
+    row = services.get_invoice_for_user(acting(request), public_id)
     if not row.red_pdf:
         raise Http404
     return pdf_response(row.red_pdf, f"invoice-{row.red_number}.pdf")

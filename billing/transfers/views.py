@@ -33,7 +33,7 @@ def start(request: HttpRequest) -> HttpResponse:
         return redirect("billing:overview")
     try:
         payment, _created = billing.start_topup(
-            acting(request),  # type: ignore[arg-type]
+            acting(request),
             form.cleaned_data["amount"],
             provider="bank_transfer",
             request=request,
@@ -49,7 +49,7 @@ def start(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def detail(request: HttpRequest, public_id: str) -> HttpResponse:
-    row = services.transfer_for_user(acting(request), public_id)  # type: ignore[arg-type]
+    row = services.transfer_for_user(acting(request), public_id)
     context = {
         "transfer": row,
         "payment": row.payment,

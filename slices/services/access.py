@@ -36,7 +36,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from console import services as console_services
-from console.models import Membership
+from console.models import Membership, Team
 from console.sshkeys import canonical_openssh
 from slices.choices import InstanceState
 from slices.drivers import get_driver
@@ -333,7 +333,7 @@ def sync_all_gateways() -> list[str]:
     return [sync_gateway(pk) for pk in Gateway.objects.values_list("pk", flat=True)]
 
 
-def sync_for_team(team: object) -> list[int]:
+def sync_for_team(team: Team) -> list[int]:
     """Queue a keys-file sync of every region where the team has a running instance (a member
     left: their keys stop getting through at once, not at the next periodic pass)."""
     regions = sorted(
