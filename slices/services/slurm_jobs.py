@@ -344,7 +344,9 @@ def follow_live_jobs() -> int:
 
 def submit_order_job(instance_id: int, *, driver: Any = None) -> str:
     """Job mode: the order's job, once the slice runs (once: a job from the order exists)."""
-    instance = Instance.objects.filter(pk=instance_id).select_related("owner", "gpu_model").first()
+    instance = (
+        Instance.objects.filter(pk=instance_id).select_related("created_by", "gpu_model").first()
+    )
     if instance is None or instance.state != InstanceState.RUNNING:
         return "nothing to do"
     cluster = slurm.cluster_of(instance)

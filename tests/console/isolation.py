@@ -72,7 +72,9 @@ def _invitation(owner: Any) -> dict[str, Any]:
     from console.tenancy import acting_in
 
     team = _shared_team(owner)
-    row, _raw = teams.invite(acting_in(owner, team), f"{uuid.uuid4().hex[:8]}@example.com", "viewer")
+    row, _raw = teams.invite(
+        acting_in(owner, team), f"{uuid.uuid4().hex[:8]}@example.com", "viewer"
+    )
     return {"public_id": team.public_id, "invitation": row.public_id}
 
 
