@@ -141,7 +141,7 @@ class TeamDoorMiddleware:
         if request.path_info.startswith("/api/"):
             return None
         user = getattr(request, "user", None)
-        if user is None or not user.is_authenticated or user.is_staff:
+        if user is None or not user.is_authenticated:
             return None
         match = request.resolver_match
         needed = door_perm(

@@ -58,12 +58,20 @@ APP_WRITE_PERMS: dict[str, Perm] = {
 }
 
 
+# What anyone who may order needs from billing: prices and a quote (the order form asks).
+BILLING_OPEN = frozenset({"quote", "prices", "billing-quote", "billing-prices"})
+
+
 def door_perm(view_module: str, method: str, url_name: str = "") -> Perm | None:
     """The permission a request to a view of ``view_module`` with ``method`` needs in the acting
-    team, or None when the view decides itself (console's own, operators', public callbacks)."""
-    if url_name.startswith("ops") or url_name.endswith("webhook"):
+    team, or None when the view decides itself (console's own, operators', public callbacks).
+    Reading compute is every member's; reading billing (the wallet, the ledger, bills, invoices)
+    is the billing permission's, as changing it is."""
+    if url_name.startswith("ops") or url_name.endswith("webhook") or url_name in BILLING_OPEN:
         return None
     app = view_module.split(".", 1)[0]
-    if app not in APP_WRITE_PERMS or method.upper() in SAFE_METHODS:
-        return None  # reading: every member may; the view scopes what it reads to the team
+    if app not in APP_WRITE_PERMS:
+        return None
+    if method.upper() in SAFE_METHODS:
+        return Perm.BILLING if app == "billing" else None
     return APP_WRITE_PERMS[app]

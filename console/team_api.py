@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing.services import get_wallet_summary
+from console.api.permissions import PersonLevel
 from console.choices import TeamRole
 from console.models import Membership, Team
 from console.roles import Perm
@@ -66,6 +67,8 @@ def _me(request: Request, team_id: Any) -> Acting:
 
 
 class TeamListView(APIView):
+    permission_classes = (PersonLevel,)  # a team's token lists its team, never makes one
+
     @extend_schema(
         summary="Your teams and your role in each",
         responses=TeamSerializer(many=True),

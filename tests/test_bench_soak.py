@@ -15,8 +15,8 @@ from tests.support.servers import base_env
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
 
 
-def test_soak_fails_no_healthy_host_and_every_silent_one() -> None:
-    done = subprocess.run(
+def _soak() -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, str(BENCH), "--quick"],
         capture_output=True,
         text=True,
@@ -25,7 +25,17 @@ def test_soak_fails_no_healthy_host_and_every_silent_one() -> None:
         cwd=BENCH.parents[1],
         check=False,
     )
+
+
+def test_soak_fails_no_healthy_host_and_every_silent_one() -> None:
+    done = _soak()
     out = done.stdout
+    if "(the silent ones: 0)" in out:
+        # The harness stages its outage on a host running instances at that simulated moment;
+        # on a loaded machine a quick run can end before one was staged (nothing was judged).
+        # A second run is a new random workload; the judgement below is never retried.
+        done = _soak()
+        out = done.stdout
     assert done.returncode == 0, out + done.stderr[-3000:]
     assert re.search(r"soak: 0\.\d+ simulated hours in \d+ s real \(SIM_TIME_SCALE 0\.02", out)
     assert re.search(r"workload on yc-4090-1 \(64 hosts × 8 RTX 4090\): [1-9]\d* orders", out), out

@@ -28,3 +28,24 @@ class TeamDoor(IsAuthenticated):
             return acting(request).can(needed)
         except NotAMember:
             return False
+
+
+class PersonLevel(TeamDoor):
+    """The account's own things (SSH keys, API tokens, new teams): a token made for a team may
+    read them but not change them (issue 30), so a team's CI token cannot mint a token for the
+    person's other teams or add a key that opens their instances; a session or a token of the
+    person's personal team may."""
+
+    message = _(
+        "A token made for a team cannot change the account's keys, tokens or teams: use the "
+        "console or a token of your personal team."
+    )
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        if not super().has_permission(request, view):
+            return False
+        if request.method in ("GET", "HEAD", "OPTIONS"):
+            return True
+        token = getattr(request, "auth", None)
+        team = getattr(token, "team", None)
+        return team is None or team.personal_of_id == request.user.pk

@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console import services
+from console.api.permissions import PersonLevel
 from console.api.serializers import (
     ApiTokenCreatedSerializer,
     ApiTokenCreateSerializer,
@@ -28,6 +29,7 @@ from console.models import ApiToken, SshKey, Team
 )
 class SshKeyViewSet(mixins.DestroyModelMixin, ListRetrieveViewSet):
     serializer_class = SshKeySerializer
+    permission_classes = (PersonLevel,)
 
     def get_queryset(self) -> QuerySet[SshKey]:
         return SshKey.objects.for_owner(self.request.user)
@@ -75,12 +77,23 @@ class SshKeyViewSet(mixins.DestroyModelMixin, ListRetrieveViewSet):
 )
 class ApiTokenViewSet(ListRetrieveViewSet):
     serializer_class = ApiTokenSerializer
+    permission_classes = (PersonLevel,)
 
     def get_queryset(self) -> QuerySet[ApiToken]:
-        return ApiToken.objects.for_owner(self.request.user).select_related("team")
+        rows = ApiToken.objects.for_owner(self.request.user).select_related("team")
+        team_id = getattr(self.request.auth, "team_id", None)
+        if team_id is not None and not getattr(self.request.auth.team, "personal", True):
+            rows = rows.filter(team_id=team_id)  # a team's token sees its team's tokens only
+        return rows
 
     def get_object(self) -> ApiToken:
-        return services.get_api_token_for_user(self.request.user, self.kwargs["public_id"])
+        from django.shortcuts import get_object_or_404
+
+        from console.ids import uuid_or_404
+
+        return get_object_or_404(
+            self.get_queryset(), public_id=uuid_or_404(self.kwargs["public_id"])
+        )
 
     @extend_schema(
         summary="Create an API token (the secret is in this response only)",

@@ -191,9 +191,14 @@ def _owners(team: Team) -> int:
 def _left_on_commit(team: Team, user_id: int) -> None:
     """A member left: their tokens for the team end now; the apps answer ``member_left`` (the
     gateway's keys file is written again, their web-port grants end) after the commit."""
+    now = timezone.now()
     ApiToken.objects.filter(team=team, owner_id=user_id, revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
+        revoked_at=now
     )
+    # What they sent out ends too: an invitation they made cannot bring them (or anyone) back.
+    Invitation.objects.filter(
+        team=team, invited_by_id=user_id, accepted_at__isnull=True, revoked_at__isnull=True
+    ).update(revoked_at=now)
     transaction.on_commit(lambda: hooks.member_left.send(sender=Team, team=team, user_id=user_id))
 
 
@@ -352,6 +357,8 @@ def set_limits(
     row = Membership.objects.filter(pk=membership.pk, team=team).select_related("user").first()
     if row is None:
         raise Http404
+    if row.role == TeamRole.OWNER and acting.role != TeamRole.OWNER:
+        raise NotAllowed(gettext_noop("Only an owner sets an owner's budget and quota."))
     before = {
         "budget_monthly": row.budget_monthly,
         "gpu_quota": row.gpu_quota,

@@ -271,7 +271,7 @@ class InstanceViewSet(PublicIdViewSet):
     def release(self, request: Request, public_id: str) -> Response:
         instance = self._get()
         services.release_instance(
-            instance, by=request.user.get_username(), who=request.user, request=request
+            instance, by=request.user.get_username(), who=acting(request), request=request
         )
         return self._answer(instance)
 
@@ -352,7 +352,7 @@ class InstanceViewSet(PublicIdViewSet):
     def stop(self, request: Request, public_id: str) -> Response:
         instance = self._get()
         power.stop_instance(
-            instance, by=request.user.get_username(), who=request.user, request=request
+            instance, by=request.user.get_username(), who=acting(request), request=request
         )
         return self._answer(instance)
 
@@ -371,7 +371,7 @@ class InstanceViewSet(PublicIdViewSet):
             instance,
             by=request.user.get_username(),
             mode=payload.validated_data["mode"],
-            who=request.user,
+            who=acting(request),
             request=request,
         )
         return self._answer(instance)
@@ -462,7 +462,7 @@ class DiskViewSet(PublicIdViewSet):
         tags=["storage"],
     )
     def destroy(self, request: Request, public_id: str) -> Response:
-        disk_service.delete_disk(self._get(), who=request.user, request=request)
+        disk_service.delete_disk(self._get(), who=acting(request), request=request)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(
@@ -477,7 +477,7 @@ class DiskViewSet(PublicIdViewSet):
         payload = DiskResizeSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         disk_service.resize_disk(
-            disk, payload.validated_data["size_gb"], who=request.user, request=request
+            disk, payload.validated_data["size_gb"], who=acting(request), request=request
         )
         return self._answer(disk)
 

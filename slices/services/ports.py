@@ -396,10 +396,17 @@ def end_web_access(instance: Instance) -> int:
 
 
 def end_member_grants(team: Any, user_id: int) -> int:
-    """A member left the team: their app-host cookies on its instances end now (issue 30)."""
+    """A member left the team: their app-host cookies on its instances end now, and so do the
+    share links they made and every cookie those links gave (issue 30)."""
+    now = timezone.now()
+    links = ShareLink.objects.filter(
+        created_by_id=user_id, instance__team=team, revoked_at__isnull=True
+    )
+    PortGrant.objects.filter(share_link__in=links, revoked_at__isnull=True).update(revoked_at=now)
+    links.update(revoked_at=now)
     return PortGrant.objects.filter(
         user_id=user_id, instance__team=team, revoked_at__isnull=True
-    ).update(revoked_at=timezone.now())
+    ).update(revoked_at=now)
 
 
 def end_user_grants(user: Any) -> int:

@@ -95,7 +95,7 @@ def _disk_action(request: HttpRequest, public_id: str, act: Callable[[Disk], str
 def disk_resize(request: HttpRequest, public_id: str) -> HttpResponse:
     def act(disk: Disk) -> str:
         disk_service.resize_disk(
-            disk, request.POST.get("size_gb"), who=request.user, request=request
+            disk, request.POST.get("size_gb"), who=acting(request), request=request
         )
         return _("The disk %(name)s now has %(size)s GB.") % {
             "name": disk.name,
@@ -109,7 +109,7 @@ def disk_resize(request: HttpRequest, public_id: str) -> HttpResponse:
 @require_http_methods(["POST"])
 def disk_delete(request: HttpRequest, public_id: str) -> HttpResponse:
     def act(disk: Disk) -> str:
-        disk_service.delete_disk(disk, who=request.user, request=request)
+        disk_service.delete_disk(disk, who=acting(request), request=request)
         return _("Deleted the disk %(name)s; its storage charge stopped.") % {"name": disk.name}
 
     return _disk_action(request, public_id, act)

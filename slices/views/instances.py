@@ -490,7 +490,7 @@ def instance_release(request: HttpRequest, public_id: str) -> HttpResponse:
     instance = services.get_instance_for_user(acting(request), public_id)
     if request.method == "POST":
         if services.release_instance(
-            instance, by=request.user.get_username(), who=request.user, request=request
+            instance, by=request.user.get_username(), who=acting(request), request=request
         ):
             messages.success(
                 request, _("Releasing %(name)s. Billing stopped now.") % {"name": instance.name}
@@ -575,7 +575,7 @@ def instance_stop(request: HttpRequest, public_id: str) -> HttpResponse:
     try:
         disk = _system_disk_charge(instance)
         if power.stop_instance(
-            instance, by=request.user.get_username(), who=request.user, request=request
+            instance, by=request.user.get_username(), who=acting(request), request=request
         ):
             if disk.within_free:
                 text = _(
@@ -603,7 +603,11 @@ def instance_start(request: HttpRequest, public_id: str) -> HttpResponse:
         mode = power.StartMode.AUTO
     try:
         result = power.start_instance(
-            instance, by=request.user.get_username(), mode=mode, who=request.user, request=request
+            instance,
+            by=request.user.get_username(),
+            mode=mode,
+            who=acting(request),
+            request=request,
         )
     except DomainError as exc:
         _flash_error(request, exc)

@@ -184,12 +184,14 @@ def test_the_form_refuses_bad_input_with_a_message_and_changes_nothing(
 
 # --- the doors ----------------------------------------------------------------------------------
 def _routes(resolver: URLResolver | None = None, prefix: str = "") -> list[tuple[str, object]]:
+    from console.roles import BILLING_OPEN
+
     out = []
     for p in (resolver or get_resolver()).url_patterns:
         if isinstance(p, URLResolver):
             out.extend(_routes(p, prefix + str(p.pattern)))
-        elif isinstance(p, URLPattern):
-            out.append((prefix + str(p.pattern), p.callback))
+        elif isinstance(p, URLPattern) and p.name not in BILLING_OPEN:
+            out.append((prefix + str(p.pattern), p.callback))  # prices and quotes change nothing
     return out
 
 
@@ -350,3 +352,57 @@ def test_no_owner_writes_or_reads_outside_the_accounts() -> None:
         ):
             offenders.append(rel)
     assert offenders == []
+
+
+def test_a_team_token_cannot_change_the_persons_keys_tokens_or_teams(
+    lab: Team, alice: User
+) -> None:
+    _tok, raw = services_token(alice, lab)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    r = api.post(
+        "/api/v1/api-tokens/",
+        {"name": "escalate", "team": str(personal_team(alice).public_id)},
+        format="json",
+    )
+    assert r.status_code == 403
+    assert (
+        api.post("/api/v1/ssh-keys/", {"name": "k", "public_key": "x"}, format="json").status_code
+        == 403
+    )
+    assert api.post("/api/v1/teams/", {"name": "Another"}, format="json").status_code == 403
+    other, _ = services_token(alice, personal_team(alice))
+    listed = {t["id"] for t in api.get("/api/v1/api-tokens/").json()["results"]}
+    assert str(other.public_id) not in listed  # a team's token sees its team's tokens only
+    assert api.get(f"/api/v1/api-tokens/{other.public_id}/").status_code == 404
+    assert ApiToken.objects.filter(owner=alice).count() == 2  # nothing was made
+
+
+def test_reading_billing_needs_the_billing_role(lab: Team, alice: User, bob: User) -> None:
+    carol = UserFactory(username="carol")
+    _join(lab, alice, bob, "developer")
+    _join(lab, alice, carol, "billing")
+    assert _client(bob, lab).get("/billing/").status_code == 403
+    assert _client(bob, lab).get("/billing/bills/").status_code == 403
+    assert _client(bob, lab).get("/prices/").status_code == 200  # prices stay open to all
+    assert _client(carol, lab).get("/billing/").status_code == 200
+    _t, raw = services_token(bob, lab)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert api.get("/api/v1/billing/wallet/").status_code == 403
+
+
+def test_only_an_owner_sets_an_owners_limits(lab: Team, alice: User, bob: User) -> None:
+    _join(lab, alice, bob, "billing")
+    owner_row = Membership.objects.get(team=lab, user=alice)
+    with pytest.raises(services.NotAllowed):
+        services.set_limits(acting_in(bob, lab), owner_row, budget_monthly="0", stop_on_budget=True)
+    owner_row.refresh_from_db()
+    assert owner_row.budget_monthly is None and not owner_row.stop_on_budget
+
+
+def test_a_leavers_invitations_end_with_them(lab: Team, alice: User, bob: User) -> None:
+    _join(lab, alice, bob, "admin")
+    _row, raw = services.invite(acting_in(bob, lab), "second-address@example.com", "admin")
+    services.remove(acting_in(alice, lab), Membership.objects.get(team=lab, user=bob))
+    assert services.find_invitation(raw) is None
