@@ -28,7 +28,9 @@ from console.dashboard import build_dashboard, build_landing
 from console.errors import ErrorCode
 from console.events import notify_user
 from console.retries import is_transient
+from console.roles import Perm
 from console.tasks import ping_worker_task
+from console.tenancy import acting
 
 
 @require_GET
@@ -36,7 +38,11 @@ def home(request: HttpRequest) -> HttpResponse:
     """The landing page for visitors, the dashboard for signed-in users."""
     if not request.user.is_authenticated:
         return render(request, "console/landing.html", {"landing": build_landing()})
-    return render(request, "console/dashboard.html", {"dashboard": build_dashboard(request.user)})
+    # The wallet of the team acted in, for whoever may see it (billing roles); others see their
+    # own (personal) wallet, as the header's team switch says which team they act in.
+    me = acting(request)
+    who = me if me.can(Perm.BILLING) else request.user
+    return render(request, "console/dashboard.html", {"dashboard": build_dashboard(who)})
 
 
 FAVICON = settings.BASE_DIR / "static" / "console" / "favicon.ico"

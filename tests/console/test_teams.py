@@ -406,3 +406,12 @@ def test_a_leavers_invitations_end_with_them(lab: Team, alice: User, bob: User) 
     _row, raw = services.invite(acting_in(bob, lab), "second-address@example.com", "admin")
     services.remove(acting_in(alice, lab), Membership.objects.get(team=lab, user=bob))
     assert services.find_invitation(raw) is None
+
+
+def test_the_dashboard_shows_the_wallet_of_the_team_acted_in(lab: Team, alice: User) -> None:
+    from billing import services as billing
+
+    billing.grant_voucher(lab, "42", reason="lab", valid_days=30)
+    page = _client(alice, lab).get("/").content.decode()
+    assert "42.00" in page
+    assert "42.00" not in _client(alice).get("/").content.decode()  # the personal team's
