@@ -176,8 +176,19 @@ class InstanceView:
             "state": status.state,
             "open_url": status.open_url if status.state == "ready" else None,
             "api_base_path": status.api_path or None,
-            "api_key": status.api_key,
+            "api_key": status.api_key if self._operates() else None,
         }
+
+    def _operates(self) -> bool:
+        """The app's key is for its maker and the team's admins (issue 30), not every member."""
+        if self._request is None:
+            return True
+        from console.tenancy import acting
+
+        try:
+            return bool(acting(self._request).may_operate(self.instance))
+        except Exception:  # no acting team for this request: no key
+            return False
 
 
 _DERIVED = frozenset(n for n, v in vars(InstanceView).items() if isinstance(v, property))

@@ -200,7 +200,9 @@ class InstanceViewSet(PublicIdViewSet):
     def _answer(self, instance: Instance, code: int = status.HTTP_202_ACCEPTED) -> Response:
         """The instance as the service left it (202: the work goes on in a worker)."""
         instance.refresh_from_db()
-        return Response(InstanceSerializer(instance).data, status=code)
+        return Response(
+            InstanceSerializer(instance, context={"request": self.request}).data, status=code
+        )
 
     @extend_schema(
         summary="Your instances, newest first (?state=active|all|released; default active)",
@@ -220,11 +222,17 @@ class InstanceViewSet(PublicIdViewSet):
             lambda offset, limit: owned_page(acting(request), state, offset, limit),
             lambda: filter_instances(self.get_queryset(), state).count(),
         )
-        return self.get_paginated_response(InstanceSerializer(page, many=True).data)
+        return self.get_paginated_response(
+            InstanceSerializer(page, many=True, context={"request": request}).data
+        )
 
     @extend_schema(summary="One instance", tags=["instances"])
     def retrieve(self, request: Request, public_id: str) -> Response:
-        return Response(InstanceSerializer(owned_instance(acting(request), public_id)).data)
+        return Response(
+            InstanceSerializer(
+                owned_instance(acting(request), public_id), context={"request": request}
+            ).data
+        )
 
     @extend_schema(
         summary="Order a host or a slice; provisioning starts at once (202)",
@@ -635,4 +643,6 @@ class AppViewSet(viewsets.ViewSet):
         )
         instance.refresh_from_db()
         code = status.HTTP_200_OK if existing else status.HTTP_202_ACCEPTED
-        return Response(InstanceSerializer(instance).data, status=code)
+        return Response(
+            InstanceSerializer(instance, context={"request": request}).data, status=code
+        )

@@ -3,7 +3,7 @@ storage cards), release, 关机/开机 and the migration choice."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -208,6 +208,9 @@ def instance_new(request: HttpRequest) -> HttpResponse:
     return render_page(request, "slices/instance_new.html", context, "summary", status=status)
 
 
+HIDDEN_KEY = "••••••••"
+
+
 @login_required
 @require_GET
 def instance_detail(request: HttpRequest, public_id: str) -> HttpResponse:
@@ -217,6 +220,9 @@ def instance_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     part = asked if asked in ("events", "running") else "live"
     context = _detail_context(instance)
     status_ = context["app_status"]
+    if status_ is not None and status_.api_key and not acting(request).may_operate(instance):
+        # An AI app's key opens its API: for its maker and the team's admins, not every member.
+        context["app_status"] = status_ = replace(status_, api_key=HIDDEN_KEY)
     if status_ is not None and status_.api_path:
         context["api_base_url"] = request.build_absolute_uri(status_.api_path)
     return render_page(request, "slices/instance_detail.html", context, part)

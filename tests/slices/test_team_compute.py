@@ -133,3 +133,35 @@ def test_another_team_sees_nothing(
     assert c.post(f"/instances/{instance.public_id}/release/").status_code == 404
     assert _api(stranger, other).get(f"/api/v1/instances/{instance.public_id}/").status_code == 404
     assert str(instance.public_id) not in c.get("/instances/").content.decode()
+
+
+def test_an_ai_apps_key_is_for_its_maker_and_admins_not_every_member(
+    sim_fleet, lab: Team, alice: User, bob: User, settings, django_capture_on_commit_callbacks
+) -> None:
+    carol = UserFactory(username="carol")
+    _join(lab, alice, carol, "viewer")
+    Instance.objects.all().delete()
+    with django_capture_on_commit_callbacks(execute=True):
+        instance = Instance.objects.create(
+            team=lab,
+            created_by=bob,
+            name="chat",
+            kind="host",
+            cards=1,
+            state="running",
+            gpu_model=__import__("slices.models", fromlist=["GpuModel"]).GpuModel.objects.get(
+                code="RTX4090"
+            ),
+            quoted_per_hour=Decimal("1.90"),
+            driver="sim",
+            app="llm-chat",
+            app_api_key="secret-key-123",
+        )
+    assert (
+        "secret-key-123"
+        not in _client(carol, lab).get(f"/instances/{instance.public_id}/").content.decode()
+    )
+    mine = _api(bob, lab).get(f"/api/v1/instances/{instance.public_id}/").json()
+    assert mine["app"]["api_key"] == "secret-key-123"  # the maker's
+    body = _api(carol, lab).get(f"/api/v1/instances/{instance.public_id}/").json()
+    assert body["app"]["api_key"] is None  # a viewer's: the app, not its key
