@@ -97,8 +97,14 @@ class JobDetailView(APIView):
         summary="One job, with its output", responses={200: JobDetailSerializer}, tags=["jobs"]
     )
     def get(self, request: Request, public_id: str, job_id: str) -> Response:
-        job = slurm_jobs.get_job(_instance(request, public_id), job_id)
-        return Response(JobDetailSerializer(job).data)
+        instance = _instance(request, public_id)
+        job = slurm_jobs.get_job(instance, job_id)
+        data = JobDetailSerializer(job).data
+        if not acting(request).may_operate(instance):
+            # A job's environment often carries secrets: its names only for a member who may
+            # see the slice but not run on it (issue 30).
+            data["environment"] = dict.fromkeys(data["environment"], "••••")
+        return Response(data)
 
 
 class JobCancelView(APIView):

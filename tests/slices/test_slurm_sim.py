@@ -189,3 +189,37 @@ def test_a_failed_node_is_replaced_and_its_running_job_requeued(
     job.refresh_from_db()
     assert job.group == JobGroup.RUNNING and victim.hostname not in job.node_list
     assert "REQUEUED: NODE_FAIL" in job.output
+
+
+def test_a_viewer_sees_a_jobs_environment_names_only(
+    slurm_sim, alice, bob, django_capture_on_commit_callbacks
+) -> None:  # noqa: ANN001
+    """Issue 30: a job's environment often carries secrets; a member who may see the slice but
+    not run on it gets its names, not its values."""
+    from decimal import Decimal
+
+    from rest_framework.test import APIClient
+
+    from billing import services as billing
+    from console import services as console_services
+    from console.teams import services as teams
+    from console.tenancy import acting_in
+
+    lab = teams.create_team(alice, "Lab")
+    billing.grant_voucher(lab, Decimal("5000"), reason="test", valid_days=30)
+    row, raw = teams.invite(acting_in(alice, lab), bob.email, "viewer")
+    teams.accept(bob, raw)
+    instance = _slice(acting_in(alice, lab), django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        job = slurm_jobs.submit_job(
+            instance, alice, {"script": "#!/bin/sh\nhostname\n", "environment": {"TOKEN": "s3cret"}}
+        )
+
+    def read(user):  # noqa: ANN001, ANN202
+        _t, secret = console_services.create_api_token(user, name="t", team=lab)
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        return api.get(f"/api/v1/instances/{instance.public_id}/jobs/{job.public_id}/").json()
+
+    assert read(alice)["environment"] == {"TOKEN": "s3cret"}
+    assert read(bob)["environment"] == {"TOKEN": "••••"}
