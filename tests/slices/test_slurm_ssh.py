@@ -222,7 +222,13 @@ def test_real_slurm_starts_runs_jobs_streams_output_and_cancels(
 
     part = instance.nodes.get(rank=5)
     client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - a test host
+    # The instance's sshd key is the console's (access.ensure_host_key): pinned, as a customer is.
+    instance.refresh_from_db(fields=["ssh_host_key"])
+    import io
+
+    host_key = paramiko.Ed25519Key.from_private_key(io.StringIO(instance.ssh_host_key))
+    client.get_host_keys().add(f"[127.0.0.1]:{part.ssh_port}", host_key.get_name(), host_key)
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
     client.connect(
         "127.0.0.1", port=part.ssh_port, username="root",
         key_filename=str(tmp_path / "alice_key"), look_for_keys=False, allow_agent=False,
