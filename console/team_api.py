@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 from billing.services import get_wallet_summary
 from console.api.permissions import PersonLevel
 from console.choices import TeamRole
-from console.models import Membership, Team
+from console.models import Membership
 from console.roles import Perm
 from console.teams import services
 from console.tenancy import Acting
@@ -199,7 +199,3 @@ class InvitationListView(APIView):
             me, payload.validated_data["email"], payload.validated_data["role"], request=request
         )
         return Response(InvitationSerializer(row).data, status=status.HTTP_201_CREATED)
-
-
-def team_of_public_id(public_id: Any) -> Team | None:
-    return Team.objects.filter(public_id=public_id).first()
