@@ -17,7 +17,8 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
 
 def _soak() -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(BENCH), "--quick"],
+        # At 1/20 of real time rather than the bench's 1/50: the beat keeps up on a loaded machine.
+        [sys.executable, str(BENCH), "--quick", "--scale", "0.05"],
         capture_output=True,
         text=True,
         env=base_env(),
@@ -37,7 +38,7 @@ def test_soak_fails_no_healthy_host_and_every_silent_one() -> None:
         done = _soak()
         out = done.stdout
     assert done.returncode == 0, out + done.stderr[-3000:]
-    assert re.search(r"soak: 0\.\d+ simulated hours in \d+ s real \(SIM_TIME_SCALE 0\.02", out)
+    assert re.search(r"soak: 0\.\d+ simulated hours in \d+ s real \(SIM_TIME_SCALE 0\.05", out)
     assert re.search(r"workload on yc-4090-1 \(64 hosts × 8 RTX 4090\): [1-9]\d* orders", out), out
     assert "healthy hosts failed (new rule: the node's own answers): 0 (target 0)" in out, out
     assert re.search(r"healthy hosts failed \(old rule: GPU samples as heartbeats, same run\)", out)
