@@ -101,10 +101,13 @@ def same_regime(history: Sequence[Timeline]) -> list[Timeline]:
     return out
 
 
-def comparable(history: Iterable[Timeline], nodes: int) -> list[Timeline]:
-    """The timelines of the same regime (``same_regime``) and node count, else of the same
-    bucket, most recent first (the caller's order), at most ``MAX_SAMPLES``."""
-    timelines = same_regime([t for t in history if t.total is not None])
+def comparable(history: Iterable[Timeline], nodes: int, *, regime: bool = True) -> list[Timeline]:
+    """The timelines of the same regime (``same_regime``; every one with ``regime=False``, as
+    before issue 32, for the benchmark's comparison) and node count, else of the same bucket,
+    most recent first (the caller's order), at most ``MAX_SAMPLES``."""
+    timelines = [t for t in history if t.total is not None]
+    if regime:
+        timelines = same_regime(timelines)
     same = [t for t in timelines if t.nodes == nodes]
     if len(same) >= MIN_SAMPLES:
         return same[:MAX_SAMPLES]
@@ -140,10 +143,11 @@ def estimate(
     milestone: str,
     since_s: float,
     fallback_s: float,
+    regime: bool = True,
 ) -> Estimate:
     """Seconds until running for an instance of ``nodes`` nodes that reached ``milestone``
     ``since_s`` seconds ago; ``fallback_s`` is the driver model's answer for the same moment."""
-    rows = comparable(history, nodes)
+    rows = comparable(history, nodes, regime=regime)
     left = remaining_after(rows, milestone)
     if len(left) >= MIN_SAMPLES:
         return Estimate(max(0.0, statistics.median(left) - since_s), "history", len(left))

@@ -147,9 +147,11 @@ def test_orders_of_another_regime_do_not_count_in_any_size_bucket(nodes: int) ->
     got = eta.estimate(recent + old, nodes=nodes, milestone="ordered", since_s=0, fallback_s=2.0)
     assert (got.source, got.samples) == ("history", 3)
     assert got.exact == pytest.approx(2.40)
-    # Without the regime rule the same history's median is an instant order's.
-    rows = [t for t in recent + old if t.nodes == nodes]
-    assert sorted(t.at["running"] for t in rows)[len(rows) // 2] == pytest.approx(0.30)
+    # Without the regime rule (as before issue 32) the median is an instant order's.
+    before = eta.estimate(
+        recent + old, nodes=nodes, milestone="ordered", since_s=0, fallback_s=2.0, regime=False
+    )
+    assert (before.samples, before.exact) == (8, pytest.approx(0.30))
 
 
 def test_the_regime_is_the_recent_orders_of_every_size() -> None:

@@ -19,9 +19,11 @@ def test_the_scored_orders_cover_every_bucket_evenly() -> None:
 
 
 def test_one_bucket_off_target_misses_although_the_overall_median_meets_it(capsys) -> None:
-    good = [(2.0, ETA_TARGET / 10, 0.2)] * 5
+    good = [(2.0, ETA_TARGET / 10, 0.2, 0.01)] * 5
     scored = {b: list(good) for b in ("1", "8", "64", "256")}
-    scored["128"] = [(2.36, 0.5, 0.15)] * 3 + [(2.36, 0.01, 0.15)] * 2  # the 128-card case
+    scored["128"] = [(2.36, 0.5, 0.15, 0.5)] * 3 + [
+        (2.36, 0.01, 0.15, 0.01)
+    ] * 2  # the 128-card case
     assert _eta_report(scored) is False
     out = capsys.readouterr().out
     assert "128 cards: n=5" in out and "MISSED" in out
