@@ -11,6 +11,15 @@ until the slowest node had finished a step, and until running.
     history = [Timeline(nodes=16, at={"ordered": 0, "connect": 31.0, ..., "running": 112.5}), ...]
     estimate(history, nodes=16, milestone="connect", since_s=4.0, fallback_s=60.0)
 
+History from another regime does not count: an order whose node steps (from the slowest node's
+``connect`` to its ``health``) took more than ``REGIME_FACTOR`` times as long as the most recent
+orders' (any size), or less than 1/``REGIME_FACTOR`` of it, ran when the steps took another time
+(a changed driver or image cache, another ``SIM_TIME_SCALE``): a 16-node order's median would
+otherwise mix 0.3-s orders of an instant simulation with 2.4-s ones (issue 32: three of four
+128-card estimates 0.29-1.32 s against 2.36 s real). The nodes' parallelism, the slowest node of a
+slice, the Slurm start and the all-reduce check need no model of their own: they are in the
+comparable orders' totals, per node count.
+
 An instance that has reached milestone ``m`` (its slowest node finished step ``m``) ``since_s``
 seconds ago is estimated to run in ``median(running - at[m]) - since_s`` over the comparable
 orders; between events the estimate counts down, and it never goes below zero ("any moment").
@@ -32,6 +41,9 @@ MILESTONES: tuple[str, ...] = (
 )  # fmt: skip
 MIN_SAMPLES = 3  # fewer comparable orders than this: the driver's step model decides
 MAX_SAMPLES = 20  # the most recent orders of a kind that count
+REGIME_RECENT = 5  # the most recent orders (any size) whose node steps say how long they take now
+REGIME_FACTOR = 2.0  # node steps this many times longer or shorter: another regime, left out
+NODE_STEPS = ("connect", "health")  # node steps: from the slowest node's connect to its health
 
 
 @dataclass(frozen=True)
@@ -63,10 +75,39 @@ def node_bucket(nodes: int) -> int:
     return 1 if nodes <= 1 else 2 ** math.ceil(math.log2(nodes))
 
 
-def comparable(history: Iterable[Timeline], nodes: int) -> list[Timeline]:
-    """The timelines of the same node count, else of the same bucket, most recent first (the
-    caller's order), at most ``MAX_SAMPLES``."""
+def node_steps(t: Timeline) -> float | None:
+    """Seconds of the node steps after ``connect`` (prepare, mount, start, health) on the slowest
+    node: the part of an order that the driver's step times make (None when not recorded)."""
+    first, last = (t.at.get(m) for m in NODE_STEPS)
+    if first is None or last is None or last < first:
+        return None
+    return last - first
+
+
+def same_regime(history: Sequence[Timeline]) -> list[Timeline]:
+    """The timelines (most recent first) whose node steps took about as long as the most recent
+    ``REGIME_RECENT`` orders' median: within a factor ``REGIME_FACTOR`` either way. Timelines
+    without the steps recorded are kept (nothing to compare)."""
+    spans = [s for s in (node_steps(t) for t in history if t.total is not None) if s is not None]
+    recent = spans[:REGIME_RECENT]
+    if not recent:
+        return list(history)
+    now = statistics.median(recent)
+    out = []
+    for t in history:
+        span = node_steps(t)
+        if span is None or now <= 0 or now / REGIME_FACTOR <= span <= now * REGIME_FACTOR:
+            out.append(t)
+    return out
+
+
+def comparable(history: Iterable[Timeline], nodes: int, *, regime: bool = True) -> list[Timeline]:
+    """The timelines of the same regime (``same_regime``; every one with ``regime=False``, as
+    before issue 32, for the benchmark's comparison) and node count, else of the same bucket,
+    most recent first (the caller's order), at most ``MAX_SAMPLES``."""
     timelines = [t for t in history if t.total is not None]
+    if regime:
+        timelines = same_regime(timelines)
     same = [t for t in timelines if t.nodes == nodes]
     if len(same) >= MIN_SAMPLES:
         return same[:MAX_SAMPLES]
@@ -102,10 +143,11 @@ def estimate(
     milestone: str,
     since_s: float,
     fallback_s: float,
+    regime: bool = True,
 ) -> Estimate:
     """Seconds until running for an instance of ``nodes`` nodes that reached ``milestone``
     ``since_s`` seconds ago; ``fallback_s`` is the driver model's answer for the same moment."""
-    rows = comparable(history, nodes)
+    rows = comparable(history, nodes, regime=regime)
     left = remaining_after(rows, milestone)
     if len(left) >= MIN_SAMPLES:
         return Estimate(max(0.0, statistics.median(left) - since_s), "history", len(left))

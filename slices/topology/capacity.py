@@ -24,11 +24,15 @@ def slice_chunk(nodes: int, su_capacity: int) -> int:
     return math.ceil(nodes / q)
 
 
-def value_table(demand: Mapping[int, float], su_capacity: int, gpn: int = 8) -> list[float]:
+def value_table(
+    demand: Mapping[int, float], su_capacity: int, gpn: int = 8, *, per_slice: bool = False
+) -> list[float]:
     """V[f]: demand-weighted slice capacity (in nodes) that `f` free whole nodes of an SU offer.
 
     A 4-node remainder is worth nothing to a 64-card slice (8 nodes); host demand is linear in free
     nodes, equal for every placement of the same size, so it cancels and is left out.
+    `per_slice`: count the slices (chunks) the nodes can take instead of their nodes, so a size
+    weighs by its share of the requests alone (what the fleet uses: see `Fleet.set_demand`).
     """
     total = _slice_weights(demand)
     table = [0.0] * (su_capacity + 1)
@@ -36,24 +40,32 @@ def value_table(demand: Mapping[int, float], su_capacity: int, gpn: int = 8) -> 
         if size < SLICE_UNIT_GPUS:
             continue
         u = slice_chunk(size // gpn, su_capacity)
+        unit = 1 if per_slice else u
         for f in range(su_capacity + 1):
-            table[f] += weight / total * u * (f // u)
+            table[f] += weight / total * unit * (f // u)
     return table
 
 
 def spanning_value_table(
-    demand: Mapping[int, float], su_capacity: int, cluster_nodes: int, gpn: int = 8
+    demand: Mapping[int, float],
+    su_capacity: int,
+    cluster_nodes: int,
+    gpn: int = 8,
+    *,
+    per_slice: bool = False,
 ) -> list[float]:
     """C[F]: demand-weighted capacity (nodes) that F free nodes of a cluster offer to slices larger
-    than an SU (those may span SUs, so only the cluster's free total bounds them)."""
+    than an SU (those may span SUs, so only the cluster's free total bounds them). `per_slice`:
+    the slices, not their nodes (as `value_table`)."""
     total = _slice_weights(demand)
     table = [0.0] * (cluster_nodes + 1)
     for size, weight in demand.items():
         nodes = size // gpn
         if size < SLICE_UNIT_GPUS or nodes <= su_capacity:
             continue
+        unit = 1 if per_slice else nodes
         for f in range(cluster_nodes + 1):
-            table[f] += weight / total * nodes * (f // nodes)
+            table[f] += weight / total * unit * (f // nodes)
     return table
 
 

@@ -76,8 +76,13 @@ class Fleet:
             if not any(s >= SLICE_UNIT_GPUS for s in d):
                 d = DEFAULT_SLICE_DEMAND
             if cl.slices_ok:
-                cl.value = value_table(d, cl.su_cap_max, cl.gpn)
-                cl.cvalue = spanning_value_table(d, cl.su_cap_max, cl.spec.node_count, cl.gpn)
+                # Per slice, not per node (issue 32): the demand weights are shares of the
+                # requests, and every request counts once, whatever its size; weighing by nodes
+                # protected large slices at the cost of more rejected small ones.
+                cl.value = value_table(d, cl.su_cap_max, cl.gpn, per_slice=True)
+                cl.cvalue = spanning_value_table(
+                    d, cl.su_cap_max, cl.spec.node_count, cl.gpn, per_slice=True
+                )
             else:
                 cl.value, cl.cvalue = [], []
 

@@ -128,3 +128,45 @@ def test_the_page_shows_the_step_under_way_and_a_countdown(
     assert 'id="instance-eta" data-eta-seconds="' in html
     assert 'id="instance-current-step"' in html
     assert "Since the order" in html  # not yet running: the clock is the order's
+
+
+# -- issue 32: orders from another regime (steps that took another time) do not count ------------
+def _steps(nodes: int, total: float, connect: float, health: float) -> eta.Timeline:
+    return eta.Timeline(
+        nodes=nodes,
+        at={"ordered": 0.0, "connect": connect, "health": health, "running": total},
+    )
+
+
+@pytest.mark.parametrize("nodes", [1, 8, 16, 32])
+def test_orders_of_another_regime_do_not_count_in_any_size_bucket(nodes: int) -> None:
+    """Five older orders whose node steps were instant (0.3 s in all) and three recent ones
+    (2.4 s): the estimate is the recent orders' median; counted together it was 0.3 s."""
+    recent = [_steps(nodes, t, 0.3, 1.9) for t in (2.40, 2.38, 2.45)]
+    old = [_steps(nodes, 0.30, 0.05, 0.15)] * 5
+    got = eta.estimate(recent + old, nodes=nodes, milestone="ordered", since_s=0, fallback_s=2.0)
+    assert (got.source, got.samples) == ("history", 3)
+    assert got.exact == pytest.approx(2.40)
+    # Without the regime rule (as before issue 32) the median is an instant order's.
+    before = eta.estimate(
+        recent + old, nodes=nodes, milestone="ordered", since_s=0, fallback_s=2.0, regime=False
+    )
+    assert (before.samples, before.exact) == (8, pytest.approx(0.30))
+
+
+def test_the_regime_is_the_recent_orders_of_every_size() -> None:
+    """Recent orders of other sizes set the regime too; a factor of 2 either way still counts;
+    an order without its node steps recorded is kept (nothing to compare)."""
+    recent_hosts = [_steps(1, 1.9, 0.3, 1.8)] * 5  # node steps 1.5 s
+    slices = [
+        _steps(16, 3.0, 0.3, 0.3 + 2.9),  # 2.9 s: within 2 × 1.5 s, kept
+        _steps(16, 3.2, 0.3, 0.3 + 3.1),  # 3.1 s: more than 2 ×, left out
+        _steps(16, 0.8, 0.3, 0.3 + 0.76),  # 0.76 s: within half, kept
+        _steps(16, 0.5, 0.3, 0.3 + 0.7),  # 0.7 s: less than half, left out
+        _timeline(16, 2.5, 0.3),  # no health milestone: kept
+    ]
+    kept = eta.same_regime(recent_hosts + slices)
+    assert [t.at["running"] for t in kept if t.nodes == 16] == [3.0, 0.8, 2.5]
+    assert eta.node_steps(slices[0]) == pytest.approx(2.9)
+    assert eta.node_steps(_timeline(16, 2.5, 0.3)) is None
+    assert eta.same_regime([]) == []
