@@ -1,0 +1,336 @@
+"""When a queued request will start, as a range (pure): the plan the allocator would make, run
+forward over possible futures.
+
+What is known is taken as known: a lease with a known end (an automatic release, the end of a paid
+term) ends then; a queued request with a known limit runs that long. What is not known, how long an
+on-demand rental still runs, is drawn from measured rental durations conditioned on how long it
+has run already (`Survival`: the empirical distribution of D − e given D > e), never from worst
+cases. Each of ``samples`` futures replays lease ends in time order and starts the queue in FIFO
+order as capacity frees (a slice needs that many whole free nodes in one cluster, a host that many
+free GPUs in one cluster); a request's P50 and P90 are the quantiles of its start over the futures.
+
+`limits_estimate` is the Slurm-style baseline (`squeue --start`): one future in which every
+rental runs to the largest duration seen and every queued request to its limit (or that largest
+duration), so it only errs late.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from slices.topology.buddy import buddy_tables
+from slices.topology.fleet import Fleet
+from slices.topology.queue import Waiting
+from slices.topology.specs import SLICE_UNIT_GPUS
+
+# Fewer measured rentals than this in a class (hosts, slices): the class borrows all of them.
+MIN_CLASS_SAMPLES = 20
+# Without any measurement: hosts about 2 h and slices about 8 h (log-normal, σ 0.8), the
+# durations the synthetic loads assume, as 200 quantiles.
+_PRIOR_POINTS = 200
+
+
+def _lognormal_quantiles(mean: float, sigma: float, n: int) -> list[float]:
+    mu = math.log(mean) - sigma * sigma / 2
+    nd = _NormalQuantile()
+    return [math.exp(mu + sigma * nd((i + 0.5) / n)) for i in range(n)]
+
+
+class _NormalQuantile:
+    """The standard normal's quantile function (Acklam's rational approximation, |ε| < 1.2e-9)."""
+
+    a = (-39.6968302866538, 220.946098424521, -275.928510446969, 138.357751867269,
+         -30.6647980661472, 2.50662827745924)  # fmt: skip
+    b = (-54.4760987982241, 161.585836858041, -155.698979859887, 66.8013118877197,
+         -13.2806815528857)  # fmt: skip
+    c = (-0.00778489400243029, -0.322396458041136, -2.40075827716184, -2.54973253934373,
+         4.37466414146497, 2.93816398269878)  # fmt: skip
+    d = (0.00778469570904146, 0.32246712907004, 2.445134137143, 3.75440866190742)
+
+    def __call__(self, p: float) -> float:
+        a, b, c, d = self.a, self.b, self.c, self.d
+        if p < 0.02425:
+            q = math.sqrt(-2 * math.log(p))
+            return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / (
+                (((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1
+            )
+        if p > 1 - 0.02425:
+            return -self(1 - p)
+        q = p - 0.5
+        r = q * q
+        return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (
+            ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1
+        )
+
+
+class Survival:
+    """Measured rental durations (seconds): the remaining time of a rental that has run
+    ``elapsed`` seconds is drawn from D − elapsed given D > elapsed."""
+
+    def __init__(self, durations: Sequence[float]) -> None:
+        self.durations = sorted(float(d) for d in durations if d > 0)
+
+    def __len__(self) -> int:
+        return len(self.durations)
+
+    @property
+    def longest(self) -> float:
+        return self.durations[-1] if self.durations else 0.0
+
+    def remaining(self, elapsed: float, u: float) -> float:
+        """The ``u``-quantile (0 ≤ u < 1) of the remaining time after ``elapsed`` seconds."""
+        ds = self.durations
+        n = len(ds)
+        i0 = bisect.bisect_right(ds, elapsed)
+        if i0 >= n:
+            # Longer than every rental measured: no data says when it ends; an exponential tail
+            # whose mean is half the time run so far (it has shown it runs long).
+            return -math.log(1.0 - u) * max(600.0, 0.5 * elapsed)
+        return ds[min(n - 1, i0 + int(u * (n - i0)))] - elapsed
+
+    def survival_at(self, elapsed: float, t: float) -> float:
+        """P(D > elapsed + t | D > elapsed) (for the tests and the calibration)."""
+        ds = self.durations
+        i0 = bisect.bisect_right(ds, elapsed)
+        if i0 >= len(ds):
+            return 1.0
+        return (len(ds) - bisect.bisect_right(ds, elapsed + t)) / (len(ds) - i0)
+
+
+class DurationModel:
+    """Rental durations by class: hosts (1–8 cards) and slices (64·k cards); a class with too
+    few measurements borrows them all; none at all: the prior (hosts ≈ 2 h, slices ≈ 8 h)."""
+
+    def __init__(self, hosts: Sequence[float], slices: Sequence[float]) -> None:
+        every = list(hosts) + list(slices)
+        self.prior = not every
+        if self.prior:
+            hosts = _lognormal_quantiles(2 * 3600.0, 0.8, _PRIOR_POINTS)
+            slices = _lognormal_quantiles(8 * 3600.0, 0.8, _PRIOR_POINTS)
+            every = list(hosts) + list(slices)
+        self.hosts = Survival(hosts if len(hosts) >= MIN_CLASS_SAMPLES else every)
+        self.slices = Survival(slices if len(slices) >= MIN_CLASS_SAMPLES else every)
+
+    def of(self, gpus: int) -> Survival:
+        return self.slices if gpus >= SLICE_UNIT_GPUS else self.hosts
+
+    @property
+    def measured(self) -> int:
+        return 0 if self.prior else len(set(self.hosts.durations) | set(self.slices.durations))
+
+
+@dataclass(frozen=True)
+class StartEstimate:
+    """A queued request's start as a range (seconds on the caller's clock; None: not within the
+    futures' horizon) and its place in its queue (1 = next)."""
+
+    p50: float | None
+    p90: float | None
+    position: int
+
+
+@dataclass(frozen=True)
+class _Lease:
+    cluster: int  # index into the model's clusters
+    gpus: int  # GPUs it frees on schedulable nodes
+    nodes: tuple[int, ...]  # its schedulable nodes (gids)
+    end: float | None  # known end
+    elapsed: float
+    size: int
+
+
+class _Pools:
+    """The model's clusters as the estimator counts them: free whole nodes and free GPUs."""
+
+    def __init__(self, fleet: Fleet, model: str) -> None:
+        self.clusters = list(fleet.by_model.get(model, ()))
+        self.index = {cl.code: i for i, cl in enumerate(self.clusters)}
+        self.whole = [cl.free_nodes for cl in self.clusters]
+        self.free: list[int] = []
+        self.node_leases: dict[int, int] = {}
+        for cl in self.clusters:
+            pop = buddy_tables(cl.gpn).pop
+            total = 0
+            for gid in cl.gids:
+                if fleet.node_ok[gid]:
+                    total += pop[fleet.node_mask[gid]]
+                    if fleet.node_leases[gid]:
+                        self.node_leases[gid] = len(fleet.node_leases[gid])
+            self.free.append(total)
+
+
+def _leases(
+    fleet: Fleet, pools: _Pools, now: float, started: Mapping[str, float]
+) -> list[_Lease]:
+    out = []
+    for lid, lease in fleet.leases.items():
+        p = lease.placement
+        ci = pools.index.get(p.cluster)
+        if ci is None:
+            continue
+        pop = buddy_tables(pools.clusters[ci].gpn).pop
+        ok = tuple(g for g in lease.masks if fleet.node_ok[g])
+        gpus = sum(pop[lease.masks[g]] for g in ok)
+        if lid.startswith("stray:"):
+            continue  # GPUs no lease explains: they stay taken
+        out.append(_Lease(ci, gpus, ok, p.ends_at, max(0.0, now - started.get(lid, now)), p.gpus))
+    return out
+
+
+def _eligible(pools: _Pools, w: Waiting) -> list[int]:
+    return [
+        i
+        for i, cl in enumerate(pools.clusters)
+        if (w.region is None or cl.region == w.region) and (cl.slices_ok or w.gpus < 64)
+    ]
+
+
+def _replay(
+    pools: _Pools,
+    leases: list[_Lease],
+    lease_ends: list[float],
+    queue: Sequence[Waiting],
+    eligible: list[list[int]],
+    runs: list[float],
+    now: float,
+) -> list[float]:
+    """One future: lease ends in time order, the queue started in FIFO order as it fits.
+    The start time of each queued request (inf: expired or never within the future)."""
+    whole = list(pools.whole)
+    free = list(pools.free)
+    nl = dict(pools.node_leases)
+    events: list[tuple[float, int, int]] = [(t, 0, i) for i, t in enumerate(lease_ends)]
+    heapq.heapify(events)
+    held: dict[int, tuple[int, int, int]] = {}  # queued request index -> (cluster, gpus, whole)
+    starts = [math.inf] * len(queue)
+    head = 0
+    t = now
+    while head < len(queue):
+        # start the head, then the next, while they fit
+        while head < len(queue):
+            w = queue[head]
+            if w.deadline is not None and t > w.deadline:
+                head += 1  # it left the queue: past its maximum wait
+                continue
+            best = -1
+            if w.gpus >= SLICE_UNIT_GPUS:
+                n = w.gpus // 8  # a slice is whole 8-GPU nodes
+                for ci in eligible[head]:
+                    if whole[ci] >= n and (best < 0 or whole[ci] < whole[best]):
+                        best = ci
+                if best < 0:
+                    break
+                whole[best] -= n
+                free[best] -= w.gpus
+                held[head] = (best, w.gpus, n)
+            else:
+                for ci in eligible[head]:
+                    gpn = pools.clusters[ci].gpn
+                    if free[ci] >= w.gpus and (w.gpus < gpn or whole[ci] >= 1):
+                        if best < 0 or free[ci] < free[best]:
+                            best = ci
+                if best < 0:
+                    break
+                gpn = pools.clusters[best].gpn
+                free[best] -= w.gpus
+                took = 1 if (w.gpus == gpn or free[best] < whole[best] * gpn) else 0
+                whole[best] -= took
+                held[head] = (best, w.gpus, took)
+            starts[head] = t
+            heapq.heappush(events, (t + runs[head], 1, head))
+            head += 1
+        if head >= len(queue) or not events:
+            break
+        t, kind, i = heapq.heappop(events)
+        if kind == 0:
+            lease = leases[i]
+            free[lease.cluster] += lease.gpus
+            for gid in lease.nodes:
+                left = nl.get(gid, 1) - 1
+                nl[gid] = left
+                if left == 0:
+                    whole[lease.cluster] += 1
+        else:
+            ci, gpus, took = held.pop(i)
+            free[ci] += gpus
+            whole[ci] += took
+    return starts
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    v = sorted(values)
+    x = v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
+    return None if math.isinf(x) else x
+
+
+def estimate_starts(
+    fleet: Fleet,
+    queue: Sequence[Waiting],
+    now: float,
+    durations: DurationModel,
+    *,
+    started: Mapping[str, float] | None = None,
+    samples: int = 32,
+    seed: int = 0,
+) -> dict[str, StartEstimate]:
+    """P50/P90 of the start of each request of ``queue`` (one GPU model's FIFO order, oldest
+    first) over ``samples`` futures; ``started``: each lease's start (its elapsed time conditions
+    its remaining time; missing: it just started)."""
+    if not queue:
+        return {}
+    model = queue[0].gpu_model
+    pools = _Pools(fleet, model)
+    leases = _leases(fleet, pools, now, started or {})
+    eligible = [_eligible(pools, w) for w in queue]
+    rng = random.Random(seed)
+    per: list[list[float]] = [[] for _ in queue]
+    known = [
+        None if lease.end is None else max(lease.end, now + 1.0) for lease in leases
+    ]  # an overdue automatic release happens about now
+    survivals = [durations.of(lease.size) for lease in leases]
+    for _k in range(samples):
+        ends = [
+            kn if kn is not None else now + s.remaining(lease.elapsed, rng.random())
+            for lease, kn, s in zip(leases, known, survivals, strict=True)
+        ]
+        runs = [
+            w.limit if w.limit is not None else durations.of(w.gpus).remaining(0.0, rng.random())
+            for w in queue
+        ]
+        for i, t in enumerate(_replay(pools, leases, ends, queue, eligible, runs, now)):
+            per[i].append(t)
+    return {
+        w.id: StartEstimate(_quantile(per[i], 0.5), _quantile(per[i], 0.9), i + 1)
+        for i, w in enumerate(queue)
+    }
+
+
+def limits_estimate(
+    fleet: Fleet,
+    queue: Sequence[Waiting],
+    now: float,
+    longest: float,
+    *,
+    started: Mapping[str, float] | None = None,
+) -> dict[str, float | None]:
+    """The Slurm-style start of each queued request: every lease runs to its known end or to the
+    ``longest`` duration seen, every queued request to its limit or that longest duration."""
+    if not queue:
+        return {}
+    pools = _Pools(fleet, queue[0].gpu_model)
+    leases = _leases(fleet, pools, now, started or {})
+    ends = [
+        max(lease.end, now + 1.0)
+        if lease.end is not None
+        else now + max(60.0, longest - lease.elapsed)
+        for lease in leases
+    ]
+    runs = [w.limit if w.limit is not None else longest for w in queue]
+    eligible = [_eligible(pools, w) for w in queue]
+    starts = _replay(pools, leases, ends, queue, eligible, runs, now)
+    return {w.id: (None if math.isinf(s) else s) for w, s in zip(queue, starts, strict=True)}
