@@ -731,7 +731,9 @@ class Simulation:
             self._start(item, now)
             return self.fleet.leases[item.id].placement
 
-        done = schedule_queue(self.fleet, waiting, now, start=start, strict=self.strict)
+        done = schedule_queue(
+            self.fleet, waiting, now, start=start, strict=self.strict, blind_backfill=True
+        )
         self.rejected += len(done.expired)  # gave up waiting
         queue[:] = [by_id[w.id] for w in done.kept]
 

@@ -63,75 +63,124 @@ class _NormalQuantile:
             return -self(1 - p)
         q = p - 0.5
         r = q * q
-        return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (
-            ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1
+        return (
+            (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5])
+            * q
+            / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
         )
 
 
 class Survival:
-    """Measured rental durations (seconds): the remaining time of a rental that has run
-    ``elapsed`` seconds is drawn from D − elapsed given D > elapsed."""
+    """Rental durations (seconds) as a Kaplan–Meier survival curve: ``durations`` ended,
+    ``censored`` still running after that long (counting them keeps the long rentals that have
+    not ended yet from being forgotten). The remaining time of a rental that has run ``elapsed``
+    seconds is drawn from D − elapsed given D > elapsed."""
 
-    def __init__(self, durations: Sequence[float]) -> None:
-        self.durations = sorted(float(d) for d in durations if d > 0)
+    def __init__(self, durations: Sequence[float], censored: Sequence[float] = ()) -> None:
+        ended = sorted(float(d) for d in durations if d > 0)
+        running = sorted(float(d) for d in censored if d > 0)
+        self.durations = ended
+        self.count = len(ended)
+        self.times: list[float] = []  # event times, ascending
+        self.neg_s: list[float] = []  # −S(t) just after each event time (ascending for bisect)
+        at_risk = len(ended) + len(running)
+        s = 1.0
+        i = j = 0
+        while i < len(ended):
+            t = ended[i]
+            while j < len(running) and running[j] < t:
+                j += 1
+                at_risk -= 1  # censored before t: no longer at risk
+            d = 0
+            while i < len(ended) and ended[i] == t:
+                d += 1
+                i += 1
+            s *= 1.0 - d / at_risk
+            at_risk -= d
+            self.times.append(t)
+            self.neg_s.append(-s)
+        self.last = max(ended[-1] if ended else 0.0, running[-1] if running else 0.0)
 
     def __len__(self) -> int:
-        return len(self.durations)
+        return self.count
 
     @property
     def longest(self) -> float:
-        return self.durations[-1] if self.durations else 0.0
+        return self.last
+
+    def _s(self, t: float) -> float:
+        """S(t) = P(D > t)."""
+        k = bisect.bisect_right(self.times, t)
+        return 1.0 if k == 0 else -self.neg_s[k - 1]
 
     def remaining(self, elapsed: float, u: float) -> float:
         """The ``u``-quantile (0 ≤ u < 1) of the remaining time after ``elapsed`` seconds."""
-        ds = self.durations
-        n = len(ds)
-        i0 = bisect.bisect_right(ds, elapsed)
-        if i0 >= n:
-            # Longer than every rental measured: no data says when it ends; an exponential tail
-            # whose mean is half the time run so far (it has shown it runs long).
-            return -math.log(1.0 - u) * max(600.0, 0.5 * elapsed)
-        return ds[min(n - 1, i0 + int(u * (n - i0)))] - elapsed
+        s_e = self._s(elapsed)
+        if s_e > 0:
+            target = s_e * (1.0 - u)
+            k = bisect.bisect_left(self.neg_s, -target)  # first event time with S ≤ target
+            k = max(k, bisect.bisect_right(self.times, elapsed))
+            if k < len(self.times) and -self.neg_s[k] <= target:
+                return self.times[k] - elapsed
+        # Past what the measurements say: an exponential tail whose mean is half the time run
+        # so far (it has shown it runs long), from the later of now and the last measurement.
+        base = max(elapsed, self.times[-1] if self.times else 0.0)
+        return base - elapsed - math.log(1.0 - u) * max(600.0, 0.5 * base)
 
     def survival_at(self, elapsed: float, t: float) -> float:
-        """P(D > elapsed + t | D > elapsed) (for the tests and the calibration)."""
-        ds = self.durations
-        i0 = bisect.bisect_right(ds, elapsed)
-        if i0 >= len(ds):
-            return 1.0
-        return (len(ds) - bisect.bisect_right(ds, elapsed + t)) / (len(ds) - i0)
+        """P(D > elapsed + t | D > elapsed)."""
+        s_e = self._s(elapsed)
+        return self._s(elapsed + t) / s_e if s_e > 0 else 1.0
 
 
 class DurationModel:
     """Rental durations by class: hosts (1–8 cards) and slices (64·k cards); a class with too
     few measurements borrows them all; none at all: the prior (hosts ≈ 2 h, slices ≈ 8 h)."""
 
-    def __init__(self, hosts: Sequence[float], slices: Sequence[float]) -> None:
-        every = list(hosts) + list(slices)
-        self.prior = not every
+    def __init__(
+        self,
+        hosts: Sequence[float],
+        slices: Sequence[float],
+        running_hosts: Sequence[float] = (),
+        running_slices: Sequence[float] = (),
+    ) -> None:
+        every, running = list(hosts) + list(slices), list(running_hosts) + list(running_slices)
+        self.prior = len(every) < MIN_CLASS_SAMPLES
         if self.prior:
             hosts = _lognormal_quantiles(2 * 3600.0, 0.8, _PRIOR_POINTS)
             slices = _lognormal_quantiles(8 * 3600.0, 0.8, _PRIOR_POINTS)
-            every = list(hosts) + list(slices)
-        self.hosts = Survival(hosts if len(hosts) >= MIN_CLASS_SAMPLES else every)
-        self.slices = Survival(slices if len(slices) >= MIN_CLASS_SAMPLES else every)
+            every, running_hosts, running_slices, running = list(hosts) + list(slices), (), (), []
+        if len(hosts) >= MIN_CLASS_SAMPLES:
+            self.hosts = Survival(hosts, running_hosts)
+        else:
+            self.hosts = Survival(every, running)
+        if len(slices) >= MIN_CLASS_SAMPLES:
+            self.slices = Survival(slices, running_slices)
+        else:
+            self.slices = Survival(every, running)
 
     def of(self, gpus: int) -> Survival:
         return self.slices if gpus >= SLICE_UNIT_GPUS else self.hosts
 
     @property
     def measured(self) -> int:
-        return 0 if self.prior else len(set(self.hosts.durations) | set(self.slices.durations))
+        """How many ended rentals the curves are made of (0: the prior)."""
+        return 0 if self.prior else max(len(self.hosts), len(self.slices))
+
+
+# The quantiles an estimate carries (the calibration table reads them all; people see P50, P90).
+LEVELS = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 
 @dataclass(frozen=True)
 class StartEstimate:
     """A queued request's start as a range (seconds on the caller's clock; None: not within the
-    futures' horizon) and its place in its queue (1 = next)."""
+    futures' horizon), its place in its queue (1 = next) and its start at each of `LEVELS`."""
 
     p50: float | None
     p90: float | None
     position: int
+    quantiles: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -164,9 +213,7 @@ class _Pools:
             self.free.append(total)
 
 
-def _leases(
-    fleet: Fleet, pools: _Pools, now: float, started: Mapping[str, float]
-) -> list[_Lease]:
+def _leases(fleet: Fleet, pools: _Pools, now: float, started: Mapping[str, float]) -> list[_Lease]:
     out = []
     for lid, lease in fleet.leases.items():
         p = lease.placement
@@ -200,7 +247,7 @@ def _replay(
     now: float,
 ) -> list[float]:
     """One future: lease ends in time order, the queue started in FIFO order as it fits.
-    The start time of each queued request (inf: expired or never within the future)."""
+    The start time of each queued request (inf: never in this future)."""
     whole = list(pools.whole)
     free = list(pools.free)
     nl = dict(pools.node_leases)
@@ -213,10 +260,9 @@ def _replay(
     while head < len(queue):
         # start the head, then the next, while they fit
         while head < len(queue):
+            # Deadlines are not applied: a request that would leave at its maximum wait is
+            # counted as waiting on (the estimate of those behind it errs late, not early).
             w = queue[head]
-            if w.deadline is not None and t > w.deadline:
-                head += 1  # it left the queue: past its maximum wait
-                continue
             best = -1
             if w.gpus >= SLICE_UNIT_GPUS:
                 n = w.gpus // 8  # a slice is whole 8-GPU nodes
@@ -305,7 +351,12 @@ def estimate_starts(
         for i, t in enumerate(_replay(pools, leases, ends, queue, eligible, runs, now)):
             per[i].append(t)
     return {
-        w.id: StartEstimate(_quantile(per[i], 0.5), _quantile(per[i], 0.9), i + 1)
+        w.id: StartEstimate(
+            _quantile(per[i], 0.5),
+            _quantile(per[i], 0.9),
+            i + 1,
+            tuple(_quantile(per[i], q) for q in LEVELS),
+        )
         for i, w in enumerate(queue)
     }
 

@@ -80,10 +80,14 @@ def schedule(
     start: Starter = plan_and_commit,
     strict: bool = False,
     scan_limit: int = SCAN_LIMIT,
+    blind_backfill: bool = False,
 ) -> Pass:
     """One FIFO + EASY backfill pass over ``queue`` (oldest first) at time ``now``: each request
     that may start is handed to ``start``, which takes its GPUs on ``fleet`` (so the next request
-    sees them taken). ``strict``: the head's shadow counts only starts on ⌈n / SU size⌉ SUs."""
+    sees them taken). ``strict``: the head's shadow counts only starts on ⌈n / SU size⌉ SUs.
+    When no known lease end lets the head start (its shadow is unknown), nothing backfills: a
+    request that runs on could hold what the head waits for. ``blind_backfill``: backfill then
+    anyway (the allocator benchmark's discipline, where every lease's end is known)."""
     out = Pass()
     scanned = 0
     for w in queue:
@@ -103,7 +107,11 @@ def schedule(
             out.shadow = fleet.earliest_start(req, structural=strict) or math.inf
             out.kept.append(w)
             continue
-        if w.limit is not None and now + w.limit <= out.shadow:
+        if (
+            w.limit is not None
+            and now + w.limit <= out.shadow
+            and (blind_backfill or not math.isinf(out.shadow))
+        ):
             got = start(fleet, w, now)
             if got is not None:
                 out.started.append((w, got))
