@@ -24,6 +24,7 @@ from console import loading
 from console.audit import services as audit
 from console.loading import update_changed, upsert_counted
 from slices import topology
+from slices.services.jobs import enqueue_on_commit
 from slices.choices import (
     SCHEDULABLE_STATES,
     AllocationState,
@@ -438,6 +439,10 @@ def change_node_state(
             )
         elif action == "return":
             NodeFailure.objects.filter(node=node, returned_at__isnull=True).update(returned_at=now)
+            # 排队 (issue 32): the node is back, the model's queue may start.
+            gpu_model = GpuModel.objects.filter(pk=node.gpu_model_id).values_list("code", flat=True)
+            for code in gpu_model:
+                enqueue_on_commit("slices.tasks.admit_queue_task", code)
         _audit_node_action(node, action, note, who, request)
     node.refresh_from_db()
     return won == 1
