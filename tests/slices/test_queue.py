@@ -198,3 +198,25 @@ def test_other_team_cannot_see_or_cancel_a_queued_order(
     assert api.post(f"/api/v1/instances/{q.public_id}/release/").status_code == 404
     q.refresh_from_db()
     assert q.state == InstanceState.QUEUED
+
+
+def test_order_form_can_queue(sim_fleet, funded, client, django_capture_on_commit_callbacks):
+    _fill(funded, django_capture_on_commit_callbacks)
+    client.force_login(funded)
+    url = "/instances/new/?gpu_model=RTX4090&cards=8"
+    page = client.get(url, HTTP_ACCEPT_LANGUAGE="en").content.decode()
+    assert 'name="when_unavailable"' in page and 'id="order-queue-note"' in page
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client.post(
+            url,
+            {
+                "gpu_model": "RTX4090",
+                "cards": "8",
+                "billing_mode": "on_demand",
+                "when_unavailable": "queue",
+                "queue_max_wait_hours": "6",
+            },
+        )
+    assert r.status_code == 302, r.content.decode()[-2000:]
+    q = Instance.objects.get(state=InstanceState.QUEUED)
+    assert round((q.queue_deadline - q.queued_at).total_seconds()) == 6 * 3600
