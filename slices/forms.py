@@ -75,7 +75,10 @@ class OrderForm(forms.Form):
     when_unavailable = forms.ChoiceField(
         label=_("When unavailable"),
         required=False,
-        choices=[("refuse", _("Refuse the order")), ("queue", _("Queue (排队): wait for free cards"))],
+        choices=[
+            ("refuse", _("Refuse the order")),
+            ("queue", _("Queue (排队): wait for free cards")),
+        ],
     )
     queue_max_wait_hours = forms.DecimalField(
         label=_("Maximum wait (hours)"),

@@ -24,7 +24,6 @@ from console import loading
 from console.audit import services as audit
 from console.loading import update_changed, upsert_counted
 from slices import topology
-from slices.services.jobs import enqueue_on_commit
 from slices.choices import (
     SCHEDULABLE_STATES,
     AllocationState,
@@ -46,6 +45,7 @@ from slices.models import (
     ScalableUnit,
     SpineGroup,
 )
+from slices.services.jobs import enqueue_on_commit
 
 GPU_UUID_NAMESPACE = uuid.UUID("5b0f7a5e-6c1d-4c59-9a8e-1f0e2b7d3c40")
 

@@ -65,7 +65,7 @@ def _waiting(i: Instance) -> Waiting:
         str(i.public_id),
         i.cards,
         i.gpu_model.code,
-        i.region.code if i.region_id else None,
+        i.region.code if i.region is not None else None,
         _ts(i.queued_at) or 0.0,
         float(i.queue_run_seconds) if i.queue_run_seconds else None,
         _ts(i.queue_deadline),
@@ -202,7 +202,7 @@ def skip(instance: Instance, code: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-def duration_model(gpu_model: str | None = None) -> DurationModel:
+def duration_model() -> DurationModel:
     """Measured rental durations (run start to end) of ended instances, and the running ones as
     censored observations; the prior until there are enough."""
     now = timezone.now()
@@ -214,13 +214,18 @@ def duration_model(gpu_model: str | None = None) -> DurationModel:
     running = Instance.objects.filter(
         state=InstanceState.RUNNING, running_at__isnull=False
     ).values_list("cards", "running_at")
-    hosts, slices, rh, rs = [], [], [], []
+    hosts: list[float] = []
+    slices: list[float] = []
+    rh: list[float] = []
+    rs: list[float] = []
     for cards, start, end in ended:
-        (slices if cards >= topology.SLICE_UNIT_GPUS else hosts).append(
-            (end - start).total_seconds()
-        )
+        if start is not None and end is not None:
+            (slices if cards >= topology.SLICE_UNIT_GPUS else hosts).append(
+                (end - start).total_seconds()
+            )
     for cards, start in running:
-        (rs if cards >= topology.SLICE_UNIT_GPUS else rh).append((now - start).total_seconds())
+        if start is not None:
+            (rs if cards >= topology.SLICE_UNIT_GPUS else rh).append((now - start).total_seconds())
     return DurationModel(hosts, slices, rh, rs)
 
 
@@ -238,12 +243,11 @@ def refresh_estimates(gpu_model: str) -> int:
             state=AllocationState.ACTIVE, gpu_model__code=gpu_model
         ).values_list("public_id", "created_at")
     }
-    model = duration_model(gpu_model)
+    model = duration_model()
     groups: dict[tuple[str, str], list[Instance]] = {}
     for i in rows:
-        groups.setdefault(queue_key(gpu_model, i.region.code if i.region_id else None), []).append(
-            i
-        )
+        region = i.region.code if i.region is not None else None
+        groups.setdefault(queue_key(gpu_model, region), []).append(i)
     stamp = now.isoformat()
     for group in groups.values():
         got = estimate_starts(

@@ -277,9 +277,9 @@ def _replay(
             else:
                 for ci in eligible[head]:
                     gpn = pools.clusters[ci].gpn
-                    if free[ci] >= w.gpus and (w.gpus < gpn or whole[ci] >= 1):
-                        if best < 0 or free[ci] < free[best]:
-                            best = ci
+                    fits = free[ci] >= w.gpus and (w.gpus < gpn or whole[ci] >= 1)
+                    if fits and (best < 0 or free[ci] < free[best]):
+                        best = ci
                 if best < 0:
                     break
                 gpn = pools.clusters[best].gpn

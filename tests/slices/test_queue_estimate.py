@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import random
 
+from slices.fleetfile import parse_fleet
 from slices.topology import Fleet, Placement, Request
 from slices.topology.estimate import DurationModel, Survival, estimate_starts, limits_estimate
 from slices.topology.queue import Waiting, schedule
-from slices.fleetfile import parse_fleet
 from tests.slices.factories import SMALL_FLEET
 
 
@@ -73,9 +73,7 @@ def test_no_backfill_when_the_shadow_is_unknown():
         Waiting("short", 64, "H800", None, 1.0, 60.0, None),
     ]
     assert schedule(fleet, queue, 10.0).started == []
-    assert [w.id for w, _ in schedule(fleet, queue, 10.0, blind_backfill=True).started] == [
-        "short"
-    ]
+    assert [w.id for w, _ in schedule(fleet, queue, 10.0, blind_backfill=True).started] == ["short"]
 
 
 def test_expired_requests_leave():

@@ -42,9 +42,7 @@ def test_concurrent_releases_and_admissions_start_each_order_once(world, alice, 
 
     def work(i: int):
         if i < 2:
-            return services.release_instance(
-                Instance.objects.get(pk=fillers[i].pk), by="alice"
-            )
+            return services.release_instance(Instance.objects.get(pk=fillers[i].pk), by="alice")
         return queue.admit("RTX4090")
 
     results = race(8, work)
