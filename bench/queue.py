@@ -366,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     if not args.no_cost_check:
-        print(json.dumps(cost_check(args.queued, args.samples, args.seed)), flush=True)
+        for samples in sorted({8, 16, args.samples}):
+            print(json.dumps(cost_check(args.queued, samples, args.seed)), flush=True)
     return 0
 
 

@@ -127,6 +127,10 @@ class Survival:
         base = max(elapsed, self.times[-1] if self.times else 0.0)
         return base - elapsed - math.log(1.0 - u) * max(600.0, 0.5 * base)
 
+    def table(self, elapsed: float = 0.0, n: int = 256) -> list[float]:
+        """``n`` evenly spaced quantiles of the remaining time (drawing from it is O(1))."""
+        return [self.remaining(elapsed, (i + 0.5) / n) for i in range(n)]
+
     def survival_at(self, elapsed: float, t: float) -> float:
         """P(D > elapsed + t | D > elapsed)."""
         s_e = self._s(elapsed)
@@ -187,7 +191,8 @@ class StartEstimate:
 class _Lease:
     cluster: int  # index into the model's clusters
     gpus: int  # GPUs it frees on schedulable nodes
-    nodes: tuple[int, ...]  # its schedulable nodes (gids)
+    solo: int  # its schedulable nodes that hold no other lease: whole again when it ends
+    shared: tuple[int, ...]  # its schedulable nodes shared with other leases (`_Pools.counts`)
     end: float | None  # known end
     elapsed: float
     size: int
@@ -202,6 +207,9 @@ class _Pools:
         self.whole = [cl.free_nodes for cl in self.clusters]
         self.free: list[int] = []
         self.node_leases: dict[int, int] = {}
+        # nodes that several leases share: their index and how many leases each holds
+        self.shared: dict[int, int] = {}
+        self.counts: list[int] = []
         for cl in self.clusters:
             pop = buddy_tables(cl.gpn).pop
             total = 0
@@ -221,20 +229,42 @@ def _leases(fleet: Fleet, pools: _Pools, now: float, started: Mapping[str, float
         if ci is None:
             continue
         pop = buddy_tables(pools.clusters[ci].gpn).pop
-        ok = tuple(g for g in lease.masks if fleet.node_ok[g])
-        gpus = sum(pop[lease.masks[g]] for g in ok)
         if lid.startswith("stray:"):
             continue  # GPUs no lease explains: they stay taken
-        out.append(_Lease(ci, gpus, ok, p.ends_at, max(0.0, now - started.get(lid, now)), p.gpus))
+        ok = [g for g in lease.masks if fleet.node_ok[g]]
+        gpus = sum(pop[lease.masks[g]] for g in ok)
+        solo = 0
+        shared = []
+        for g in ok:
+            if pools.node_leases[g] == 1:
+                solo += 1
+            else:
+                k = pools.shared.get(g)
+                if k is None:
+                    k = pools.shared[g] = len(pools.counts)
+                    pools.counts.append(pools.node_leases[g])
+                shared.append(k)
+        elapsed = max(0.0, now - started.get(lid, now))
+        out.append(_Lease(ci, gpus, solo, tuple(shared), p.ends_at, elapsed, p.gpus))
     return out
 
 
-def _eligible(pools: _Pools, w: Waiting) -> list[int]:
-    return [
-        i
-        for i, cl in enumerate(pools.clusters)
-        if (w.region is None or cl.region == w.region) and (cl.slices_ok or w.gpus < 64)
-    ]
+def _eligible(pools: _Pools, queue: Sequence[Waiting]) -> list[tuple[list[int], frozenset[int]]]:
+    """Per request, the clusters it may start in (a list and a set: one per region and kind)."""
+    memo: dict[tuple[str | None, bool], tuple[list[int], frozenset[int]]] = {}
+    out = []
+    for w in queue:
+        key = (w.region, w.gpus >= SLICE_UNIT_GPUS)
+        got = memo.get(key)
+        if got is None:
+            ids = [
+                i
+                for i, cl in enumerate(pools.clusters)
+                if (w.region is None or cl.region == w.region) and (cl.slices_ok or not key[1])
+            ]
+            got = memo[key] = (ids, frozenset(ids))
+        out.append(got)
+    return out
 
 
 def _replay(
@@ -242,20 +272,29 @@ def _replay(
     leases: list[_Lease],
     lease_ends: list[float],
     queue: Sequence[Waiting],
-    eligible: list[list[int]],
+    eligible: list[tuple[list[int], frozenset[int]]],
     runs: list[float],
     now: float,
 ) -> list[float]:
     """One future: lease ends in time order, the queue started in FIFO order as it fits.
-    The start time of each queued request (inf: never in this future)."""
+    The start time of each queued request (inf: never in this future).
+
+    A head that did not fit anywhere is asked again only about the one cluster the next event
+    changed (the others are as they were): a blocked queue costs O(1) per event, not one look
+    at every cluster."""
     whole = list(pools.whole)
     free = list(pools.free)
-    nl = dict(pools.node_leases)
+    gpns = [cl.gpn for cl in pools.clusters]
+    nl = list(pools.counts)
     events: list[tuple[float, int, int]] = [(t, 0, i) for i, t in enumerate(lease_ends)]
     heapq.heapify(events)
     held: dict[int, tuple[int, int, int]] = {}  # queued request index -> (cluster, gpus, whole)
     starts = [math.inf] * len(queue)
     head = 0
+    total_whole = sum(whole)  # no cluster can have more than all of them: a quick "no"
+    total_free = sum(free)
+    checked = -1  # the head already found blocked in every cluster
+    changed = -1  # the cluster the last event changed
     t = now
     while head < len(queue):
         # start the head, then the next, while they fit
@@ -263,29 +302,41 @@ def _replay(
             # Deadlines are not applied: a request that would leave at its maximum wait is
             # counted as waiting on (the estimate of those behind it errs late, not early).
             w = queue[head]
+            clusters, where = eligible[head]
+            if checked == head:
+                clusters = [changed] if changed in where else []
             best = -1
             if w.gpus >= SLICE_UNIT_GPUS:
                 n = w.gpus // 8  # a slice is whole 8-GPU nodes
-                for ci in eligible[head]:
+                if total_whole < n:
+                    clusters = []
+                for ci in clusters:
                     if whole[ci] >= n and (best < 0 or whole[ci] < whole[best]):
                         best = ci
                 if best < 0:
+                    checked = head
                     break
                 whole[best] -= n
                 free[best] -= w.gpus
+                total_whole -= n
+                total_free -= w.gpus
                 held[head] = (best, w.gpus, n)
             else:
-                for ci in eligible[head]:
-                    gpn = pools.clusters[ci].gpn
-                    fits = free[ci] >= w.gpus and (w.gpus < gpn or whole[ci] >= 1)
+                if total_free < w.gpus:
+                    clusters = []
+                for ci in clusters:
+                    fits = free[ci] >= w.gpus and (w.gpus < gpns[ci] or whole[ci] >= 1)
                     if fits and (best < 0 or free[ci] < free[best]):
                         best = ci
                 if best < 0:
+                    checked = head
                     break
-                gpn = pools.clusters[best].gpn
+                gpn = gpns[best]
                 free[best] -= w.gpus
                 took = 1 if (w.gpus == gpn or free[best] < whole[best] * gpn) else 0
                 whole[best] -= took
+                total_whole -= took
+                total_free -= w.gpus
                 held[head] = (best, w.gpus, took)
             starts[head] = t
             heapq.heappush(events, (t + runs[head], 1, head))
@@ -295,16 +346,22 @@ def _replay(
         t, kind, i = heapq.heappop(events)
         if kind == 0:
             lease = leases[i]
-            free[lease.cluster] += lease.gpus
-            for gid in lease.nodes:
-                left = nl.get(gid, 1) - 1
-                nl[gid] = left
-                if left == 0:
-                    whole[lease.cluster] += 1
+            changed = lease.cluster
+            free[changed] += lease.gpus
+            whole[changed] += lease.solo
+            total_free += lease.gpus
+            total_whole += lease.solo
+            for k in lease.shared:
+                nl[k] -= 1
+                if nl[k] == 0:
+                    whole[changed] += 1
+                    total_whole += 1
         else:
-            ci, gpus, took = held.pop(i)
-            free[ci] += gpus
-            whole[ci] += took
+            changed, gpus, took = held.pop(i)
+            free[changed] += gpus
+            whole[changed] += took
+            total_free += gpus
+            total_whole += took
     return starts
 
 
@@ -332,22 +389,27 @@ def estimate_starts(
     model = queue[0].gpu_model
     pools = _Pools(fleet, model)
     leases = _leases(fleet, pools, now, started or {})
-    eligible = [_eligible(pools, w) for w in queue]
+    eligible = _eligible(pools, queue)
     rng = random.Random(seed)
     per: list[list[float]] = [[] for _ in queue]
     known = [
         None if lease.end is None else max(lease.end, now + 1.0) for lease in leases
     ]  # an overdue automatic release happens about now
     survivals = [durations.of(lease.size) for lease in leases]
+    # A queued request's run, when its limit is unknown: a whole rental, drawn from a table.
+    whole_run = {"hosts": durations.hosts.table(), "slices": durations.slices.table()}
+    tables = [
+        [w.limit]
+        if w.limit is not None
+        else whole_run["slices" if w.gpus >= SLICE_UNIT_GPUS else "hosts"]
+        for w in queue
+    ]
     for _k in range(samples):
         ends = [
             kn if kn is not None else now + s.remaining(lease.elapsed, rng.random())
             for lease, kn, s in zip(leases, known, survivals, strict=True)
         ]
-        runs = [
-            w.limit if w.limit is not None else durations.of(w.gpus).remaining(0.0, rng.random())
-            for w in queue
-        ]
+        runs = [tb[int(rng.random() * len(tb))] for tb in tables]
         for i, t in enumerate(_replay(pools, leases, ends, queue, eligible, runs, now)):
             per[i].append(t)
     return {
@@ -382,6 +444,6 @@ def limits_estimate(
         for lease in leases
     ]
     runs = [w.limit if w.limit is not None else longest for w in queue]
-    eligible = [_eligible(pools, w) for w in queue]
+    eligible = _eligible(pools, queue)
     starts = _replay(pools, leases, ends, queue, eligible, runs, now)
     return {w.id: (None if math.isinf(s) else s) for w, s in zip(queue, starts, strict=True)}
