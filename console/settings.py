@@ -397,7 +397,7 @@ SLICES_QUEUE_DEFAULT_MAX_WAIT_HOURS: float = _get(
     "SLICES_QUEUE_DEFAULT_MAX_WAIT_HOURS", env.float, 24.0
 )
 SLICES_QUEUE_MAX_WAIT_HOURS: float = _get("SLICES_QUEUE_MAX_WAIT_HOURS", env.float, 168.0)
-SLICES_QUEUE_ESTIMATE_SAMPLES: int = _get("SLICES_QUEUE_ESTIMATE_SAMPLES", env.int, 32)
+SLICES_QUEUE_ESTIMATE_SAMPLES: int = _get("SLICES_QUEUE_ESTIMATE_SAMPLES", env.int, 8)
 CELERY_BEAT_SCHEDULE["slices-admit-queues"] = {
     "task": "slices.tasks.admit_queues_task",
     "schedule": 60.0,

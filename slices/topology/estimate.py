@@ -378,7 +378,7 @@ def estimate_starts(
     durations: DurationModel,
     *,
     started: Mapping[str, float] | None = None,
-    samples: int = 32,
+    samples: int = 8,
     seed: int = 0,
 ) -> dict[str, StartEstimate]:
     """P50/P90 of the start of each request of ``queue`` (one GPU model's FIFO order, oldest
