@@ -113,3 +113,30 @@ def test_range_is_ordered_and_baseline_is_later():
     slurm = limits_estimate(fleet, queue, 0.0, model.slices.longest, started=started)["a"]
     assert slurm is not None and slurm >= e.p90
     assert not math.isinf(e.p90)
+
+
+def test_bench_replay_scores_both_estimates_on_the_same_starts(tmp_path):
+    """bench/queue.py on the small fleet: traces round-trip, every queued request is scored
+    against its real start, and the baseline is computed in the same run."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "queue.py"
+    spec = importlib.util.spec_from_file_location("bench_queue", path)
+    bq = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bq
+    spec.loader.exec_module(bq)
+    fleet_spec = small_spec()
+    trace = bq.synthetic(fleet_spec, 1.2, 150, 3, 0.5)
+    assert any(r.limit for r in trace) and not all(r.limit for r in trace)
+    out = tmp_path / "t.jsonl"
+    bq.write_trace(trace, out)
+    assert bq.read_trace(out) == trace
+    rep = bq.Replay(fleet_spec, 24 * 3600.0, 8, 1)
+    rep.run(trace)
+    got = bq.score(rep, slices_only=False)
+    assert got["queued"] > 0
+    assert 0 <= got["ours"]["p90_honoured"] <= 1 and 0 <= got["slurm_limits"]["p90_honoured"] <= 1
+    # every request either started or left the queue: nothing is lost
+    assert len(rep.real) + rep.expired == len(rep.items)
