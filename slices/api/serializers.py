@@ -240,7 +240,8 @@ class InstanceSerializer(FieldsBoundOnce, serializers.Serializer):
     )
     kind = serializers.CharField(help_text="host (one node) or slice (64 cards and up).")
     state = serializers.CharField(
-        help_text="pending → allocating → provisioning → running → releasing → released; failed."
+        help_text="pending → allocating → provisioning → running → releasing → released; failed. "
+        "queued (排队): waiting for cards, holding none, charged nothing (see start_estimate)."
     )
     gpu_model = serializers.CharField(
         source="gpu_model.code", help_text='The fleet code, e.g. "RTX4090".'
