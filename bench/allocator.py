@@ -63,6 +63,8 @@ from slices.topology import (  # noqa: E402
     gpu_mask,
     structural_packing,
 )
+from slices.topology.queue import Waiting  # noqa: E402
+from slices.topology.queue import schedule as schedule_queue  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -714,31 +716,26 @@ class Simulation:
         return out
 
     def _schedule(self, queue: list[TraceItem], now: float) -> None:
-        """FIFO with EASY backfill over one GPU model's queue."""
-        shadow: float | None = None
-        kept: list[TraceItem] = []
-        scanned = 0
-        for item in queue:
-            if now - item.t > self.patience:
-                self.rejected += 1  # gave up waiting
-                continue
-            scanned += 1
-            if scanned > 200:  # bound the backfill scan; the rest keep their place
-                kept.append(item)
-                continue
-            if shadow is None:
-                if self._try(item, now):
-                    self._start(item, now)
-                    continue
-                req = Request(item.id, item.gpus, item.gpu_model, item.region, now)
-                shadow = self.fleet.earliest_start(req, structural=self.strict) or math.inf
-                kept.append(item)
-                continue
-            if now + item.duration <= shadow and self._try(item, now):
-                self._start(item, now)
-                continue
-            kept.append(item)
-        queue[:] = kept
+        """FIFO with EASY backfill over one GPU model's queue: production's discipline
+        (`slices.topology.queue.schedule`); the trace's durations are the requests' limits."""
+        by_id = {item.id: item for item in queue}
+        waiting = [
+            Waiting(i.id, i.gpus, i.gpu_model, i.region, i.t, i.duration, i.t + self.patience)
+            for i in queue
+        ]
+
+        def start(_fleet: Fleet, w: Waiting, now: float) -> Placement | None:
+            item = by_id[w.id]
+            if not self._try(item, now):
+                return None
+            self._start(item, now)
+            return self.fleet.leases[item.id].placement
+
+        done = schedule_queue(
+            self.fleet, waiting, now, start=start, strict=self.strict, blind_backfill=True
+        )
+        self.rejected += len(done.expired)  # gave up waiting
+        queue[:] = [by_id[w.id] for w in done.kept]
 
 
 def latency_fleet(clusters: int, prefix: str) -> FleetSpec:

@@ -390,6 +390,18 @@ if not 0 <= SIM_TIME_SCALE <= 100:
 # An order needs balance for at least this long at its quoted price.
 ORDER_MIN_RUNWAY_SECONDS: int = _get("ORDER_MIN_RUNWAY_SECONDS", env.int, 3600)
 SLICES_DEFAULT_GPU_QUOTA: int = _get("SLICES_DEFAULT_GPU_QUOTA", env.int, 256)
+# 排队 (issue 32): queued orders a team may hold at once, the maximum wait offered by default
+# and at most (hours), and how many futures a start estimate draws.
+SLICES_QUEUE_MAX_PER_TEAM: int = _get("SLICES_QUEUE_MAX_PER_TEAM", env.int, 5)
+SLICES_QUEUE_DEFAULT_MAX_WAIT_HOURS: float = _get(
+    "SLICES_QUEUE_DEFAULT_MAX_WAIT_HOURS", env.float, 24.0
+)
+SLICES_QUEUE_MAX_WAIT_HOURS: float = _get("SLICES_QUEUE_MAX_WAIT_HOURS", env.float, 168.0)
+SLICES_QUEUE_ESTIMATE_SAMPLES: int = _get("SLICES_QUEUE_ESTIMATE_SAMPLES", env.int, 8)
+CELERY_BEAT_SCHEDULE["slices-admit-queues"] = {
+    "task": "slices.tasks.admit_queues_task",
+    "schedule": 60.0,
+}
 # A worker holds a lease on an instance while driving it, renewed by a heartbeat five times per
 # lease; a lapsed lease (the worker died) is taken over by the take-over beat, which runs every
 # SLICES_TAKEOVER_INTERVAL seconds: a dead worker's instance moves on within the sum (20 s).

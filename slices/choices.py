@@ -72,6 +72,8 @@ class InstanceState(models.TextChoices):
     STOPPED = "stopped", _("Stopped")
     STARTING = "starting", _("Starting")
     MIGRATING = "migrating", _("Migrating")
+    # 排队: ordered with "when unavailable: queue"; holds no GPUs and costs nothing until it starts.
+    QUEUED = "queued", _("Queued")
 
 
 INSTANCE_STATE_BADGES = {
@@ -86,6 +88,7 @@ INSTANCE_STATE_BADGES = {
     InstanceState.STOPPED: "secondary",
     InstanceState.STARTING: "info",
     InstanceState.MIGRATING: "warning",
+    InstanceState.QUEUED: "info",
 }
 
 

@@ -71,6 +71,22 @@ class OrderForm(forms.Form):
         max_value=Decimal("720"),
         decimal_places=1,
     )
+    # 排队 (issue 32): what the order does when no cards are free now.
+    when_unavailable = forms.ChoiceField(
+        label=_("When unavailable"),
+        required=False,
+        choices=[
+            ("refuse", _("Refuse the order")),
+            ("queue", _("Queue (排队): wait for free cards")),
+        ],
+    )
+    queue_max_wait_hours = forms.DecimalField(
+        label=_("Maximum wait (hours)"),
+        required=False,
+        min_value=Decimal("0.1"),
+        max_value=Decimal("168"),
+        decimal_places=1,
+    )
     disks = forms.MultipleChoiceField(
         label=_("Cloud disks to attach"), required=False, widget=forms.CheckboxSelectMultiple
     )

@@ -25,6 +25,9 @@ class State(StrEnum):
     STOPPED = "stopped"
     STARTING = "starting"
     MIGRATING = "migrating"
+    # 排队 (issue 32): waits for capacity, holding no GPUs; starts (allocating) or leaves
+    # (released: cancelled, past its maximum wait, or its funds failed at the start).
+    QUEUED = "queued"
 
 
 class Step(StrEnum):
@@ -55,7 +58,8 @@ STEP_WEIGHTS: dict[Step, int] = {
 }
 
 TRANSITIONS: dict[State, frozenset[State]] = {
-    State.PENDING: frozenset({State.ALLOCATING, State.FAILED, State.RELEASING}),
+    State.PENDING: frozenset({State.ALLOCATING, State.FAILED, State.RELEASING, State.QUEUED}),
+    State.QUEUED: frozenset({State.ALLOCATING, State.RELEASED}),
     State.ALLOCATING: frozenset({State.PROVISIONING, State.FAILED, State.RELEASING}),
     State.PROVISIONING: frozenset({State.RUNNING, State.FAILED, State.RELEASING}),
     State.RUNNING: frozenset({State.RELEASING, State.FAILED, State.STOPPING, State.MIGRATING}),
@@ -97,6 +101,7 @@ RELEASABLE: frozenset[State] = frozenset(
         State.FAILED,
         State.STOPPED,
         State.MIGRATING,
+        State.QUEUED,
     }
 )
 # 关机: only a running instance stops; 开机: only a stopped one starts.

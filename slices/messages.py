@@ -39,6 +39,21 @@ EVENT_TEXT: dict[str, Promise] = {
         "Could not clean %(node)s (%(error)s); the node is held back for an operator."
     ),
     "released": _("Released; all GPUs are free again."),
+    # 排队 (issue 32)
+    "queued": _(
+        "Queued: no cards are free for it now; it waits up to %(max_wait_hours)s h, holding no "
+        "GPUs and charged nothing until it starts."
+    ),
+    "queue_cancelled": _("Queued order cancelled by %(by)s; nothing was charged."),
+    "queue_expired": _("Left the queue unstarted: its maximum wait passed. Nothing was charged."),
+    "queue_funds": _(
+        "Left the queue unstarted: at its start the balance could not carry it. Nothing was "
+        "charged."
+    ),
+    "queue_limits": _(
+        "Left the queue unstarted: at its start the card quota or the member's limits did not "
+        "allow it. Nothing was charged."
+    ),
     "failed": _("Failed: %(reason)s"),
     "resources_freed": _("GPUs freed after the failure; nothing more is charged."),
     "redriven": _(
@@ -124,6 +139,9 @@ EVENT_TEXT: dict[str, Promise] = {
 }
 
 FAILURE_TEXT: dict[str, Promise] = {
+    "queue_expired": _("its maximum wait in the queue passed"),
+    "queue_funds": _("the balance could not carry it when its turn came"),
+    "queue_limits": _("the card quota or the member's limits did not allow it when its turn came"),
     "driver_error": _("a node step failed: %(error)s"),
     "sim_failure": _("simulated failure: %(error)s"),
     "host_key_mismatch": _("the node's SSH host key does not match the pinned key (%(node)s)"),

@@ -27,7 +27,16 @@ from celery import shared_task
 from django.conf import settings
 
 from console.retries import TransientRetryTask, retry_transient
-from slices.services import access, apps, provisioning, recipes, reconcile, slurm_jobs, telemetry
+from slices.services import (
+    access,
+    apps,
+    provisioning,
+    queue,
+    recipes,
+    reconcile,
+    slurm_jobs,
+    telemetry,
+)
 from slices.services.migration import drive_migration
 from slices.services.power import drive_start, drive_stop
 
@@ -205,3 +214,16 @@ def submit_order_job_task(instance_id: int) -> str:
     return retry_transient(
         lambda: slurm_jobs.submit_order_job(instance_id), what=f"the job of instance {instance_id}"
     )
+
+
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
+def admit_queue_task(gpu_model: str) -> dict[str, int]:
+    """排队: capacity of ``gpu_model`` may have grown: start what the queue lets start, re-estimate
+    the rest (one admission per model at a time; safe to run twice)."""
+    return queue.admit(gpu_model)
+
+
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
+def admit_queues_task() -> int:
+    """The beat's safety net: every model with queued orders (maximum waits, lost messages)."""
+    return queue.admit_all()

@@ -80,6 +80,25 @@ EVENTS: dict[str, Event] = {
         ),
         ("inbox", "mail", "sms"),
     ),
+    "queued_started": Event(  # issue 32: a queued order started
+        _("My queued order starts"),
+        gettext_noop("Your queued instance %(name)s is starting"),
+        gettext_noop(
+            "Your queued order %(name)s got its GPUs after %(minutes)s minutes in the queue and "
+            "is starting now; billing begins when it runs."
+        ),
+        ("inbox", "mail"),
+    ),
+    "queued_skipped": Event(
+        _("My queued order starts"),
+        gettext_noop("Your queued order %(name)s left the queue"),
+        gettext_noop(
+            "Your queued order %(name)s did not start (%(reason)s): it waited past its maximum "
+            "wait, or at its start the balance, the card quota or your limits did not allow it. "
+            "Nothing was charged; you can order again."
+        ),
+        ("inbox", "mail"),
+    ),
     "release_warning": Event(
         _("Before anything is deleted"),
         gettext_noop("Instance %(name)s will be released in %(days)s day(s)"),
@@ -107,7 +126,12 @@ PREFERENCE_EVENTS = (
     "stopped",
     "verification_approved",
     "node_failed_migrating",
+    "queued_started",
     "release_warning",
     "invoice_issued",
 )
-SHARED = {"verification_rejected": "verification_approved", "budget_stopped": "stopped"}
+SHARED = {
+    "verification_rejected": "verification_approved",
+    "budget_stopped": "stopped",
+    "queued_skipped": "queued_started",
+}

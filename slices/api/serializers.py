@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from console.api.serializers import FieldsBoundOnce
 from slices import lifecycle
+from slices.choices import InstanceState
 from slices.drivers import driver_capabilities
 from slices.messages import failure_text
 from slices.models import DiskAttachment, Instance
@@ -137,6 +138,22 @@ class InstanceView:
         return allocation.performance if allocation else {}
 
     @property
+    def start_estimate(self) -> dict[str, Any] | None:
+        """排队: the latest start estimate while queued (p50, p90, position, updated_at)."""
+        if self.instance.state != InstanceState.QUEUED:
+            return None
+        e = self.instance.start_estimate or {}
+        return {
+            "p50": e.get("p50"),
+            "p90": e.get("p90"),
+            "position": e.get("position"),
+            "updated_at": e.get("updated_at"),
+            "max_wait_until": (
+                self.instance.queue_deadline.isoformat() if self.instance.queue_deadline else None
+            ),
+        }
+
+    @property
     def failure(self) -> dict[str, str] | None:
         code = self.instance.failure_code
         if not code:
@@ -223,7 +240,8 @@ class InstanceSerializer(FieldsBoundOnce, serializers.Serializer):
     )
     kind = serializers.CharField(help_text="host (one node) or slice (64 cards and up).")
     state = serializers.CharField(
-        help_text="pending → allocating → provisioning → running → releasing → released; failed."
+        help_text="pending → allocating → provisioning → running → releasing → released; failed. "
+        "queued (排队): waiting for cards, holding none, charged nothing (see start_estimate)."
     )
     gpu_model = serializers.CharField(
         source="gpu_model.code", help_text='The fleet code, e.g. "RTX4090".'
@@ -295,6 +313,14 @@ class InstanceSerializer(FieldsBoundOnce, serializers.Serializer):
         "console's hand-off), and the live share links (id, created_at, expires_at, "
         "last_used_at; their secret is shown only when made). Empty unless running.",
     )
+    start_estimate = serializers.DictField(
+        allow_null=True,
+        help_text="排队 (queued orders only; null otherwise): when it is expected to start, as a "
+        "range: p50 (as likely before as after) and p90 (9 in 10 start by then), ISO times, null "
+        "when no future within the estimate's horizon frees enough; position in its queue "
+        "(1 = next), updated_at (when the estimate last changed) and max_wait_until (it leaves "
+        "the queue then, unstarted and uncharged).",
+    )
     app = serializers.DictField(
         allow_null=True,
         help_text="An AI application's instance (null otherwise): slug, model, state (waiting, "
@@ -347,6 +373,22 @@ class InstanceCreateSerializer(serializers.Serializer):
     billing_mode = serializers.ChoiceField(choices=["on_demand", "term"], default="on_demand")
     term_days = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1)
     auto_release_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    when_unavailable = serializers.ChoiceField(
+        choices=["refuse", "queue"],
+        required=False,
+        default="refuse",
+        help_text='When it cannot start now: "refuse" (409 no_capacity, the default) or "queue" '
+        "(排队: it waits, holding no GPUs and charged nothing, and starts when the queue lets "
+        "it; the answer carries its start_estimate). An automatic release then counts from the "
+        "start.",
+    )
+    max_wait_hours = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=0.01,
+        help_text="排队: how long it may wait before it leaves the queue (default 24).",
+    )
     env = serializers.DictField(
         child=serializers.CharField(max_length=4096, allow_blank=True), required=False, default=dict
     )

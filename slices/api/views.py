@@ -263,6 +263,8 @@ class InstanceViewSet(PublicIdViewSet):
             scheduler=d["scheduler"],
             job=d["job"],
             release_on_job_end=d["release_on_job_end"],
+            when_unavailable="queue" if d["when_unavailable"] == "queue" else "",
+            max_wait_hours=d["max_wait_hours"],
         )
         instance, created = services.order_instance(
             acting(request), req, idempotency_key=key, request=request

@@ -147,13 +147,24 @@ class Instance(models.Model):
         default=NoReplacement.WAIT,
     )
 
+    # 排队 (issue 32): when it joined the queue, until when it waits (the customer's maximum
+    # wait), how long it runs once started (its automatic release, counted from the start) and
+    # the latest start estimate ({"p50", "p90", "position", "updated_at"}: ISO times).
+    queued_at = models.DateTimeField(_("queued at"), null=True, blank=True)
+    queue_deadline = models.DateTimeField(_("waits until"), null=True, blank=True)
+    queue_run_seconds = models.PositiveIntegerField(null=True, blank=True)
+    start_estimate = models.JSONField(default=dict, blank=True)
+
     objects = InstanceQuerySet.as_manager()
 
     class Meta:
         verbose_name = _("instance")
         verbose_name_plural = _("instances")
         ordering = ("-created_at", "-id")
-        indexes = (models.Index(fields=("state", "lease_until"), name="slices_inst_state_lease"),)
+        indexes = (
+            models.Index(fields=("state", "lease_until"), name="slices_inst_state_lease"),
+            models.Index(fields=("state", "gpu_model", "queued_at"), name="slices_inst_queue"),
+        )
         constraints = (
             models.UniqueConstraint(
                 fields=("team", "idempotency_key"), name="slices_instance_idempotency_key"

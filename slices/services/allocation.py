@@ -46,6 +46,7 @@ from slices.models import (
 )
 from slices.perf import Performance, expected_performance
 from slices.services.fleet import FleetView, _ts, build_fleet, fleet_changed, fleet_view
+from slices.services.jobs import enqueue_on_commit
 
 MAX_PLAN_ATTEMPTS = 12
 
@@ -351,6 +352,8 @@ def release_allocation(allocation: Allocation) -> bool:
     GPU.objects.filter(allocation=allocation).update(allocation=None)
     fleet_changed()
     allocation.refresh_from_db()
+    # 排队 (issue 32): capacity grew, the model's queue may start (slices.services.queue).
+    enqueue_on_commit("slices.tasks.admit_queue_task", allocation.gpu_model.code)
     return True
 
 

@@ -45,6 +45,7 @@ from slices.models import (
     ScalableUnit,
     SpineGroup,
 )
+from slices.services.jobs import enqueue_on_commit
 
 GPU_UUID_NAMESPACE = uuid.UUID("5b0f7a5e-6c1d-4c59-9a8e-1f0e2b7d3c40")
 
@@ -438,6 +439,10 @@ def change_node_state(
             )
         elif action == "return":
             NodeFailure.objects.filter(node=node, returned_at__isnull=True).update(returned_at=now)
+            # 排队 (issue 32): the node is back, the model's queue may start.
+            gpu_model = GpuModel.objects.filter(pk=node.gpu_model_id).values_list("code", flat=True)
+            for code in gpu_model:
+                enqueue_on_commit("slices.tasks.admit_queue_task", code)
         _audit_node_action(node, action, note, who, request)
     node.refresh_from_db()
     return won == 1

@@ -38,7 +38,7 @@ from console.verification import services as verification
 from marketplace import services as marketplace
 from slices import envpolicy, events, lifecycle, topology
 from slices.choices import AllocationKind, EventKind, EventLevel, InstanceState
-from slices.errors import OrderRefused, member_quota_exceeded, quota_exceeded
+from slices.errors import OrderRefused, QuotaExceeded, member_quota_exceeded, quota_exceeded
 from slices.models import (
     Allocation,
     GpuModel,
@@ -50,7 +50,7 @@ from slices.models import (
 from slices.services import access, ports
 from slices.services import disks as disk_service
 from slices.services import slurm as slurm_service
-from slices.services.allocation import allocate, release_allocation
+from slices.services.allocation import NoCapacity, allocate, release_allocation
 from slices.services.history import record_event, record_logs  # noqa: F401 (re-exported)
 from slices.services.jobs import enqueue_on_commit
 
@@ -193,6 +193,10 @@ class OrderRequest:
     scheduler: str = ""
     job: dict[str, Any] | None = None
     release_on_job_end: bool | None = None
+    # 排队 (issue 32): "queue" = wait when it cannot start now ("" = refuse, as before), for at
+    # most ``max_wait_hours`` (None: SLICES_QUEUE_DEFAULT_MAX_WAIT_HOURS).
+    when_unavailable: str = ""
+    max_wait_hours: float | None = None
 
     def fingerprint(self) -> str:
         body = {
@@ -214,6 +218,11 @@ class OrderRequest:
             **({"app": self.app, "app_model": self.app_model} if self.app else {}),
             **({"scheduler": self.scheduler} if self.scheduler else {}),
             **({"job": self.job, "release": self.release_on_job_end} if self.job else {}),
+            **(
+                {"queue": self.when_unavailable, "max_wait": self.max_wait_hours}
+                if self.when_unavailable
+                else {}
+            ),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -519,6 +528,10 @@ def _order_facts(instance: Instance) -> dict[str, Any]:
     }
 
 
+# What an order does when it cannot start now: refuse (NoCapacity, as always) or queue (排队).
+WHEN_UNAVAILABLE = ("", "refuse", "queue")
+
+
 def _check_shape(req: OrderRequest) -> None:
     """Card count, billing mode and release time make sense (before anything is looked up)."""
     if req.cards not in topology.HOST_SIZES and (
@@ -536,6 +549,20 @@ def _check_shape(req: OrderRequest) -> None:
         minutes=1
     ):
         raise OrderRefused(gettext_noop("The automatic release time must be in the future."))
+    if req.when_unavailable not in WHEN_UNAVAILABLE:
+        raise OrderRefused(
+            gettext_noop('"when_unavailable" is "refuse" or "queue", not %(value)s.'),
+            field="when_unavailable",
+            value=repr(req.when_unavailable)[:40],
+        )
+    if req.max_wait_hours is not None and not (
+        0 < req.max_wait_hours <= settings.SLICES_QUEUE_MAX_WAIT_HOURS
+    ):
+        raise OrderRefused(
+            gettext_noop("The maximum wait is more than 0 and at most %(hours)s hours."),
+            field="max_wait_hours",
+            hours=settings.SLICES_QUEUE_MAX_WAIT_HOURS,
+        )
 
 
 def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
@@ -656,9 +683,62 @@ def _create_and_allocate(
     )
     if c.slurm is not None:
         slurm_service.create_for_order(instance, c.slurm)  # its keys and ports (issue 31)
-    _reserve(instance, user, c)
+    if req.when_unavailable == "queue":
+        if _queue_if_unavailable(instance, user, req, c):
+            return instance
+    else:
+        _reserve(instance, user, c)
     enqueue_on_commit("slices.tasks.provision_instance_task", instance.pk)
     return instance
+
+
+def _queue_if_unavailable(
+    instance: Instance, user: Any, req: OrderRequest, c: _CheckedOrder
+) -> bool:
+    """排队: start now when nobody waits for this GPU model and region and it fits, else join
+    the back of the queue (True). Holds no GPUs and costs nothing while queued; the team's
+    number of queued orders is bounded (decided under the team's lock, ``_lock_quota``).
+    Admission (``slices.services.queue``) starts it when the allocator's discipline lets it."""
+    waiting = Instance.objects.filter(
+        state=InstanceState.QUEUED, gpu_model=c.model, region=c.region
+    ).exists()
+    if not waiting:
+        try:
+            with transaction.atomic():  # a savepoint: a refusal keeps nothing of the attempt
+                _reserve(instance, user, c)
+            return False
+        except NoCapacity as exc:
+            if exc.reason_code != "no_capacity":
+                raise  # it can never fit as ordered: refused, not queued
+    bound = int(settings.SLICES_QUEUE_MAX_PER_TEAM)
+    queued = Instance.objects.for_team(user).filter(state=InstanceState.QUEUED).count()
+    if queued >= bound:
+        raise QuotaExceeded(
+            gettext_noop(
+                "Your team may have %(bound)d queued orders at once; cancel one or order later."
+            ),
+            bound=bound,
+            field="when_unavailable",
+        )
+    now = timezone.now()
+    hours = req.max_wait_hours or float(settings.SLICES_QUEUE_DEFAULT_MAX_WAIT_HOURS)
+    run = None
+    if c.auto_release_at is not None:  # counted from the start, not from the order
+        run = max(60, int((c.auto_release_at - now).total_seconds()))
+    elif req.billing_mode == BillingMode.TERM and req.term_days:
+        run = int(req.term_days) * 86400
+    transition(
+        instance,
+        InstanceState.QUEUED,
+        code="queued",
+        params={"max_wait_hours": hours},
+        queued_at=now,
+        queue_deadline=now + timedelta(hours=hours),
+        queue_run_seconds=run,
+        auto_release_at=None,
+    )
+    enqueue_on_commit("slices.tasks.admit_queue_task", c.model.code)
+    return True
 
 
 def _reserve(instance: Instance, user: Any, c: _CheckedOrder) -> None:
@@ -749,6 +829,20 @@ def release_instance(
     worker. Idempotent: True only for the call that started the release. ``who`` is the person
     (None: the console itself, ``by`` says why) for the audit log."""
     before = {"state": instance.state}
+    if instance.state == InstanceState.QUEUED:
+        # A queued order holds nothing and was charged nothing: cancelling it is free.
+        won = transition(
+            instance,
+            InstanceState.RELEASED,
+            code="queue_cancelled",
+            params={"by": by},
+            ended_at=timezone.now(),
+            start_estimate={},
+        )
+        if won:
+            _audit_release(who, instance, before, by, request)
+            enqueue_on_commit("slices.tasks.admit_queue_task", instance.gpu_model.code)
+        return won
     if instance.state == InstanceState.FAILED:
         # Its resources were freed when it failed: releasing only archives it.
         won = transition(

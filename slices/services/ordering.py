@@ -46,6 +46,19 @@ class OrderPreview:
     mount_error: Any  # marketplace MountRefused or None
 
     @property
+    def queueable(self) -> bool:
+        """排队: everything is in order but no cards are free now (an order may queue)."""
+        return (
+            self.placement is None
+            and self.no_capacity is not None
+            and self.no_capacity.reason_code == "no_capacity"
+            and self.quote is not None
+            and not self.insufficient_funds
+            and self.mount_error is None
+            and not self.image_warning
+        )
+
+    @property
     def orderable(self) -> bool:
         return (
             self.placement is not None
@@ -292,6 +305,10 @@ def order_from_forms(
             "nodes": order.get("job_nodes") or max(1, int(preview["cards"]) // 8),
         }
         if (order.get("job_script") or "").strip()
+        else None,
+        when_unavailable="queue" if order.get("when_unavailable") == "queue" else "",
+        max_wait_hours=float(order["queue_max_wait_hours"])
+        if order.get("queue_max_wait_hours")
         else None,
     )
     instance, _created = order_instance(user, req, request=request)

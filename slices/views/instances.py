@@ -4,6 +4,7 @@ storage cards), release, 关机/开机 and the migration choice."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -253,6 +254,25 @@ def _software(instance: Instance) -> dict[str, Any]:
     }
 
 
+def _queue_estimate(instance: Instance) -> dict[str, Any] | None:
+    """排队: the stored start estimate with its times as datetimes (None unless queued)."""
+    if instance.state != InstanceState.QUEUED:
+        return None
+    e = instance.start_estimate or {}
+
+    def at(key: str) -> datetime | None:
+        value = e.get(key)
+        return datetime.fromisoformat(value) if value else None
+
+    return {
+        "p50": at("p50"),
+        "p90": at("p90"),
+        "position": e.get("position"),
+        "updated_at": at("updated_at"),
+        "deadline": instance.queue_deadline,
+    }
+
+
 def _detail_context(instance: Instance) -> dict[str, Any]:
     nodes = list(instance.nodes.order_by("rank"))
     provisioning = instance.state == InstanceState.PROVISIONING
@@ -284,6 +304,7 @@ def _detail_context(instance: Instance) -> dict[str, Any]:
     since = instance.running_at or instance.created_at
     return {
         "instance": instance,
+        "queue_estimate": _queue_estimate(instance),
         "software": _software(instance),
         "nodes": nodes,
         "progress": lifecycle.instance_progress([n.step or None for n in nodes]),
