@@ -27,7 +27,16 @@ from celery import shared_task
 from django.conf import settings
 
 from console.retries import TransientRetryTask, retry_transient
-from slices.services import access, apps, provisioning, recipes, reconcile, slurm_jobs, telemetry
+from slices.services import (
+    access,
+    apps,
+    provisioning,
+    recipes,
+    reconcile,
+    reservations,
+    slurm_jobs,
+    telemetry,
+)
 from slices.services.migration import drive_migration
 from slices.services.power import drive_start, drive_stop
 
@@ -136,6 +145,13 @@ def reconcile_instances_task() -> str:
     """Celery beat: re-drive stuck instances, auto-release, free leaked GPUs (idempotent; each
     of its passes retries transient errors itself)."""
     return str(reconcile.reconcile())
+
+
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
+def run_reservations_task() -> str:
+    """Celery beat (every minute): booked windows' notices (T−24 h, T−1 h), failed pins covered,
+    due windows started as instances at their start minus the provisioning lead (issue 32)."""
+    return str(reservations.run_reservations())
 
 
 @shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
