@@ -130,10 +130,10 @@ class ReservationViewSet(PublicIdViewSet):
         tags=["reservations"],
     )
     def create(self, request: Request) -> Response:
+        key = idempotency_key(request, 200)
         row, created = reservations.book_reservation(
-            acting(request), _booking(request), idempotency_key=idempotency_key(request),
-            request=request,
-        )  # fmt: skip
+            acting(request), _booking(request), idempotency_key=key, request=request
+        )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(ReservationSerializer(row).data, status=code)
 

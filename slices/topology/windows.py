@@ -137,7 +137,9 @@ def calendar(
     for d in range(days):
         start = first_day + d * 86400
         free_before(fleet, start - lead)
-        held = hold(fleet, windows, start - lead, start + 86400)
+        # The day's core: a window touching it only within the provisioning lead at either
+        # edge (ending just after midnight, prepared just before the next) leaves the day free.
+        held = hold(fleet, windows, start + lead, start + 86400 - lead)
         free = host = slice_nodes = 0
         for cl in clusters:
             t = buddy_tables(cl.gpn)
