@@ -1328,7 +1328,9 @@ def refund_reservation(
     done = LedgerTransaction.objects.filter(idempotency_key=key).first()
     if done is not None or amount <= 0:
         return done
-    paid = LedgerTransaction.objects.get(idempotency_key=f"reservation:{resource_id}")
+    paid = LedgerTransaction.objects.filter(idempotency_key=f"reservation:{resource_id}").first()
+    if paid is None:  # never paid (nothing to give back)
+        return None
     legs = [
         (e.account, -e.amount)
         for e in paid.entries.select_related("account").order_by("pk")
