@@ -121,9 +121,9 @@ from billing.models import (
 )
 from billing.money import (
     CENT,
-    allocate,
     SECONDS_PER_HOUR,
     ZERO,
+    allocate,
     charge_for,
     percent_of,
     round_cents,

@@ -130,4 +130,8 @@ PREFERENCE_EVENTS = (
     "invoice_issued",
     "reservation_soon",
 )
-SHARED = {"reservation_delayed": "reservation_soon", "verification_rejected": "verification_approved", "budget_stopped": "stopped"}
+SHARED = {
+    "reservation_delayed": "reservation_soon",
+    "verification_rejected": "verification_approved",
+    "budget_stopped": "stopped",
+}

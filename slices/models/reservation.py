@@ -13,10 +13,10 @@ from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from console.querysets import TeamOwnedQuerySet
 from slices.choices import RESERVATION_STATE_BADGES, ReservationState
 from slices.models.fleet import GpuModel, Region
 from slices.models.instances import Instance
-from console.querysets import TeamOwnedQuerySet
 
 
 class Reservation(models.Model):

@@ -413,9 +413,7 @@ def _notice_params(row: Reservation) -> dict[str, Any]:
 
 def _warn(row: Reservation, field: str, tag: str, now: datetime) -> bool:
     """Send the T−24 h or T−1 h notice once: the compare-and-set of its field decides."""
-    won = Reservation.objects.filter(pk=row.pk, **{f"{field}__isnull": True}).update(
-        **{field: now}
-    )
+    won = Reservation.objects.filter(pk=row.pk, **{f"{field}__isnull": True}).update(**{field: now})
     if won:
         notices.notify_user_id(
             row.created_by_id,
@@ -448,7 +446,7 @@ def cover_failed_pins(now: datetime | None = None) -> int:
             for row in rows.filter(gpu_model_id=model_id).select_related("gpu_model", "region"):
                 if _pins_usable(row, fleet):
                     continue
-                others = [w for w in booked_windows(row.gpu_model.code, exclude=str(row.public_id))]
+                others = booked_windows(row.gpu_model.code, exclude=str(row.public_id))
                 planned = booked.pin(
                     build_fleet(row.gpu_model.code, with_nodes=False)[0],
                     topology.Request(
@@ -476,9 +474,11 @@ def start_reservation(row: Reservation, now: datetime | None = None) -> Instance
     (then delayed: told once, retried by the next run, the late time refunded at the start)."""
     now = now or timezone.now()
     with transaction.atomic():
-        row = Reservation.objects.select_for_update().select_related(
-            "gpu_model", "region", "team", "created_by"
-        ).get(pk=row.pk)
+        row = (
+            Reservation.objects.select_for_update()
+            .select_related("gpu_model", "region", "team", "created_by")
+            .get(pk=row.pk)
+        )
         if row.state not in RESERVATION_HOLDING or row.provision_at > now:
             return None
         if now >= row.ends_at:  # the whole window passed without GPUs: all of it comes back

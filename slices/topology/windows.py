@@ -99,11 +99,7 @@ def pin(
 def conflicts(placement: Placement, windows: Iterable[Window]) -> list[Window]:
     """The windows whose pins share a GPU with ``placement``."""
     taken = {s.hostname: gpu_mask(s.gpus) for s in placement.shares}
-    return [
-        w
-        for w in windows
-        if any(taken.get(h, 0) & gpu_mask(idxs) for h, idxs in w.pins)
-    ]
+    return [w for w in windows if any(taken.get(h, 0) & gpu_mask(idxs) for h, idxs in w.pins)]
 
 
 @dataclass(frozen=True)

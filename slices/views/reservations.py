@@ -68,8 +68,10 @@ def _calendar(model: str, region: str, cards: int) -> list[dict[str, Any]]:
         return []
     cells = []
     for d in days:
-        fits = (d.largest_host >= cards) if cards in topology.HOST_SIZES else (
-            d.largest_slice >= cards
+        fits = (
+            (d.largest_host >= cards)
+            if cards in topology.HOST_SIZES
+            else (d.largest_slice >= cards)
         )
         level = 0 if not d.total_gpus else min(4, int(d.share * 4 + 0.999))
         cells.append({"day": d, "fits": fits, "level": level})
@@ -95,16 +97,15 @@ def reservation_list(request: HttpRequest) -> HttpResponse:
     if form.is_bound and form.is_valid():
         if request.method == "POST":
             try:
-                row, _created = reservations.book_reservation(
-                    who, form.booking(), request=request
-                )
+                row, _created = reservations.book_reservation(who, form.booking(), request=request)
             except DomainError as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, exc.message())
                 status = exc.http_status
             else:
                 messages.success(
                     request,
-                    _("Booked %(name)s: %(total)s 元 paid.") % {"name": row.name, "total": row.total},
+                    _("Booked %(name)s: %(total)s 元 paid.")
+                    % {"name": row.name, "total": row.total},
                 )
                 return redirect("slices:reservation-list")
         else:
@@ -123,7 +124,9 @@ def reservation_list(request: HttpRequest) -> HttpResponse:
         "form": form,
         "quote": quote,
         "quote_error": quote_error,
-        "calendar": _calendar(str(chosen.get("gpu_model", "")), str(chosen.get("region", "")), cards),
+        "calendar": _calendar(
+            str(chosen.get("gpu_model", "")), str(chosen.get("region", "")), cards
+        ),
         "cards": cards,
         "rows": Reservation.objects.for_team(who)
         .select_related("gpu_model", "region", "instance")

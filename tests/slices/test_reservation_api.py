@@ -104,7 +104,10 @@ def test_another_team_never_sees_or_cancels_a_window(sim_fleet, funded, alice_ap
 
 @pytest.mark.parametrize(
     ("language", "words"),
-    [("zh-hans", ["预约", "容量日历", "支付"]), ("en", ["Reservations", "Capacity calendar", "Book and pay"])],
+    [
+        ("zh-hans", ["预约", "容量日历", "支付"]),
+        ("en", ["Reservations", "Capacity calendar", "Book and pay"]),
+    ],
 )
 def test_the_page_in_both_languages(sim_fleet, funded, alice_client, language, words) -> None:
     page = alice_client.get("/reservations/", HTTP_ACCEPT_LANGUAGE=language)
@@ -118,7 +121,9 @@ def test_the_page_in_both_languages(sim_fleet, funded, alice_client, language, w
 def test_the_page_books_quotes_and_cancels(sim_fleet, funded, alice_client) -> None:
     start = (timezone.localtime() + timedelta(days=2)).strftime("%Y-%m-%dT%H:%M")
     form = {"gpu_model": "RTX4090", "region": "xiamen", "cards": 8, "starts_at": start, "hours": 24}
-    quoted = alice_client.get("/reservations/", form, HTTP_HX_REQUEST="true", HTTP_ACCEPT_LANGUAGE="en")
+    quoted = alice_client.get(
+        "/reservations/", form, HTTP_HX_REQUEST="true", HTTP_ACCEPT_LANGUAGE="en"
+    )
     assert quoted.status_code == 200 and "345.60" in quoted.content.decode()
     assert "<html" not in quoted.content.decode()  # htmx gets the booking region only
     booked = alice_client.post("/reservations/", form)
@@ -130,7 +135,13 @@ def test_the_page_books_quotes_and_cancels(sim_fleet, funded, alice_client) -> N
 
 
 def test_the_page_shows_a_bad_start_on_its_field(sim_fleet, funded, alice_client) -> None:
-    form = {"gpu_model": "RTX4090", "region": "xiamen", "cards": 8, "starts_at": "2020-01-01T00:00", "hours": 24}
+    form = {
+        "gpu_model": "RTX4090",
+        "region": "xiamen",
+        "cards": 8,
+        "starts_at": "2020-01-01T00:00",
+        "hours": 24,
+    }
     got = alice_client.post("/reservations/", form, HTTP_ACCEPT_LANGUAGE="en")
     assert got.status_code == 400
     assert "is-invalid" in got.content.decode() and not Reservation.objects.exists()

@@ -46,7 +46,11 @@ def test_the_term_ladder_gives_the_rate_for_the_windows_length() -> None:
     price = GpuPrice(
         "RTX 4090",
         Decimal("1.90"),
-        (TermPrice(1, Decimal("1.80")), TermPrice(7, Decimal("1.60")), TermPrice(30, Decimal("1.20"))),
+        (
+            TermPrice(1, Decimal("1.80")),
+            TermPrice(7, Decimal("1.60")),
+            TermPrice(30, Decimal("1.20")),
+        ),
     )
     assert window_rate(price, 23) == (Decimal("1.90"), None)
     assert window_rate(price, 24) == (Decimal("1.80"), 1)
@@ -184,7 +188,9 @@ def test_a_window_leaves_other_nodes_to_on_demand(sim_fleet, funded) -> None:
 # --- the start, notices, a node failure ----------------------------------------------------------
 
 
-def test_a_due_window_starts_as_a_prepaid_instance(sim_fleet, funded, django_capture_on_commit_callbacks) -> None:
+def test_a_due_window_starts_as_a_prepaid_instance(
+    sim_fleet, funded, django_capture_on_commit_callbacks
+) -> None:
     row, _ = reservations.book_reservation(funded, _req())
     with django_capture_on_commit_callbacks(execute=True):
         result = reservations.run_reservations(now=row.provision_at)
