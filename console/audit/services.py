@@ -46,6 +46,8 @@ MONEY_ACTIONS = (
     "wallet.trial",
     "wallet.reversal",
     "member.budget",
+    "reservation.book",
+    "reservation.cancel",
 )
 
 ACTIONS = (
@@ -69,8 +71,6 @@ ACTIONS = (
     "invoice.reject",
     "invoice.reverse",
     "ops.node",
-    "reservation.book",
-    "reservation.cancel",
 )
 
 # What the page shows for each action (the code stays in the CSV and the API).
