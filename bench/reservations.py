@@ -119,7 +119,8 @@ def replay(seed: int, hours: int, windows: int, honour: bool, gap: float = 8.0) 
         with transaction.atomic():
             user = User.objects.create_user(f"bench-{seed}-{honour}", f"b{seed}{honour}@x.test")
             billing.grant_voucher(user, Decimal("10000000"), reason="bench", valid_days=30)
-            t0 = timezone.now() + timedelta(minutes=30)
+            # On the hour: the same trace in both modes (and every run of a seed).
+            t0 = (timezone.now() + timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
             events = _trace(seed, hours, windows, t0, gap)
             running: list[tuple[datetime, Allocation]] = []
             failed: list[tuple[datetime, int]] = []

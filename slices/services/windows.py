@@ -14,7 +14,7 @@ from datetime import datetime
 from slices.choices import RESERVATION_HOLDING
 from slices.models import Reservation
 from slices.services.fleet import _ts
-from slices.topology.windows import Window
+from slices.topology.windows import RELEASE_MARGIN_SECONDS, Window
 
 
 def as_window(row: Reservation) -> Window:
@@ -23,7 +23,8 @@ def as_window(row: Reservation) -> Window:
         row.gpu_model.code,
         row.region.code,
         row.cards,
-        row.starts_at.timestamp() - row.provision_lead_seconds,  # held from provisioning on
+        # Held from its provisioning time (less the margin a lease's release takes) on.
+        row.starts_at.timestamp() - row.provision_lead_seconds - RELEASE_MARGIN_SECONDS,
         row.ends_at.timestamp(),
         tuple((str(h), tuple(int(i) for i in idxs)) for h, idxs in row.pins or ()),
     )

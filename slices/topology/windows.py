@@ -21,6 +21,11 @@ from slices.topology.fleet import Fleet
 from slices.topology.placement import Placement, Request, Unplaceable
 
 WINDOW_LEASE_PREFIX = "window:"
+# A lease known to end is counted gone this long after its end: the reconciler releases it on its
+# next pass and the node is cleaned before another start can claim it. Windows are held from
+# their provisioning time minus this margin, so an order offered "可用至" is gone by then.
+RELEASE_MARGIN_SECONDS = 600.0
+CALENDAR_EDGE_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -91,8 +96,8 @@ def pin(
     """Plan a window on the fleet as it will be at its start: leases ending ``lead`` seconds
     before the start are gone, the other windows overlapping it are held. Changes ``fleet``
     (pass a fresh snapshot)."""
-    free_before(fleet, starts_at - lead)
-    hold(fleet, windows, starts_at - lead, ends_at)
+    free_before(fleet, starts_at - lead - RELEASE_MARGIN_SECONDS)
+    hold(fleet, windows, starts_at - lead - RELEASE_MARGIN_SECONDS, ends_at)
     return fleet.plan(req)
 
 
@@ -133,9 +138,11 @@ def calendar(
     for d in range(days):
         start = first_day + d * 86400
         free_before(fleet, start - lead)
-        # The day's core: a window touching it only within the provisioning lead at either
-        # edge (ending just after midnight, prepared just before the next) leaves the day free.
-        held = hold(fleet, windows, start + lead, start + 86400 - lead)
+        # The day's core: a window touching it only within an hour at either edge (ending just
+        # after midnight, prepared just before the next) leaves the day shown free.
+        held = hold(
+            fleet, windows, start + CALENDAR_EDGE_SECONDS, start + 86400 - CALENDAR_EDGE_SECONDS
+        )
         free = host = slice_nodes = 0
         for cl in clusters:
             t = buddy_tables(cl.gpn)
