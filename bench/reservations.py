@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -67,6 +68,8 @@ class Result:
     on_demand_refused: int = 0
     failures: int = 0
     lateness_s: list[float] = field(default_factory=list)
+    book_ms: list[float] = field(default_factory=list)  # each booking's answer, priced and paid
+    calendar_ms: float = 0.0  # the 90-day capacity calendar at the end of the trace
 
     @property
     def share(self) -> float:
@@ -140,12 +143,14 @@ def replay(seed: int, hours: int, windows: int, honour: bool, gap: float = 8.0) 
                     i += 1
                     if kind == "book":
                         cards, start, length = p
+                        began = time.perf_counter()
                         try:
                             reservations.book_reservation(
                                 user,
                                 reservations.BookingRequest("A800", cards, "bench", start, length),
                             )
                             result.booked += 1
+                            result.book_ms.append((time.perf_counter() - began) * 1000)
                         except reservations.ReservationRefused:
                             result.refused_bookings += 1
                     elif kind == "order":
@@ -169,6 +174,9 @@ def replay(seed: int, hours: int, windows: int, honour: bool, gap: float = 8.0) 
                     if alloc is not None and alloc.state == AllocationState.ACTIVE:
                         allocation.release_allocation(alloc)
                 now += STEP
+            began = time.perf_counter()
+            reservations.capacity_calendar("A800", "bench", 90)
+            result.calendar_ms = (time.perf_counter() - began) * 1000
             for row in Reservation.objects.all():
                 nodes_n = max(1, row.cards // 8) if row.cards >= 64 else 1
                 eta = first_estimate("sim", model_id, nodes_n, slice_=row.cards >= 64).exact
@@ -240,16 +248,23 @@ def main() -> int:
         print(f"{'seed':>4} {'mode':<10} {'booked':>6} {'on time':>8} {'late':>5} {'missed':>6} "
               f"{'on-demand':>9} {'可用至':>5} {'refused':>7} {'fails':>5} {'s':>5}")  # fmt: skip
         totals: dict[str, list[int]] = {"windows": [0, 0], "baseline": [0, 0]}
+        book_ms: list[float] = []
+        calendar_ms: list[float] = []
         for seed in range(1, args.seeds + 1):
             for honour in (True, False):
                 t = time.perf_counter()
                 r = replay(seed, args.hours, args.windows, honour, args.gap)
                 mode = "windows" if honour else "baseline"
+                book_ms.extend(r.book_ms)
+                calendar_ms.append(r.calendar_ms)
                 totals[mode][0] += r.on_time
                 totals[mode][1] += r.booked
                 print(f"{seed:>4} {mode:<10} {r.booked:>6} {r.share:>8.1%} {r.late:>5} "
                       f"{r.missed:>6} {r.on_demand:>9} {r.on_demand_until:>5} "
                       f"{r.on_demand_refused:>7} {r.failures:>5} {time.perf_counter() - t:>5.1f}")  # fmt: skip
+        print(f"booking answered (priced, planned, paid) in {statistics.median(book_ms):.0f} ms "
+              f"median, {max(book_ms):.0f} ms at most; the 90-day calendar in "
+              f"{statistics.median(calendar_ms):.0f} ms median (SQLite, this machine)")  # fmt: skip
         for mode, (ok, n) in totals.items():
             print(f"{mode}: {ok}/{n} windows started on time: {ok / n if n else 1:.1%}")
         ok, n = totals["windows"]
