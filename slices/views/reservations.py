@@ -113,8 +113,8 @@ def reservation_list(request: HttpRequest) -> HttpResponse:
                 quote = reservations.quote_window(form.booking())
             except DomainError as exc:
                 quote_error = exc.message()
-    elif form.is_bound:
-        status = 400
+    elif form.is_bound and request.method == "POST":
+        status = 400  # a live quote (htmx GET) answers 200: htmx swaps no 4xx, the errors show
     chosen = form.data if form.is_bound else initial
     try:
         cards = int(chosen.get("cards") or 8)

@@ -145,3 +145,18 @@ def test_the_page_shows_a_bad_start_on_its_field(sim_fleet, funded, alice_client
     got = alice_client.post("/reservations/", form, HTTP_ACCEPT_LANGUAGE="en")
     assert got.status_code == 400
     assert "is-invalid" in got.content.decode() and not Reservation.objects.exists()
+
+
+def test_the_live_quote_shows_a_bad_field_in_place(sim_fleet, funded, alice_client) -> None:
+    form = {
+        "gpu_model": "RTX4090",
+        "region": "xiamen",
+        "cards": 8,
+        "starts_at": "2020-01-01T00:00",
+        "hours": 24,
+    }
+    got = alice_client.get(
+        "/reservations/", form, HTTP_HX_REQUEST="true", HTTP_ACCEPT_LANGUAGE="en"
+    )
+    assert got.status_code == 200  # htmx swaps it in
+    assert "at least 10 minutes from now" in got.content.decode()
