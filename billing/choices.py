@@ -7,8 +7,8 @@ from typing import Any
 
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import pgettext_lazy
 
 
 class AccountKind(models.TextChoices):
@@ -65,6 +65,14 @@ class MemoCode(models.TextChoices):
         _("%(days)d-day rental of %(cards)d × %(model)s at %(rate)s 元/card-h"),
     )
     TOPUP = "topup", _("Top-up via %(provider)s")
+    RESERVATION = (
+        "reservation",
+        _("Booked window %(name)s: %(cards)d × %(model)s for %(hours)d h at %(rate)s 元/card-h"),
+    )
+    RESERVATION_REFUND = (
+        "reservation_refund",
+        _("Refund of booked window %(name)s (%(share)s %% of %(total)s 元): %(why)s"),
+    )
     TOPUP_BONUS = (
         "topup_bonus",
         _("Top-up via %(provider)s; %(percent)s %% voucher for a top-up of %(amount)s 元"),
@@ -85,6 +93,9 @@ def memo_display_params(params: dict[str, Any]) -> dict[str, Any]:
     provider = shown.get("provider")
     if isinstance(provider, str) and provider in PAYMENT_PROVIDER_LABELS:
         shown["provider"] = str(PAYMENT_PROVIDER_LABELS[provider])
+    why = shown.get("why")
+    if isinstance(why, str):  # a booked window's refund reason, stored in English
+        shown["why"] = gettext(why)
     at = shown.get("at")
     if isinstance(at, str):
         try:

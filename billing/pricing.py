@@ -197,3 +197,37 @@ def quote_order(
             **{**quote.__dict__, "runway_seconds": runway_seconds(balance, quote.burn_per_hour)}
         )
     return quote
+
+
+# --- booked windows (预约, issue 32) ---------------------------------------------------------------
+# The cancellation rule, stated at booking and applied exactly: all back until this long before
+# the start, half after that, nothing once the window has started.
+RESERVATION_FULL_REFUND_SECONDS = 24 * SECONDS_PER_HOUR
+RESERVATION_LATE_REFUND_SHARE = Decimal("0.5")
+
+
+def window_rate(price: GpuPrice, hours: int) -> tuple[Decimal, int | None]:
+    """The term ladder's locked card-hour rate for a window of ``hours``: the longest term that
+    is no longer than the window (its rung's ``days``), else the on-demand rate (None)."""
+    best: TermPrice | None = None
+    for term in sorted(price.terms, key=lambda t: t.days):
+        if term.days * 24 <= int(hours):
+            best = term
+    if best is None:
+        return to_decimal(price.on_demand_per_card_hour), None
+    return to_decimal(best.rate_per_card_hour), best.days
+
+
+def window_total(rate_per_card_hour: Decimal, cards: int, hours: int) -> Decimal:
+    """What a window of ``cards`` for ``hours`` costs up front at the locked rate."""
+    return charge_for(rate_per_card_hour, int(cards), int(hours) * SECONDS_PER_HOUR)
+
+
+def reservation_refund_share(seconds_before_start: float) -> Decimal:
+    """The share of a window's price a cancellation gives back ``seconds_before_start`` before
+    its start: 1 until 24 h before (inclusive), ½ after that, 0 from the start on."""
+    if seconds_before_start >= RESERVATION_FULL_REFUND_SECONDS:
+        return Decimal(1)
+    if seconds_before_start > 0:
+        return RESERVATION_LATE_REFUND_SHARE
+    return ZERO

@@ -123,6 +123,7 @@ from billing.money import (
     CENT,
     SECONDS_PER_HOUR,
     ZERO,
+    allocate,
     charge_for,
     percent_of,
     round_cents,
@@ -136,6 +137,9 @@ from billing.pricing import (
     gpu_model_key,
     most_charged,
     quote_order,
+    reservation_refund_share,
+    window_rate,
+    window_total,
 )
 from billing.providers import get_provider
 from billing.settlement import (
@@ -209,6 +213,11 @@ __all__ = [  # what other apps, the views and the tests call
     "order_min_runway_seconds",
     "price_list",
     "purchase_term",
+    "pay_reservation",
+    "refund_reservation",
+    "reservation_refund_share",
+    "window_price",
+    "WindowPrice",
     "quote_for",
     "storage_price",
     "StoragePrice",
@@ -1190,3 +1199,160 @@ def _copied_into(book: PriceBook, rows: Iterable[_PriceRow]) -> list[_PriceRow]:
         row.price_book = book
         copies.append(row)
     return copies
+
+
+# --- booked windows (预约, issue 32) ----------------------------------------------------------------
+# Why a window's money came back, as its refund memo says it (rendered in the reader's language).
+RESERVATION_REFUND_REASONS = {
+    "cancelled": gettext_noop("cancelled"),
+    "delay": gettext_noop("started late: the delay is not billed"),
+    "missed": gettext_noop("could not be started"),
+}
+
+
+@dataclass(frozen=True)
+class WindowPrice:
+    """A window's locked price: the term ladder's rate for its length (``term_days``: the rung;
+    None: on demand), the total paid up front, and the same hours on demand for comparison."""
+
+    gpu_model: str
+    cards: int
+    hours: int
+    rate_per_card_hour: Decimal
+    term_days: int | None
+    total: Decimal
+    on_demand_total: Decimal
+    price_version: int
+
+
+def window_price(gpu_model: str, cards: int, hours: int, at: datetime | None = None) -> WindowPrice:
+    """The locked price of ``cards`` × ``gpu_model`` for ``hours`` on the current price book;
+    raises ``PriceNotSet`` (also for a placeholder price: not orderable)."""
+    book, price = current_gpu_price(gpu_model, at)
+    if price.is_placeholder:
+        raise PriceNotSet(
+            gettext_noop("No price is set for %(model)s yet; it cannot be booked."),
+            model=gpu_model,
+        )
+    terms = list(book.term_prices.filter(gpu_model=price.gpu_model))
+    rate, days = window_rate(gpu_price_quote(book, price, terms), hours)
+    return WindowPrice(
+        price.gpu_model,
+        int(cards),
+        int(hours),
+        rate,
+        days,
+        window_total(rate, cards, hours),
+        window_total(price.on_demand_per_card_hour, cards, hours),
+        book.version,
+    )
+
+
+@transaction.atomic
+def pay_reservation(
+    who: Any,  # an Acting, a team or a user (console.tenancy.team_of)
+    *,
+    gpu_model: str,
+    cards: int,
+    hours: int,
+    resource_id: str,
+    name: str = "",
+) -> tuple[WindowPrice, LedgerTransaction]:
+    """Pay a booked window up front at its locked price (idempotent per ``resource_id``).
+
+    The balance must pay it and still carry what already runs for the order runway (the rule
+    ``ensure_affordable`` applies to a term); else ``InsufficientFunds`` and nothing is charged.
+    """
+    priced = window_price(gpu_model, cards, hours)
+    key = f"reservation:{resource_id}"
+    done = LedgerTransaction.objects.filter(idempotency_key=key).first()
+    if done is not None:
+        return priced, done
+    wallet = lock_wallet(who)
+    now = clock.now()
+    burn = account_burn(cast("User", who))
+    runway = order_min_runway_seconds()
+    needed = (priced.total + burn.per_hour * runway / SECONDS_PER_HOUR + burn.up_front).quantize(
+        CENT, rounding=ROUND_UP
+    )
+    buckets = spendable_accounts(wallet, now)
+    balance = sum((b.balance for b in buckets), ZERO)
+    if balance < needed:
+        raise InsufficientFunds(
+            gettext_noop(
+                "This window costs %(total)s 元 up front (%(needed)s 元 with what already runs on "
+                "your account); your balance is %(balance)s 元. Top up %(shortfall)s 元 to book it."
+            ),
+            total=priced.total,
+            needed=needed,
+            balance=balance,
+            shortfall=needed - balance,
+            top_up_url=reverse("billing:overview"),
+        )
+    legs = spending_legs(buckets, priced.total, system_account(AccountKind.USAGE_REVENUE))
+    txn = post(
+        TransactionKind.TERM_PURCHASE,
+        legs,
+        wallet=wallet,
+        code=MemoCode.RESERVATION,
+        params={
+            "name": name[:63],
+            "cards": int(cards),
+            "model": priced.gpu_model,
+            "hours": int(hours),
+            "rate": str(priced.rate_per_card_hour),
+        },
+        key=key,
+        by=user_of(who),
+    )
+    return priced, txn
+
+
+@transaction.atomic
+def refund_reservation(
+    who: Any,
+    *,
+    resource_id: str,
+    amount: Decimal,
+    why: str,
+    share: Decimal,
+    name: str = "",
+) -> LedgerTransaction | None:
+    """Give ``amount`` of a window's payment back, once per (window, ``why``): to the accounts
+    that paid it, in the order they paid (vouchers first, cash last), never more than each gave.
+    None when there is nothing to give back. A second call with the same ``why`` finds the first
+    refund by its key and posts nothing."""
+    amount = round_cents(to_decimal(amount))
+    key = f"reservation-refund:{resource_id}:{why}"
+    wallet = lock_wallet(who)  # the wallet lock first: two refunds of one window queue here
+    done = LedgerTransaction.objects.filter(idempotency_key=key).first()
+    if done is not None or amount <= 0:
+        return done
+    paid = LedgerTransaction.objects.filter(idempotency_key=f"reservation:{resource_id}").first()
+    if paid is None:  # never paid (nothing to give back)
+        return None
+    legs = [
+        (e.account, -e.amount)
+        for e in paid.entries.select_related("account").order_by("pk")
+        if e.account.wallet_id == wallet.pk and e.amount < 0
+    ]
+    if not legs:
+        return None
+    amount = min(amount, sum((x for _, x in legs), ZERO))
+    parts = allocate(amount, [x for _, x in legs])
+    back: list[tuple[Account, Decimal]] = [(a, p) for (a, _x), p in zip(legs, parts, strict=True)]
+    back.append((system_account(AccountKind.USAGE_REVENUE), -amount))
+    total = sum((x for _, x in legs), ZERO)
+    return post(
+        TransactionKind.REFUND,
+        back,
+        wallet=wallet,
+        code=MemoCode.RESERVATION_REFUND,
+        params={
+            "name": name[:63],
+            "share": str(round_cents(to_decimal(share) * 100)),
+            "total": str(total),
+            "why": RESERVATION_REFUND_REASONS.get(why, why),
+        },
+        key=key,
+    )

@@ -409,6 +409,11 @@ SLICES_LEASE_SECONDS: int = _get("SLICES_LEASE_SECONDS", env.int, 15)
 SLICES_TAKEOVER_INTERVAL: float = _get("SLICES_TAKEOVER_INTERVAL", env.float, 5.0)
 if not 2 <= SLICES_LEASE_SECONDS <= 3600 or not 1 <= SLICES_TAKEOVER_INTERVAL <= 300:
     raise ConfigError("SLICES_LEASE_SECONDS or SLICES_TAKEOVER_INTERVAL is out of range")
+# Booked windows (预约, issue 32): notices, covering failed nodes, starting due windows.
+CELERY_BEAT_SCHEDULE["slices-reservations"] = {
+    "task": "slices.tasks.run_reservations_task",
+    "schedule": 60.0,
+}
 CELERY_BEAT_SCHEDULE["slices-take-over"] = {
     "task": "slices.tasks.take_over_instances_task",
     "schedule": SLICES_TAKEOVER_INTERVAL,

@@ -4,6 +4,7 @@ import re
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 
 class Fabric(models.TextChoices):
@@ -89,6 +90,30 @@ INSTANCE_STATE_BADGES = {
     InstanceState.STARTING: "info",
     InstanceState.MIGRATING: "warning",
     InstanceState.QUEUED: "info",
+}
+
+
+class ReservationState(models.TextChoices):
+    """A booked window (预约): paid and held, then started as an instance at its time."""
+
+    BOOKED = "booked", pgettext_lazy("reservation state", "Booked")
+    DELAYED = "delayed", pgettext_lazy("reservation state", "Delayed")
+    STARTED = "started", pgettext_lazy("reservation state", "Started")
+    ENDED = "ended", pgettext_lazy("reservation state", "Ended")
+    CANCELLED = "cancelled", pgettext_lazy("reservation state", "Cancelled")
+    MISSED = "missed", pgettext_lazy("reservation state", "Not started (refunded)")
+
+
+# Windows that still hold their pins in the allocator's plan (not yet an instance).
+RESERVATION_HOLDING = (ReservationState.BOOKED, ReservationState.DELAYED)
+
+RESERVATION_STATE_BADGES = {
+    ReservationState.BOOKED: "primary",
+    ReservationState.DELAYED: "warning",
+    ReservationState.STARTED: "success",
+    ReservationState.ENDED: "secondary",
+    ReservationState.CANCELLED: "secondary",
+    ReservationState.MISSED: "danger",
 }
 
 

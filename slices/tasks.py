@@ -34,6 +34,7 @@ from slices.services import (
     queue,
     recipes,
     reconcile,
+    reservations,
     slurm_jobs,
     telemetry,
 )
@@ -145,6 +146,13 @@ def reconcile_instances_task() -> str:
     """Celery beat: re-drive stuck instances, auto-release, free leaked GPUs (idempotent; each
     of its passes retries transient errors itself)."""
     return str(reconcile.reconcile())
+
+
+@shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)
+def run_reservations_task() -> str:
+    """Celery beat (every minute): booked windows' notices (T−24 h, T−1 h), failed pins covered,
+    due windows started as instances at their start minus the provisioning lead (issue 32)."""
+    return str(reservations.run_reservations())
 
 
 @shared_task(base=TransientRetryTask, acks_late=True, ignore_result=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.urls import path
 
 from slices import app_views, job_views, pfs_views, port_views, views
+from slices.views import reservations as reservation_views
 
 app_name = "slices"
 urlpatterns = [
@@ -61,6 +62,13 @@ urlpatterns = [
     path("apps/<uuid:public_id>/v1/<path:rest>", app_views.app_api_proxy, name="app-api"),
     path("apps/<slug:slug>/", app_views.app_detail, name="app-detail"),
     path("disks/", views.disk_list, name="disk-list"),
+    # Booked windows (预约, issue 32).
+    path("reservations/", reservation_views.reservation_list, name="reservation-list"),
+    path(
+        "reservations/<uuid:public_id>/cancel/",
+        reservation_views.reservation_cancel,
+        name="reservation-cancel",
+    ),
     path("disks/<uuid:public_id>/", views.disk_detail, name="disk-detail"),
     path("disks/<uuid:public_id>/resize/", views.disk_resize, name="disk-resize"),
     path("disks/<uuid:public_id>/delete/", views.disk_delete, name="disk-delete"),

@@ -46,6 +46,8 @@ MONEY_ACTIONS = (
     "wallet.trial",
     "wallet.reversal",
     "member.budget",
+    "reservation.book",
+    "reservation.cancel",
 )
 
 ACTIONS = (
@@ -74,6 +76,8 @@ ACTIONS = (
 # What the page shows for each action (the code stays in the CSV and the API).
 ACTION_LABELS: dict[str, Any] = {
     "instance.order": _("Ordered an instance"),
+    "reservation.book": _("Booked a window"),
+    "reservation.cancel": _("Cancelled a booked window"),
     "instance.start": _("Started an instance"),
     "instance.stop": _("Stopped an instance"),
     "instance.release": _("Released an instance"),

@@ -117,6 +117,25 @@ EVENTS: dict[str, Event] = {
         ),
         ("inbox", "mail"),
     ),
+    # Booked windows (预约, issue 32): T−24 h and T−1 h, and a start that cannot be kept.
+    "reservation_soon": Event(
+        _("Booked windows"),
+        gettext_noop("Your booked window %(name)s starts at %(starts_at)s"),
+        gettext_noop(
+            "%(cards)s × %(gpu_model)s in %(region)s from %(starts_at)s to %(ends_at)s. The "
+            "instance is prepared before then; it is paid for and not billed by the second."
+        ),
+        ("inbox", "mail"),
+    ),
+    "reservation_delayed": Event(
+        _("Booked windows"),
+        gettext_noop("Your booked window %(name)s is delayed"),
+        gettext_noop(
+            "A node the window %(name)s needed failed and no other node is free yet. It starts "
+            "as soon as one is; the time it starts late is refunded, never billed."
+        ),
+        ("inbox", "mail", "sms"),
+    ),
 }
 
 # The preferences form: one row per kind of event (the two verification events share one).
@@ -129,8 +148,10 @@ PREFERENCE_EVENTS = (
     "queued_started",
     "release_warning",
     "invoice_issued",
+    "reservation_soon",
 )
 SHARED = {
+    "reservation_delayed": "reservation_soon",
     "verification_rejected": "verification_approved",
     "budget_stopped": "stopped",
     "queued_skipped": "queued_started",

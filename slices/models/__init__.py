@@ -23,6 +23,7 @@ from slices.models.instances import (
     PortGrant,
     ShareLink,
 )
+from slices.models.reservation import Reservation
 from slices.models.slurm import SlurmCluster, SlurmJob
 from slices.models.telemetry import GpuRollup, IdleWatch
 
@@ -49,6 +50,7 @@ __all__ = [
     "NodeWatch",
     "PfsUsage",
     "Region",
+    "Reservation",
     "ScalableUnit",
     "PortGrant",
     "ShareLink",

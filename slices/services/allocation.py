@@ -47,6 +47,8 @@ from slices.models import (
 from slices.perf import Performance, expected_performance
 from slices.services.fleet import FleetView, _ts, build_fleet, fleet_changed, fleet_view
 from slices.services.jobs import enqueue_on_commit
+from slices.services.windows import booked_windows
+from slices.topology import windows as booked
 
 MAX_PLAN_ATTEMPTS = 12
 
@@ -69,6 +71,11 @@ PLACEMENT_TEXT = {
     "no_capacity": gettext_noop(
         "%(cards)s × %(gpu_model)s are not free together%(where)s right now."
     ),
+    # A booked window (预约) needs these GPUs later: an order ending by then can start now.
+    "reserved": gettext_noop(
+        "%(cards)s × %(gpu_model)s%(where)s are booked from %(available_until)s; an order "
+        "that is released by then (可用至) can start now."
+    ),
 }
 
 
@@ -87,10 +94,14 @@ class NoCapacity(DomainError):
         gpu_model: str = "",
         cards: int = 0,
         region: str | None = None,
+        available_until: datetime | None = None,
     ) -> None:
         reason = unplaceable.code
         if reason == "no_cluster" and "InfiniBand" in unplaceable.reason:
             reason = "no_slices"
+        if available_until is not None:
+            reason = "reserved"
+        self.available_until = available_until
         names = region_names()
         self.region = region
         self.unplaceable = unplaceable
@@ -114,6 +125,7 @@ class NoCapacity(DomainError):
             reason=reason,
             earliest=earliest.isoformat() if earliest else None,
             alternatives=self.alternatives,
+            available_until=available_until.isoformat() if available_until else None,
         )
 
     def message(self) -> str:
@@ -144,15 +156,44 @@ class _LostRace(Exception):
 
 
 def _plan(
-    req: topology.Request, now: datetime
+    req: topology.Request, now: datetime, window: str | None = None
 ) -> tuple[topology.Fleet, dict[str, Node], topology.Placement]:
-    """Plan ``req`` on a snapshot of its GPU model's fleet (and the nodes by hostname); raises
-    NoCapacity (reason, earliest time, alternatives) when it cannot be placed now."""
+    """Plan ``req`` on a snapshot of its GPU model's fleet (and the nodes by hostname), the
+    booked windows overlapping its lifetime held first (``window``: the booked window this
+    claim starts, planned without its own hold); raises NoCapacity (reason, earliest time,
+    alternatives, the end before a window that would let it start) when it cannot be placed."""
     fleet, nodes = build_fleet(req.gpu_model)
+    windows = _windows(req, now, window)
+    held = booked.hold(fleet, windows, req.now, req.ends_at)
     planned = fleet.plan(req)
     if isinstance(planned, topology.Unplaceable):
-        _refuse(req, planned, now)
+        _refuse(req, planned, now, available_until=_available_until(fleet, req, held, windows))
     return fleet, nodes, planned
+
+
+def _windows(req: topology.Request, now: datetime, exclude: str | None) -> list[booked.Window]:
+    """The booked windows overlapping ``req``'s lifetime (the allocator's future occupants)."""
+    end = datetime.fromtimestamp(req.ends_at, tz=now.tzinfo) if req.ends_at else None
+    return booked_windows(req.gpu_model, now, end, exclude=exclude)
+
+
+def _available_until(
+    fleet: topology.Fleet, req: topology.Request, held: list[str], windows: list[booked.Window]
+) -> datetime | None:
+    """When ``req`` fits only on GPUs booked windows hold later: the first such window's
+    provisioning time (an order released by then can start now, 可用至); else None. Gives the
+    windows' GPUs back on ``fleet``."""
+    if not held:
+        return None
+    booked.unhold(fleet, held)
+    planned = fleet.plan(req)
+    if isinstance(planned, topology.Unplaceable):
+        return None
+    hit = booked.conflicts(planned, windows)
+    if not hit:
+        return None
+    first = min(w.starts_at for w in hit)
+    return datetime.fromtimestamp(first, tz=timezone.get_current_timezone())
 
 
 def _refuse(
@@ -160,13 +201,22 @@ def _refuse(
     planned: topology.Unplaceable,
     now: datetime,
     view: FleetView | None = None,
+    *,
+    available_until: datetime | None = None,
 ) -> NoReturn:
     """Raise NoCapacity for ``req``: why, when it could start, what fits instead (alternatives
     may be other GPU models, so the whole fleet is asked: the pages' shared view of it)."""
     with (view or fleet_view()).planning() as whole:
         why = whole.explain(req) or planned
     earliest = datetime.fromtimestamp(why.earliest, tz=now.tzinfo) if why.earliest else None
-    raise NoCapacity(why, earliest, gpu_model=req.gpu_model, cards=req.gpus, region=req.region)
+    raise NoCapacity(
+        why,
+        earliest,
+        gpu_model=req.gpu_model,
+        cards=req.gpus,
+        region=req.region,
+        available_until=available_until,
+    )
 
 
 def allocate(
@@ -177,8 +227,10 @@ def allocate(
     *,
     ends_at: datetime | None = None,
     label: str = "",
+    window: str | None = None,
 ) -> Allocation:
-    """Reserve `gpus` GPUs of `gpu_model` (a host of 1/2/4/8 or a slice of 64·k) for `owner`.
+    """Reserve `gpus` GPUs of `gpu_model` (a host of 1/2/4/8 or a slice of 64·k) for `owner`,
+    beside the booked windows its lifetime overlaps (``window``: the one it starts, if any).
 
     Raises NoCapacity (reason, earliest time, alternatives) when it cannot be placed now.
     Safe under concurrency: see the module docstring.
@@ -188,7 +240,7 @@ def allocate(
         req = topology.Request(
             str(uuid.uuid4()), gpus, gpu_model, region, now.timestamp(), _ts(ends_at)
         )
-        _fleet, nodes, planned = _plan(req, now)
+        _fleet, nodes, planned = _plan(req, now, window)
         try:
             return _commit(owner, planned, nodes, ends_at, label)
         except _LostRace:
@@ -244,15 +296,23 @@ def preview_allocation(
     which answers as a fresh read would: nothing is taken here, and an order plans afresh."""
     now = timezone.now()
     req = topology.Request("preview", gpus, gpu_model, region, now.timestamp(), _ts(ends_at))
-    structural = None
+    structural = until = None
     view = fleet_view()
+    windows = _windows(req, now, None)
     with view.planning() as fleet:
-        planned = fleet.plan(req)
-        if isinstance(planned, topology.Placement) and not planned.at_structural_minimum:
-            t = fleet.earliest_start(req, structural=True)
-            structural = datetime.fromtimestamp(t, tz=now.tzinfo) if t else None
+        held = booked.hold(fleet, windows, req.now, req.ends_at)  # given back below: shared
+        try:
+            planned = fleet.plan(req)
+            if isinstance(planned, topology.Placement) and not planned.at_structural_minimum:
+                t = fleet.earliest_start(req, structural=True)
+                structural = datetime.fromtimestamp(t, tz=now.tzinfo) if t else None
+            if isinstance(planned, topology.Unplaceable):
+                until = _available_until(fleet, req, held, windows)
+                held = []  # _available_until gave them back
+        finally:
+            booked.unhold(fleet, held)
     if isinstance(planned, topology.Unplaceable):
-        _refuse(req, planned, now, view)
+        _refuse(req, planned, now, view, available_until=until)
     _cluster, perf = _placement_performance(planned)
     return Preview(
         gpus,

@@ -197,6 +197,10 @@ class OrderRequest:
     # most ``max_wait_hours`` (None: SLICES_QUEUE_DEFAULT_MAX_WAIT_HOURS).
     when_unavailable: str = ""
     max_wait_hours: float | None = None
+    # A booked window starting (issue 32; console code only): its public id (the allocator plans
+    # it without its own hold) and its end, paid up front at booking: never charged per second.
+    window: str = ""
+    prepaid_until: datetime | None = None
 
     def fingerprint(self) -> str:
         body = {
@@ -223,6 +227,7 @@ class OrderRequest:
                 if self.when_unavailable
                 else {}
             ),
+            **({"window": self.window} if self.window else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -480,6 +485,7 @@ class _CheckedOrder:
     disks: Any
     web_ports: list[dict[str, Any]] = field(default_factory=list)
     slurm: slurm_service.SlurmOrder | None = None
+    window: str = ""
 
 
 def order_instance(
@@ -586,7 +592,10 @@ def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
             gettext_noop("No price is set for %(gpu_model)s yet; it cannot be ordered."),
             gpu_model=model.code,
         )
-    _quote, per_hour = check_funds(user, price, req)
+    if req.prepaid_until is None:
+        _quote, per_hour = check_funds(user, price, req)
+    else:  # a booked window, paid when booked: nothing to check, nothing charged per hour
+        per_hour = Decimal("0.00")
     version = marketplace.resolve_image_version(req.image, model.code) if req.image else None
     if version is not None and not version.supports(model.code):
         raise OrderRefused(
@@ -612,6 +621,7 @@ def _check_order(user: Any, req: OrderRequest) -> _CheckedOrder:
         disks=order_disks,
         web_ports=ports.clean_web_ports(list(req.web_ports)),
         slurm=slurm_service.clean_order(req.cards, req.scheduler, req.job, req.release_on_job_end),
+        window=req.window,
     )
 
 
@@ -636,13 +646,14 @@ def _create_and_allocate(
     fingerprint: str,
 ) -> Instance:
     limit = _lock_quota(user)  # concurrent orders of one account queue here
-    used = cards_in_use(user)
-    if used + req.cards > limit:
-        raise quota_exceeded(limit, used, req.cards)
-    # Decided here, under the lock: an order that committed while this one waited is counted.
-    price = price_name(c.model.code) or c.model.code
-    check_funds(user, price, req)
-    check_member_limits(user, price, req)  # the member's card quota and monthly budget
+    if req.prepaid_until is None:  # a booked window was checked and paid when booked
+        used = cards_in_use(user)
+        if used + req.cards > limit:
+            raise quota_exceeded(limit, used, req.cards)
+        # Decided here, under the lock: an order that committed while this one waited is counted.
+        price = price_name(c.model.code) or c.model.code
+        check_funds(user, price, req)
+        check_member_limits(user, price, req)  # the member's card quota and monthly budget
     instance = Instance.objects.create(
         team=team_of(user),
         created_by=user_of(user),
@@ -662,6 +673,7 @@ def _create_and_allocate(
         term_days=req.term_days if req.billing_mode == BillingMode.TERM else None,
         quoted_per_hour=c.per_hour,
         auto_release_at=c.auto_release_at,
+        term_paid_until=req.prepaid_until,  # a booked window: mark_running opens no session
         driver=settings.SLICES_DRIVER,
         idempotency_key=idempotency_key,
         request_fingerprint=fingerprint,
@@ -752,6 +764,7 @@ def _reserve(instance: Instance, user: Any, c: _CheckedOrder) -> None:
         c.region.code if c.region else None,
         ends_at=c.auto_release_at,
         label=f"instance {instance.public_id}",
+        window=c.window or None,
     )
     parts = list(allocation.nodes.select_related("node").order_by("rank"))
     InstanceNode.objects.bulk_create(

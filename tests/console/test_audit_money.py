@@ -202,6 +202,27 @@ def test_every_money_moving_action_leaves_one_entry_with_actor_team_object_and_c
     assert e.before["budget_monthly"] is None and Decimal(e.after["budget_monthly"]) == 500
     assert e.after["gpu_quota"] == 8 and e.actor == alice
 
+    # A booked window (issue 32): paid when booked, refunded by the cancellation rule.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from slices.services import reservations
+
+    window = reservations.BookingRequest(
+        "RTX4090", 1, "xiamen", timezone.now() + timedelta(days=3), 2
+    )
+    e = walk.one(
+        "reservation.book",
+        lambda: box.update(window=reservations.book_reservation(alice, window, request=request)[0]),
+    )
+    assert (e.actor, e.team, e.object_id) == (alice, team, str(box["window"].public_id))
+    e = walk.one(
+        "reservation.cancel",
+        lambda: reservations.cancel_reservation(alice, box["window"].public_id, request=request),
+    )
+    assert Decimal(e.after["refunded"]) == box["window"].total
+
     assert sorted(walk.seen) == sorted(MONEY_ACTIONS), set(MONEY_ACTIONS) - set(walk.seen)
     # Nothing of another account's team.
     assert not AuditEntry.objects.exclude(team=team).filter(action__in=MONEY_ACTIONS).exists()

@@ -60,7 +60,40 @@ def _job(owner: Any) -> dict[str, Any]:
     return {"public_id": instance.public_id, "job_id": job.public_id}
 
 
+def _reservation(owner: Any) -> dict[str, Any]:
+    """A booked window of ``owner``'s team (a row: no GPUs held, nothing paid)."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from console.tenancy import personal_team
+    from slices.models import GpuModel, Region, Reservation
+
+    if not GpuModel.objects.exists():
+        load_small_fleet()
+    start = timezone.now() + timedelta(days=2)
+    row = Reservation.objects.create(
+        team=personal_team(owner),
+        created_by=owner,
+        name="w",
+        gpu_model=GpuModel.objects.get(code="RTX4090"),
+        region=Region.objects.get(code="xiamen"),
+        cards=1,
+        starts_at=start,
+        hours=1,
+        ends_at=start + timedelta(hours=1),
+        rate_per_card_hour=Decimal("1.90"),
+        total=Decimal("1.90"),
+    )
+    return {"public_id": row.public_id}
+
+
 OBJECT_ROUTES: dict = {
+    # Booked windows (issue 32).
+    "reservation-detail": _reservation,
+    "reservation-cancel": _reservation,
+    "slices:reservation-cancel": _reservation,
     # A slice's Slurm jobs (issue 31).
     "job-list": _instance,
     "job-detail": _job,
