@@ -94,6 +94,7 @@ def test_the_slurm_run_is_a_slice_in_job_mode_that_releases_itself(
     page = client.get(URL).content.decode()
     assert 'id="demo-slurm-launch"' in page and 'id="demo-slurm-price"' in page
     # In both languages (zh-hans is the default).
+    assert 'id="accept-license-slurm"' in page  # the licence is accepted on this form too
     assert "在 Slurm 上运行" in page and "2 × 8 张 A800" in page and "最长 30 分钟" in page
     english = client.get(URL, HTTP_ACCEPT_LANGUAGE="en").content.decode()
     assert "Run on Slurm" in english and "as a 2-node Slurm job" in english
