@@ -41,11 +41,11 @@ serve: $(VENV)/.synced
 # real-Slurm tests (tests/slices/test_slurm_ssh.py) run Debian's Slurm 22.05 and munge on the
 # sshd test hosts (about 15 MB; the packages' own services are never started).
 CJK_FONT := /usr/share/fonts/truetype/wqy/wqy-microhei.ttc
-DEBIAN_DEPS := chromium openssh-server fonts-wqy-microhei slurmctld slurmd slurmrestd slurm-client munge
+DEBIAN_DEPS := chromium openssh-server fonts-wqy-microhei slurmctld slurmd slurmrestd slurm-client munge iproute2
 system-deps:
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/sbin/sshd ] || [ ! -f $(CJK_FONT) ] \
 	    || [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/slurmrestd ] \
-	    || [ ! -x /usr/bin/sbatch ] || [ ! -x /usr/sbin/munged ]; then \
+	    || [ ! -x /usr/bin/sbatch ] || [ ! -x /usr/sbin/munged ] || [ ! -x /usr/sbin/ip ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_DEPS) >/dev/null \
 	      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_DEPS) >/dev/null; }; \

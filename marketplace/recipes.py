@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,9 @@ from marketplace.catalogue import CatalogueError, gpu_code, is_valid_hub_id, is_
 from marketplace.manifests import ENV_NAME, manifest_text, read_all, read_manifest
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
-BUDGETS = {"trial_credit"}
+BUDGETS = {"trial_credit", "balance"}  # balance: what the account can spend
 MAX_TIME_LIMIT_MINUTES = 24 * 60
+MAX_SLURM_NODES = 16
 
 # The loader's fixed limits (least, most) of the parameters a recipe's work grows with.
 PARAMETER_LIMITS: dict[str, tuple[int, int]] = {
@@ -111,6 +112,44 @@ class Recipe:
     outputs: dict[str, str] = field(default_factory=dict)
     # (least, most) of each bounded parameter: the loader's fixed limits, narrowed by the manifest.
     bounds: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(PARAMETER_LIMITS))
+    # The multi-node Slurm run (issue 31): its node count and its batch script (a file of the
+    # recipe's directory); 0 / "" = the recipe is not offered on Slurm.
+    slurm_nodes: int = 0
+    slurm_script: str = ""
+    slurm_gpu_model: str = ""
+    slurm_slice_cards: int = 0
+    slurm_budget: str = ""
+    gpus_per_node: int = 0  # a Slurm run's cards per node (the one-node run's ``cards``)
+    # "torchrun" (one node, the entrypoint) or "slurm" (``on_slurm()``: a job on a slice).
+    mode: str = "torchrun"
+
+    @property
+    def offers_slurm(self) -> bool:
+        return self.slurm_nodes > 1 and bool(self.slurm_script)
+
+    def on_slurm(self) -> Recipe:
+        """The recipe as its multi-node Slurm job: ``slurm_nodes`` whole nodes of ``cards``."""
+        if not self.offers_slurm:
+            raise ValueError(f"{self.slug} has no Slurm run")
+        if self.mode == "slurm":
+            return self
+        return replace(
+            self,
+            cards=self.slurm_slice_cards,
+            gpu_model=self.slurm_gpu_model,
+            alternatives=(),
+            budget=self.slurm_budget,
+            gpus_per_node=self.cards,
+            mode="slurm",
+        )
+
+    @property
+    def cards_per_node(self) -> int:
+        return self.gpus_per_node or self.cards
+
+    def batch_script(self) -> str:
+        """The Slurm batch script's text (catalogue data, never a customer's)."""
+        return (self.directory / self.slurm_script).read_text()
 
     def check_parameters(self, env: Mapping[str, str]) -> None:
         """Refuse (``ParameterOutOfBounds``) a run environment outside the recipe's bounds."""
@@ -173,6 +212,7 @@ def read_recipe(directory: Path) -> Recipe:
         text = str(template)
         if text.startswith("/") or ".." in text.split("/"):
             raise CatalogueError(f"{where}: outputs.{key} must stay inside /pfs")
+    slurm = _slurm(data.get("slurm"), files, where)
     return Recipe(
         slug=slug,
         demo=demo,
@@ -194,7 +234,39 @@ def read_recipe(directory: Path) -> Recipe:
         env=env,
         outputs={str(k): str(v) for k, v in outputs.items()},
         bounds=bounds,
+        **slurm,
     )
+
+
+def _slurm(data: Any, files: tuple[str, ...], where: str) -> dict[str, Any]:
+    """The manifest's ``slurm`` run (nodes: 2..MAX_SLURM_NODES; script: one of its ``files``;
+    gpu_model; slice_cards: a multiple of 8 holding the nodes; budget), or nothing."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise CatalogueError(f"{where}: slurm must give nodes, script, gpu_model and slice_cards")
+    nodes = data.get("nodes")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 2 <= nodes <= MAX_SLURM_NODES:
+        raise CatalogueError(f"{where}: slurm.nodes must be from 2 to {MAX_SLURM_NODES}")
+    script = str(data.get("script") or "")
+    if script not in files:
+        raise CatalogueError(f"{where}: slurm.script must be one of the recipe's files")
+    gpu_model = gpu_code(str(data.get("gpu_model") or ""))
+    if not gpu_model:
+        raise CatalogueError(f"{where}: slurm.gpu_model must be a known GPU model")
+    cards = data.get("slice_cards")
+    if isinstance(cards, bool) or not isinstance(cards, int) or cards < nodes * 8 or cards % 8:
+        raise CatalogueError(f"{where}: slurm.slice_cards must hold its nodes (8 cards each)")
+    budget = str(data.get("budget") or "")
+    if budget not in BUDGETS:
+        raise CatalogueError(f"{where}: slurm.budget must be one of {sorted(BUDGETS)}")
+    return {
+        "slurm_nodes": nodes,
+        "slurm_script": script,
+        "slurm_gpu_model": gpu_model,
+        "slurm_slice_cards": cards,
+        "slurm_budget": budget,
+    }
 
 
 def _bounds(data: Any, where: str) -> dict[str, tuple[int, int]]:

@@ -178,6 +178,10 @@ def slurm_conf(layout: SlurmLayout) -> str:
         "InactiveLimit=0",
         "KillWait=5",
         "DebugFlags=NO_CONF_HASH",
+        # The daemons listen on the slice's own addresses only (slurmctld on rank 0's, each
+        # slurmd on its NodeAddr), never on every interface of the node (README "Slurm and
+        # jobs", the isolation rule).
+        "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny",
     ]
     for node in layout.nodes:
         gres = f" Gres=gpu:{layout.gres_type}:{len(node.gpus)}" if node.gpus else ""

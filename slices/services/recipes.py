@@ -21,7 +21,7 @@ import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -44,7 +44,7 @@ from slices.choices import EventKind, EventLevel, InstanceState
 from slices.drivers import DriverError, capabilities, get_driver
 from slices.errors import InstanceConflict, OrderRefused
 from slices.lifecycle import LIVE
-from slices.models import Instance, InstanceEvent
+from slices.models import Instance, InstanceEvent, SlurmCluster, SlurmJob
 from slices.services import jobs, storage
 from slices.services.allocation import NoCapacity, preview_allocation
 from slices.services.history import record_output
@@ -70,6 +70,8 @@ DEMO_LIVE_STATES = tuple(s.value for s in LIVE if s != InstanceState.RELEASING)
 # before the time limit, after the expected provisioning time.
 RELEASE_MARGIN_SECONDS = 60
 OUTPUT_BATCH_LINES = 200
+# What a recipe's Slurm slice runs as its instance's command: nothing (the job is the work).
+SLURM_IDLE = "sleep infinity"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +171,9 @@ def _asset(kind: str, hub_id: str) -> Any:
 
 
 def demo_offer(user: Any, recipe: Recipe) -> DemoOffer:
-    budget = budget_for(recipe)
+    wallet = billing.get_wallet_summary(user)
+    # The trial credit for the one-click demo; a Slurm slice is paid from the balance.
+    budget = wallet.spendable if recipe.budget == "balance" else budget_for(recipe)
     preferred = _choice(user, recipe, recipe.gpu_model, budget)
     choice = preferred if preferred is not None and preferred.available else None
     earliest = None
@@ -191,7 +195,6 @@ def demo_offer(user: Any, recipe: Recipe) -> DemoOffer:
     except Http404:
         image = None
     license = model.license if model is not None else None
-    wallet = billing.get_wallet_summary(user)
     problems = []
     if model is None or dataset is None or image is None:
         problems.append(
@@ -288,6 +291,8 @@ def launch_recipe(
         auto_release_at=timezone.now() + timedelta(seconds=limit),
         entrypoint=recipe.entrypoint,
     )
+    if recipe.mode == "slurm":
+        req = _slurm_order(req, recipe, env, limit)
     with transaction.atomic():
         # The account's orders queue on its quota row: of concurrent launches, the first orders
         # and the others find its run live (or, with the same launch key, return it).
@@ -301,6 +306,32 @@ def launch_recipe(
         _refuse_a_second_run(user)
         instance, _created = order_instance(user, req, idempotency_key=idempotency_key, request=request, audit_action="demo.run")  # fmt: skip
     return instance
+
+
+def _slurm_order(
+    req: OrderRequest, recipe: Recipe, env: dict[str, str], limit: int
+) -> OrderRequest:
+    """The recipe as a multi-node Slurm job (issue 31): a slice with its own Slurm in job mode,
+    the recipe's batch script submitted once it runs with the run's environment as data (the
+    node's own names, PATH and HOME, are the node's), released when the job ends; the time
+    limit stays the automatic release behind it."""
+    job_env = {k: v for k, v in env.items() if k not in ("PATH", "HOME")}
+    job = {
+        "script": recipe.batch_script(),
+        "name": env[RUN_ENV],
+        "nodes": recipe.slurm_nodes,
+        "gpus_per_node": recipe.cards_per_node,
+        "time_limit": max(1, limit // 60),
+        "environment": job_env,
+    }
+    # The nodes only hold the instance (its Slurm daemons, the terminal): the job is the work.
+    return replace(req, entrypoint=SLURM_IDLE, scheduler="slurm", job=job, release_on_job_end=True)
+
+
+def _ordered_on_slurm(instance: Instance) -> bool:
+    """Whether the instance was ordered with a Slurm job (job mode): its recipe runs as that
+    job, followed by the job follower, not by ``follow_recipe``."""
+    return SlurmCluster.objects.filter(instance=instance).exclude(job_request={}).exists()
 
 
 def live_demo_run(user: Any) -> Instance | None:
@@ -384,6 +415,11 @@ def recipe_of(instance: Instance) -> Recipe | None:
 
 
 def output_lines(instance: Instance) -> list[str]:
+    """The recipe's output: the order's Slurm job's (its cached tail) for a run on Slurm,
+    else what the follower kept from the node."""
+    job = SlurmJob.objects.filter(instance=instance, from_order=True).only("output").first()
+    if job is not None:
+        return job.output.splitlines()
     return list(
         InstanceEvent.objects.filter(instance=instance, kind=EventKind.LOG, step=RUN_STEP)
         .order_by("pk")
@@ -411,6 +447,8 @@ def follow_recipe(instance_id: int, *, budget_s: float | None = None, driver: An
     instance = Instance.objects.filter(pk=instance_id).select_related("team", "created_by").first()
     if instance is None or instance.state != InstanceState.RUNNING or recipe_of(instance) is None:
         return "nothing to do"
+    if _ordered_on_slurm(instance):
+        return "slurm job"  # the job follower reads its output and releases the slice
     interval = float(settings.RECIPE_FOLLOW_INTERVAL)
     budget = max(0.0, float(budget_s if budget_s is not None else settings.RECIPE_FOLLOW_SECONDS))
     lock = f"recipe-follow:{instance.pk}"

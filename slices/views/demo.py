@@ -29,12 +29,15 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
     if recipe is None:
         raise Http404
     error: Any = None
+    # The recipe's multi-node Slurm run (issue 31), offered beside the one-node run.
+    on_slurm = recipe.on_slurm() if recipe.offers_slurm else None
     if request.method == "POST":
         key = parse_uuid(request.POST.get("launch_key", ""))
+        chosen = on_slurm if on_slurm and request.POST.get("mode") == "slurm" else recipe
         try:
             instance = recipes.launch_recipe(
                 acting(request),
-                recipe,
+                chosen,
                 accept_license=request.POST.get("accept_license") == "on",
                 gpu_model=request.POST.get("gpu_model") or None,
                 # One run per rendering of the page: a double click launches once.
@@ -52,6 +55,7 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
             # drops it once the run has started or ended (a flash would stay until a reload).
             return redirect("slices:instance-detail", public_id=instance.public_id)
     offer = recipes.demo_offer(acting(request), recipe)
+    slurm_offer = recipes.demo_offer(acting(request), on_slurm) if on_slurm else None
     runs = list(
         Instance.objects.for_team(acting(request))
         .filter(env__RECIPE=recipe.slug)
@@ -73,5 +77,10 @@ def demo(request: HttpRequest, name: str) -> HttpResponse:
         "checkpoint_path": "/pfs/" + recipe.checkpoint_path("<run>", 0).replace("step-0", "step-N"),
         "minutes": offer.choice.time_limit_s // 60 if offer.choice else recipe.time_limit_minutes,
         "launch_key": uuid.uuid4(),
+        "slurm_recipe": on_slurm,
+        "slurm_offer": slurm_offer,
+        "slurm_minutes": slurm_offer.choice.time_limit_s // 60
+        if slurm_offer and slurm_offer.choice
+        else 0,
     }
     return render(request, "slices/demo.html", context, status=409 if error else 200)

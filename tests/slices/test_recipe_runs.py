@@ -193,3 +193,101 @@ def test_the_recipe_trains_checkpoints_resumes_and_saves_the_adapter_over_ssh(
         == 2
     )
     assert after.cash == before.cash
+
+
+# ---------------------------------------------------------------------------------------------
+# The same recipe as a 2-node job on the slice's REAL Slurm (issue 31)
+# ---------------------------------------------------------------------------------------------
+
+SLURM_HOSTS = 8  # the allocator's smallest slice: 64 A800, 8 nodes
+
+
+@pytest.fixture
+def slurm_fleet(full_catalogue, settings, ssh_hosts: SshHostPool, tmp_path: Path):  # noqa: ANN001, ANN201, F811
+    """The A800 cluster's 8 nodes on 8 sshd test hosts with Debian's real Slurm (the slice's
+    own, started by the console), the tiny model and dataset, the recipe environment on PATH."""
+    import shutil
+    import tempfile
+
+    from tests.support.sshd import processes_under, stop_pids
+
+    python = recipe_python()
+    seed_default_prices()
+    load_small_fleet()
+    run_dir = Path(tempfile.mkdtemp(prefix="gpc-slurm-"))
+    run_dir.chmod(0o755)  # slurmrestd runs as nobody
+    settings.SLICES_SLURM_RUN_DIR = str(run_dir)
+    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+    settings.SLICES_SSH_CONNECT_TIMEOUT = 5.0
+    settings.SLICES_SSH_COMMAND_TIMEOUT = 60.0
+    nodes = list(Node.objects.filter(cluster__code="yc-a800").order_by("hostname"))
+    assert len(nodes) == SLURM_HOSTS
+    fleet = configure_ssh_fleet(
+        settings, ssh_hosts.get(SLURM_HOSTS), nodes, tmp_path, client_key=ssh_hosts.client_key
+    )
+    recipe = catalogue_recipes.get_demo("llama-7b")
+    model = fleet.asset_root / "models" / recipe.model
+    dataset = fleet.asset_root / "datasets" / recipe.dataset
+    subprocess.run([str(python), str(TINY), str(model), str(dataset)], check=True)  # noqa: S603
+    settings.SLICES_NODE_PATH = f"{python.parent}:/usr/local/bin:/usr/bin:/bin"
+    settings.RECIPE_EXTRA_ENV = {
+        "RECIPE_DIR": str(RECIPE_DIR),
+        "MASTER_PORT": str(_free_port()),
+        "NPROC_PER_NODE": "1",  # one process per node on the CPU: world size 2
+        "MAX_STEPS": "6",
+        "SAVE_EVERY": "3",
+        "LOG_EVERY": "1",
+        "LR": "0.02",
+        "LORA_TARGETS": "q_proj,k_proj,v_proj,o_proj",
+        "BATCH_SIZE": "4",
+        "SEQ_LEN": "64",
+        "OMP_NUM_THREADS": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+    }
+    yield fleet
+    stop_pids(processes_under(run_dir))
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_the_recipe_runs_as_a_2_node_job_on_the_slices_real_slurm(
+    slurm_fleet, funded, django_capture_on_commit_callbacks
+) -> None:  # noqa: ANN001
+    import time
+
+    from slices.models import SlurmJob
+    from slices.services import slurm_jobs
+
+    recipe = catalogue_recipes.get_demo("llama-7b").on_slurm()
+    with django_capture_on_commit_callbacks(execute=True):
+        instance = recipes.launch_recipe(funded, recipe, accept_license=True)
+    instance.refresh_from_db()
+    job = SlurmJob.objects.filter(instance=instance, from_order=True).first()
+    assert job is not None, _codes(instance)
+    # The job follower (a Celery task in production) until the job ended and the slice went.
+    deadline = time.monotonic() + 420
+    while instance.state == InstanceState.RUNNING:
+        with django_capture_on_commit_callbacks(execute=True):
+            slurm_jobs.follow_jobs(instance.pk)
+        instance.refresh_from_db()
+        assert time.monotonic() < deadline, (job.slurm_state, _codes(instance))
+        time.sleep(0.5)
+    job.refresh_from_db()
+    assert job.slurm_state == "COMPLETED" and job.exit_code == 0, job.output[-3000:]
+    assert instance.state == InstanceState.RELEASED, _codes(instance)
+    codes = _codes(instance)
+    assert codes.index("job_ended") < codes.index("job_release") < codes.index("released")
+    # Two nodes, one torchrun each, one process group across them (world size 2, gloo).
+    assert len(job.node_list) and job.nodes == 2
+    assert "2 node(s) x 1 process(es)" in job.output
+    run = recipes.run_progress(instance)
+    assert run.started and not run.simulated and run.world_size == 2 and run.device == "cpu"
+    assert run.done and run.done_reason == "max_steps" and run.step == 6
+    losses = [v for _, v in run.losses]
+    assert [s for s, _ in run.losses] == list(range(1, 7)) and losses[-1] < losses[0], losses
+    name = instance.env["RUN_NAME"]
+    pfs = slurm_fleet.pfs_root / str(funded.public_id)
+    for step in (3, 6):
+        saved = pfs / "checkpoints" / name / f"step-{step}"
+        assert json.loads((saved / "trainer_state.json").read_text())["step"] == step
+    assert (pfs / "adapters" / name / "adapter_model.safetensors").is_file()
+    print(f"\nrecipe on 2 Slurm nodes: losses {losses}, {run.tokens_per_s} tokens/s")  # noqa: T201

@@ -381,3 +381,108 @@ def test_a_replaced_node_joins_the_slices_real_slurm(
     assert len(check.output.splitlines()) == 8
     with django_capture_on_commit_callbacks(execute=True):
         assert services.release_instance(instance, by="alice")
+
+
+@pytest.fixture
+def tenant_netns() -> Iterator[tuple[str, str]]:
+    """Another tenant on the same test host, as a shared node runs one (docker's bridge): a
+    network namespace of its own with a veth to the host; (its name, the host's address on
+    the veth, which the tenant reaches the host by)."""
+    import subprocess
+    import uuid
+
+    name = f"gpc-t{uuid.uuid4().hex[:8]}"
+    host_if, tenant_if = f"{name}h", f"{name}t"
+    octet = 16 + int(uuid.uuid4().int % 200)
+    host_addr, tenant_addr = f"169.254.{octet}.1", f"169.254.{octet}.2"
+    script = [
+        f"ip netns add {name}",
+        f"ip link add {host_if} type veth peer name {tenant_if}",
+        f"ip link set {tenant_if} netns {name}",
+        f"ip addr add {host_addr}/30 dev {host_if}",
+        f"ip link set {host_if} up",
+        f"ip -n {name} addr add {tenant_addr}/30 dev {tenant_if}",
+        f"ip -n {name} link set {tenant_if} up",
+        f"ip -n {name} link set lo up",
+        f"ip -n {name} route add default via {host_addr}",
+    ]
+    try:
+        for line in script:
+            subprocess.run(line.split(), check=True, capture_output=True)  # noqa: S603
+        yield name, host_addr
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)  # noqa: S607
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)  # noqa: S607
+
+
+def _tenant_connects(netns: str, address: str, port: int) -> bool:
+    """Whether a process of the tenant's namespace opens a TCP connection to address:port."""
+    import subprocess
+
+    probe = (
+        "import socket,sys\n"
+        "s=socket.socket(); s.settimeout(3)\n"
+        "sys.exit(0 if s.connect_ex((sys.argv[1], int(sys.argv[2]))) == 0 else 1)\n"
+    )
+    done = subprocess.run(  # noqa: S603
+        ["/usr/sbin/ip", "netns", "exec", netns, "/usr/bin/python3", "-c", probe, address,
+         str(port)],
+        capture_output=True, timeout=20,
+    )  # fmt: skip
+    return done.returncode == 0
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses (IPv4, dotted) with a TCP socket listening on ``port``."""
+    import socket as sock
+    import struct
+
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        addr, _, hexport = fields[1].partition(":")
+        if fields[3] == "0A" and int(hexport, 16) == port:
+            found.add(sock.inet_ntoa(struct.pack("<I", int(addr, 16))))
+    return found
+
+
+def test_a_slices_slurm_daemons_listen_on_its_own_addresses_only(
+    fleet: SshFleet, funded, django_capture_on_commit_callbacks, tenant_netns
+) -> None:  # noqa: ANN001
+    """The isolation rule: slurmctld and every slurmd listen on the slice's addresses (here
+    the nodes' loopback), never on every interface, so another tenant on the same host (in its
+    own network namespace, as a shared node runs tenants) cannot reach them, while the slice's
+    own nodes (and their jobs) do."""
+    import socket as sock
+
+    netns, host_addr = tenant_netns
+    instance = run_order(funded, django_capture_on_commit_callbacks, gpu_model="A800", cards=64)
+    assert instance.state == InstanceState.RUNNING, _events(instance)
+    cluster = SlurmCluster.objects.get(instance=instance)
+    ctld = cluster.base_port
+    slurmd_ports = [ctld + 2 + offset for offset in dict(cluster.node_ports).values()] or [
+        ctld + 2 + i for i in range(HOSTS)
+    ]
+    # Bound to the slice's address only (NodeAddr / SlurmctldHost: 127.0.0.1 on these hosts).
+    assert _listening(ctld) == {"127.0.0.1"}
+    for port in slurmd_ports:
+        assert _listening(port) == {"127.0.0.1"}, port
+
+    # The control: the tenant does reach the host by its veth address, e.g. a service of the
+    # host that listens on every interface (what slurmctld did before the rule).
+    with sock.socket() as anywhere:
+        anywhere.bind(("0.0.0.0", 0))  # noqa: S104
+        anywhere.listen(1)
+        assert _tenant_connects(netns, host_addr, anywhere.getsockname()[1])
+    # The slice's slurmctld and slurmds: refused to the other tenant.
+    assert not _tenant_connects(netns, host_addr, ctld)
+    for port in slurmd_ports:
+        assert not _tenant_connects(netns, host_addr, port)
+    # ...and served to the slice's own nodes: a 2-node job runs.
+    job = slurm_jobs.submit_job(
+        instance, funded, {"script": "#!/bin/bash\nsrun -N 2 hostname\n", "nodes": 2}
+    )
+    job = _follow_until(instance, job, {JobGroup.DONE})
+    assert job.slurm_state == "COMPLETED" and len(job.output.splitlines()) == 2
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.release_instance(instance, by="alice")
