@@ -213,6 +213,7 @@ def connection_budget(db: dict[str, Any], env: dict[str, str]) -> tuple[int | No
         "web": int(env.get("WEB_CONCURRENCY", "2")),
         "worker": int(env.get("CELERY_CONCURRENCY", "4")),
         "beat": 0,
+        "edge": 0,  # nginx (issue 34): no database
     }
     total, parts = 0, []
     for name, command in procfile().items():
