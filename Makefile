@@ -100,7 +100,7 @@ test-integration: $(VENV)/.synced system-deps
 # Type-checked with mypy + django-stubs (pyproject.toml [tool.mypy]): the services, the dashboard,
 # billing's views, tasks, API and ledger modules. The pure modules are checked apart with --strict;
 # their one list is the import-linter contract "Pure modules import no Django" (.ci/pure-modules).
-TYPED := console/services.py console/dashboard.py slices/services/ slices/models/ marketplace/services.py billing/services.py \
+TYPED := console/services.py console/edge.py console/dashboard.py slices/services/ slices/models/ marketplace/services.py billing/services.py \
 	billing/ledger.py billing/settlement.py billing/sql.py billing/errors.py billing/statements.py \
 	billing/views.py billing/tasks.py billing/api/ billing/providers/ billing/offers.py console/errors.py console/api/exceptions.py \
 	console/ids.py console/loading.py console/retries.py console/verification/ billing/invoicing/ billing/bills/ \

@@ -56,11 +56,11 @@ def edge(settings) -> Iterator[edge_support.Edge]:
     static_root.mkdir()
     (static_root / "edge-probe.txt").write_text("served by nginx\n")
     try:
-        with edge_support.console_in_thread() as web_port:
-            with edge_support.nginx_in_front(
-                [f"127.0.0.1:{web_port}"], prefix, static_root
-            ) as running:
-                yield running
+        with (
+            edge_support.console_in_thread() as web_port,
+            edge_support.nginx_in_front([f"127.0.0.1:{web_port}"], prefix, static_root) as running,
+        ):
+            yield running
     finally:
         edge_support.cleanup(prefix)
 

@@ -43,7 +43,9 @@ def _node_id(conns: SshConnections, node: NodeTarget) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def socket_path(folder: Path, conns: SshConnections, node: NodeTarget, slug: str, port: int) -> Path:
+def socket_path(
+    folder: Path, conns: SshConnections, node: NodeTarget, slug: str, port: int
+) -> Path:
     """The forward's socket: short (a unix socket's path has 107 bytes) and unguessable."""
     nid = _node_id(conns, node)
     name = hashlib.sha256(f"{nid}\0{slug}\0{int(port)}".encode()).hexdigest()[:24]
@@ -115,7 +117,9 @@ def _known_hosts_line(conns: SshConnections, node: NodeTarget, nid: str) -> str:
             key = parse_key_line(pinned)
         except ValueError:
             raise DriverError(
-                "host_key_mismatch", f"no usable pinned host key for {node.hostname}", permanent=True
+                "host_key_mismatch",
+                f"no usable pinned host key for {node.hostname}",
+                permanent=True,
             ) from None
     return f"gpc-{nid} {key.get_name()} {key.get_base64()}\n"
 
@@ -134,7 +138,7 @@ def _run(argv: list[str], timeout: float, log: Path | None = None) -> int:
     # A master daemonises (-f) and keeps its stderr: a file, never a pipe we would wait on.
     with open(log or "/dev/null", "ab") as err:
         try:
-            return subprocess.run(
+            return subprocess.run(  # noqa: S603 - ssh by absolute path, our own argv
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
