@@ -76,8 +76,20 @@ def options(
         limits=tuple((str(p), int(n)) for p, n in settings.REQUEST_BODY_LIMITS),
         workers=workers,
         access_log=access_log,
-        behind_tls=bool(getattr(settings, "SECURE_PROXY_SSL_HEADER", None)),
+        behind_tls=_behind_tls(),
     )
+
+
+def _behind_tls() -> bool:
+    """Whether a TLS-terminating proxy in front of the edge says the scheme
+    (``EDGE_FORWARDED_PROTO=header``, the default when ``BEHIND_TLS_PROXY`` is on) or nginx's own
+    ``$scheme`` is the truth (``scheme``: nginx terminates TLS itself, or plain HTTP; a client's
+    ``X-Forwarded-Proto`` is then overwritten, never believed)."""
+    default = "header" if getattr(settings, "SECURE_PROXY_SSL_HEADER", None) else "scheme"
+    value = os.environ.get("EDGE_FORWARDED_PROTO", default).strip().lower()
+    if value not in ("header", "scheme"):
+        raise ValueError(f"EDGE_FORWARDED_PROTO={value!r}: header or scheme")
+    return value == "header"
 
 
 _SAFE_PATTERN = re.compile(r"[A-Za-z0-9_/\-\[\]\^\(\)\|\+\*\?\.\$]+")
