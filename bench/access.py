@@ -623,11 +623,21 @@ def bench_throughput(setup: Setup, reps: int) -> bool:
     def through_edge() -> socket.socket:
         return socket.create_connection(("127.0.0.1", setup.edge_port), timeout=300)
 
+    def forward_alone() -> socket.socket:
+        # The edge's OpenSSH forward without nginx: its unix socket, as nginx connects to it.
+        assert setup.edge_dir is not None
+        path = next((setup.edge_dir / "tunnels").glob("*.sock"))
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(300)
+        conn.connect(str(path))
+        return conn
+
     app_host = f"127.0.0.1:{setup.app_port}"
     web_host = setup.app_host
     results: dict[str, list[float]] = {
         "direct": [],
         "edge": [],
+        "forward": [],
         "console": [],
         "tunnel": [],
         "gcm": [],
@@ -650,6 +660,7 @@ def bench_throughput(setup: Setup, reps: int) -> bool:
             )
             edge_cpu["console"] += tree_cpu_seconds(setup.web.pid) - before_web
             edge_cpu["edge"] += sum(tree_cpu_seconds(pid) for pid in pids) - before_edge
+            results["forward"].append(_timed_get(forward_alone, "/big.bin", app_host))
             before = tree_cpu_seconds(setup.web.pid)
             results["console"].append(
                 _timed_get(console, setup.port_path("big.bin"), web_host, setup.app_cookie)
@@ -664,6 +675,7 @@ def bench_throughput(setup: Setup, reps: int) -> bool:
     rows = (
         ("direct", "direct TCP to http.server"),
         ("edge", "through the edge (nginx + OpenSSH)"),
+        ("forward", "the edge's OpenSSH forward alone"),
         ("console", "through the console's proxy"),
         ("tunnel", f"tunnel alone, {cipher}"),
         ("gcm", f"tunnel alone, {cipher_gcm}"),
@@ -678,7 +690,9 @@ def bench_throughput(setup: Setup, reps: int) -> bool:
     share = medians["console"] / medians["direct"]
     ok = share >= THROUGHPUT_SHARE
     print(
-        "   (the last two lines are not targets: this process's own paramiko channel to the same "
+        "   (not targets: the edge's OpenSSH forward read straight from its unix socket, without "
+        "nginx: the ceiling of the edge's tunnel (sshd encrypts, ssh decrypts, on these cores); "
+        "and the last two lines: this process's own paramiko channel to the same "
         "http.server over its own SSH connection, without the console: the tunnel's ceiling "
         "here, with paramiko's default cipher and with AES-GCM; the console negotiates as "
         "paramiko does by default)"
