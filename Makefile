@@ -135,12 +135,13 @@ bench: $(VENV)/.synced
 	@failed=""; for b in bench/*.py; do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \
 	  if [ -n "$$failed" ]; then echo "missed a target or failed:$$failed"; exit 1; fi
 
-# Production mode (README "Production mode"): nginx on $$EDGE_LISTEN (0.0.0.0:8000) in front of
-# the web processes on $$HOST:$$PORT (127.0.0.1:8001), both from the Procfile.
+# Production mode (README "Production mode"): nginx on EDGE_LISTEN (0.0.0.0:8000) in front of
+# the web processes on HOST:WEB_PORT (127.0.0.1:8001), both from the Procfile. WEB_PORT is set
+# here since honcho gives each process a PORT of its own.
 prod: $(VENV)/.synced
 	@test -x /usr/sbin/nginx || { echo "make prod serves through nginx: run make system-deps (apt-get install nginx)"; exit 1; }
 	$(VENV)/bin/python manage.py collectstatic --noinput -v 0
-	$(VENV)/bin/honcho start
+	WEB_PORT=$${WEB_PORT:-8001} $(VENV)/bin/honcho start
 
 clean:
 	rm -rf var .pytest_cache .ruff_cache
