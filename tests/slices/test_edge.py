@@ -227,6 +227,38 @@ def test_a_web_port_through_nginx_over_an_openssh_forward(
     ssh_hosts: SshHostPool,  # noqa: F811
     django_capture_on_commit_callbacks,
 ) -> None:
+    _web_port_journey(
+        edge, files_instance, funded, bob, ssh_hosts, django_capture_on_commit_callbacks
+    )
+
+
+@pytest.mark.integration
+def test_the_production_stack_serves_a_web_port_through_the_edge(
+    edge,
+    files_instance,
+    funded,
+    bob,
+    ssh_hosts: SshHostPool,  # noqa: F811
+    django_capture_on_commit_callbacks,
+) -> None:
+    """The same journey in the integration run (`make test-integration`: PostgreSQL,
+    channels-redis, the production settings), the console behind the real nginx."""
+    from django.conf import settings
+
+    assert settings.PRODUCTION
+    _web_port_journey(
+        edge, files_instance, funded, bob, ssh_hosts, django_capture_on_commit_callbacks
+    )
+
+
+def _web_port_journey(
+    edge: edge_support.Edge,
+    files_instance: tuple[Instance, int, str],
+    funded: Any,
+    bob: Any,
+    ssh_hosts: SshHostPool,  # noqa: F811
+    django_capture_on_commit_callbacks: Any,
+) -> None:
     instance, port, digest = files_instance
     console = httpx.Client(base_url=edge.url, cookies=_session(funded), timeout=60)
     app = _open(edge, console, instance, port)
