@@ -67,6 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.support.http1 import ConnectionLost, LeanClient  # noqa: E402
+from tests.support import servers  # noqa: E402
 from bench.support.production import (  # noqa: E402
     ProductionStack,
     machine_busy_seconds,
@@ -97,6 +98,9 @@ class Plan:
     warmup: float = 15.0  # seconds of load before the measurement starts
     settle: float = 10.0  # seconds after the load before the last connection count
     sim_time_scale: float = 0.02
+    # Every client through the Procfile's edge (nginx in front, issue 34) rather than straight to
+    # the web processes.
+    through_edge: bool = False
 
     @property
     def customers(self) -> int:
@@ -572,7 +576,7 @@ async def drive(
     prod: ProductionStack, data: dict[str, Any], plan: Plan, rec: Recorder
 ) -> dict[str, Any]:
     """All the clients at once; CPU and the window's bounds around the measured part."""
-    url = prod.url
+    url = f"http://{prod.env['EDGE_LISTEN']}" if plan.through_edge else prod.url
     tls = ssl.create_default_context()
     customers = data["customers"]
     started = time.monotonic()
@@ -854,6 +858,8 @@ def bench(plan: Plan, budget_override: int | None, quick: bool, keep: bool = Fal
             data = _setup(prod, plan)
             t2 = time.monotonic()
             prod.wait_ready()
+            if plan.through_edge:
+                servers.wait_healthy(f"http://{prod.env['EDGE_LISTEN']}", timeout=60)
             ids = [c["instance"] for c in data["customers"]]
             _wait_running(prod, ids, timeout=300)
             budget = (
@@ -866,7 +872,8 @@ def bench(plan: Plan, budget_override: int | None, quick: bool, keep: bool = Fal
                 f"{t1 - t0:.0f} s, users {t2 - t1:.0f} s, processes ready and instances running "
                 f"{time.monotonic() - t2:.0f} s): PostgreSQL database {prod.database_name}, "
                 f"redis-server {prod.redis_url}, Procfile processes "
-                f"{', '.join(p.name for p in prod.stack.procs)} on {prod.url}; "
+                f"{', '.join(p.name for p in prod.stack.procs)} on {prod.url}"
+                f"{' (the clients through the edge, nginx at ' + prod.env['EDGE_LISTEN'] + ')' if plan.through_edge else ''}; "
                 f"{plan.customers} customers, each with a running 1-card host"
             )
             print(
@@ -917,8 +924,14 @@ def main() -> int:
         action="store_true",
         help="a 30 s smoke run: 20 API clients, 10 sockets, 5 browsers (no exit status on targets)",
     )
+    parser.add_argument(
+        "--edge",
+        action="store_true",
+        help="every client through the Procfile's edge (nginx) instead of the web processes",
+    )
     args = parser.parse_args()
     plan = replace(QUICK) if args.quick else Plan()
+    plan.through_edge = args.edge
     for name in ("duration", "api_clients", "api_interval", "sockets", "browsers", "warmup"):
         if getattr(args, name) is not None:
             setattr(plan, name, getattr(args, name))
