@@ -67,13 +67,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.support.http1 import ConnectionLost, LeanClient  # noqa: E402
-from tests.support import servers  # noqa: E402
 from bench.support.production import (  # noqa: E402
     ProductionStack,
     machine_busy_seconds,
     procfile,
     production_stack,
 )
+from tests.support import servers  # noqa: E402
 
 API_P99_TARGET_MS = 500.0
 # 150 requests/s from the 200 clients polling every second: 75 % of the offered rate, which
