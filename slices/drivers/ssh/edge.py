@@ -201,20 +201,6 @@ def forward(
     return sock
 
 
-def drop(conns: SshConnections, node: NodeTarget, slug: str, port: int, folder: Path) -> None:
-    """Cancel one forward (an instance stopped or released) and remove its socket."""
-    nid = _node_id(conns, node)
-    sock = socket_path(folder, conns, node, slug, port)
-    if not folder.is_dir():
-        return
-    with _locked(folder, nid):
-        if sock.exists():
-            base = _args(conns, node, folder, nid)
-            spec = f"{sock}:127.0.0.1:{int(port)}"
-            _run([*base[:-1], "-O", "cancel", "-L", spec, base[-1]], 10.0)
-            sock.unlink(missing_ok=True)
-
-
 def close_all(folder: Path) -> None:
     """End every master under ``folder`` (tests; a web host shutting down)."""
     for ctl in folder.glob("*.ctl"):
