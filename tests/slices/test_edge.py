@@ -323,3 +323,40 @@ def test_the_edge_never_forwards_a_port_that_is_not_the_instances(edge, files_in
     assert refused.value.code == "port_not_instance"
     assert not list((edge.prefix / "tunnels").glob("*.sock"))
     assert console_edge.is_edge(console_edge.edge_secret())
+
+
+# -- the rendered configuration ------------------------------------------------------------------
+
+
+def test_the_rendered_configuration_mirrors_the_body_limits_and_nginx_accepts_it(
+    settings, tmp_path: Path
+) -> None:
+    """Each REQUEST_BODY_LIMITS route gets its own limit in nginx, the rest the default, the app
+    hosts the port proxy's; ``manage.py edge --render-only`` writes a file ``nginx -t`` accepts,
+    readable by its owner only (it holds the edge's secret)."""
+    import subprocess
+
+    from django.core.management import call_command
+
+    prefix = edge_support.short_dir()
+    settings.EDGE_DIR = prefix
+    try:
+        call_command("edge", "--render-only", "--listen", "127.0.0.1:1", "--web", "127.0.0.1:2")
+        conf = prefix / "nginx.conf"
+        text = conf.read_text()
+        for pattern, limit in settings.REQUEST_BODY_LIMITS:
+            block = text.split(f'location ~ "^{pattern}" {{', 1)[1].split("}", 1)[0]
+            assert f"client_max_body_size {limit};" in block
+        assert f"client_max_body_size {settings.REQUEST_BODY_MAX_BYTES};" in text
+        assert f"client_max_body_size {settings.PORT_PROXY_BODY_MAX_BYTES};" in text
+        assert console_edge.edge_secret() in text
+        assert stat.S_IMODE(conf.stat().st_mode) == 0o600
+        checked = subprocess.run(
+            [*console_edge.command(conf, prefix), "-t", "-q"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert checked.returncode == 0, checked.stderr
+    finally:
+        edge_support.cleanup(prefix)
