@@ -39,11 +39,14 @@ serve: $(VENV)/.synced
 # Browser journeys need Debian's Chromium; the SSH tests need openssh-server; invoice PDFs embed
 # the Chinese font of fonts-wqy-microhei (INVOICE_FONT_PATH, billing/invoicing/pdf.py). The
 # real-Slurm tests (tests/slices/test_slurm_ssh.py) run Debian's Slurm 22.05 and munge on the
-# sshd test hosts (about 15 MB; the packages' own services are never started).
+# sshd test hosts (about 15 MB; the packages' own services are never started). `make prod` serves
+# through Debian's nginx (console/edge.py; its packaged service is never started either), which
+# the edge's tests and benches run too; openssh-client's ssh carries the edge's web ports.
 CJK_FONT := /usr/share/fonts/truetype/wqy/wqy-microhei.ttc
-DEBIAN_DEPS := chromium openssh-server fonts-wqy-microhei slurmctld slurmd slurmrestd slurm-client munge iproute2
+DEBIAN_DEPS := chromium openssh-server openssh-client fonts-wqy-microhei slurmctld slurmd slurmrestd slurm-client munge iproute2 nginx
 system-deps:
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/sbin/sshd ] || [ ! -f $(CJK_FONT) ] \
+	    || [ ! -x /usr/sbin/nginx ] || [ ! -x /usr/bin/ssh ] \
 	    || [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/slurmrestd ] \
 	    || [ ! -x /usr/bin/sbatch ] || [ ! -x /usr/sbin/munged ] || [ ! -x /usr/sbin/ip ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -97,7 +100,7 @@ test-integration: $(VENV)/.synced system-deps
 # Type-checked with mypy + django-stubs (pyproject.toml [tool.mypy]): the services, the dashboard,
 # billing's views, tasks, API and ledger modules. The pure modules are checked apart with --strict;
 # their one list is the import-linter contract "Pure modules import no Django" (.ci/pure-modules).
-TYPED := console/services.py console/dashboard.py slices/services/ slices/models/ marketplace/services.py billing/services.py \
+TYPED := console/services.py console/edge.py console/dashboard.py slices/services/ slices/models/ marketplace/services.py billing/services.py \
 	billing/ledger.py billing/settlement.py billing/sql.py billing/errors.py billing/statements.py \
 	billing/views.py billing/tasks.py billing/api/ billing/providers/ billing/offers.py console/errors.py console/api/exceptions.py \
 	console/ids.py console/loading.py console/retries.py console/verification/ billing/invoicing/ billing/bills/ \
@@ -132,9 +135,13 @@ bench: $(VENV)/.synced
 	@failed=""; for b in bench/*.py; do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \
 	  if [ -n "$$failed" ]; then echo "missed a target or failed:$$failed"; exit 1; fi
 
+# Production mode (README "Production mode"): nginx on EDGE_LISTEN (0.0.0.0:8000) in front of
+# the web processes on HOST:WEB_PORT (127.0.0.1:8001), both from the Procfile. WEB_PORT is set
+# here since honcho gives each process a PORT of its own.
 prod: $(VENV)/.synced
+	@test -x /usr/sbin/nginx || { echo "make prod serves through nginx: run make system-deps (apt-get install nginx)"; exit 1; }
 	$(VENV)/bin/python manage.py collectstatic --noinput -v 0
-	$(VENV)/bin/honcho start
+	WEB_PORT=$${WEB_PORT:-8001} $(VENV)/bin/honcho start
 
 clean:
 	rm -rf var .pytest_cache .ruff_cache

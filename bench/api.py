@@ -88,7 +88,7 @@ def _start_web(prod: ProductionStack, name: str, tree: Path) -> Server:
     """The Procfile's web line, one uvicorn process, run from ``tree`` (its code) on a free port."""
     port = servers.free_port()
     command = procfile()["web"]
-    env = f"export PORT={port} WEB_CONCURRENCY=1;"
+    env = f"export PORT={port} WEB_PORT={port} WEB_CONCURRENCY=1;"
     proc = prod.stack.spawn(
         name, "/bin/sh", "-c", f"cd {shlex.quote(str(tree))} && {env} exec {command}"
     )

@@ -73,6 +73,7 @@ from bench.support.production import (  # noqa: E402
     procfile,
     production_stack,
 )
+from tests.support import servers  # noqa: E402
 
 API_P99_TARGET_MS = 500.0
 # 150 requests/s from the issue's 200 clients polling every second: 75 % of the offered rate, which
@@ -97,6 +98,9 @@ class Plan:
     warmup: float = 15.0  # seconds of load before the measurement starts
     settle: float = 10.0  # seconds after the load before the last connection count
     sim_time_scale: float = 0.02
+    # Every client through the Procfile's edge (nginx in front, issue 34) rather than straight to
+    # the web processes.
+    through_edge: bool = False
 
     @property
     def customers(self) -> int:
@@ -213,6 +217,7 @@ def connection_budget(db: dict[str, Any], env: dict[str, str]) -> tuple[int | No
         "web": int(env.get("WEB_CONCURRENCY", "2")),
         "worker": int(env.get("CELERY_CONCURRENCY", "4")),
         "beat": 0,
+        "edge": 0,  # nginx (issue 34): no database
     }
     total, parts = 0, []
     for name, command in procfile().items():
@@ -571,7 +576,7 @@ async def drive(
     prod: ProductionStack, data: dict[str, Any], plan: Plan, rec: Recorder
 ) -> dict[str, Any]:
     """All the clients at once; CPU and the window's bounds around the measured part."""
-    url = prod.url
+    url = f"http://{prod.env['EDGE_LISTEN']}" if plan.through_edge else prod.url
     tls = ssl.create_default_context()
     customers = data["customers"]
     started = time.monotonic()
@@ -853,6 +858,8 @@ def bench(plan: Plan, budget_override: int | None, quick: bool, keep: bool = Fal
             data = _setup(prod, plan)
             t2 = time.monotonic()
             prod.wait_ready()
+            if plan.through_edge:
+                servers.wait_healthy(f"http://{prod.env['EDGE_LISTEN']}", timeout=60)
             ids = [c["instance"] for c in data["customers"]]
             _wait_running(prod, ids, timeout=300)
             budget = (
@@ -865,7 +872,8 @@ def bench(plan: Plan, budget_override: int | None, quick: bool, keep: bool = Fal
                 f"{t1 - t0:.0f} s, users {t2 - t1:.0f} s, processes ready and instances running "
                 f"{time.monotonic() - t2:.0f} s): PostgreSQL database {prod.database_name}, "
                 f"redis-server {prod.redis_url}, Procfile processes "
-                f"{', '.join(p.name for p in prod.stack.procs)} on {prod.url}; "
+                f"{', '.join(p.name for p in prod.stack.procs)} on {prod.url}"
+                f"{' (the clients through the edge, nginx at ' + prod.env['EDGE_LISTEN'] + ')' if plan.through_edge else ''}; "
                 f"{plan.customers} customers, each with a running 1-card host"
             )
             print(
@@ -916,8 +924,14 @@ def main() -> int:
         action="store_true",
         help="a 30 s smoke run: 20 API clients, 10 sockets, 5 browsers (no exit status on targets)",
     )
+    parser.add_argument(
+        "--edge",
+        action="store_true",
+        help="every client through the Procfile's edge (nginx) instead of the web processes",
+    )
     args = parser.parse_args()
     plan = replace(QUICK) if args.quick else Plan()
+    plan.through_edge = args.edge
     for name in ("duration", "api_clients", "api_interval", "sockets", "browsers", "warmup"):
         if getattr(args, name) is not None:
             setattr(plan, name, getattr(args, name))

@@ -670,6 +670,9 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = (
     Path(_get("STATIC_ROOT", env.str, str(STATE_DIR / "staticfiles"))) if PRODUCTION else None
 )
+# The production edge (issue 34, console/edge.py): nginx's rendered configuration, pid file, logs,
+# temporary files and the OpenSSH tunnels' sockets to the instances' web ports.
+EDGE_DIR = Path(_get("EDGE_DIR", env.str, str(STATE_DIR / "edge")))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {

@@ -251,6 +251,10 @@ async def app_host_proxy(request: HttpRequest, public_id: str, port: int) -> Htt
     app on the owner's behalf."""
     if request.path == "/__gpc/auth":
         return await sync_to_async(_app_host_login)(request, public_id, port)
+    if request.path == "/__gpc/edge-auth":
+        from slices import edge_views  # the production edge's question (issue 34)
+
+        return await sync_to_async(edge_views.edge_auth)(request, public_id, port)
     if request.method not in SAFE_METHODS and not _same_origin(request):
         return HttpResponseForbidden(b"cross-site request refused", content_type="text/plain")
     try:

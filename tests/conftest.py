@@ -39,6 +39,7 @@ HOST_MODULES = frozenset(
         "tests/e2e/test_app_chat.py",
         "tests/e2e/test_jupyterlab.py",
         "tests/slices/test_bench_provisioning.py",
+        "tests/slices/test_edge.py",
         "tests/slices/test_hostile_tenant.py",
         "tests/slices/test_migration_ssh.py",
         "tests/slices/test_ports.py",

@@ -180,6 +180,10 @@ def production_stack(
     env.update(
         HOST="127.0.0.1",
         PORT=str(port),
+        WEB_PORT=str(port),  # the Procfile's web (behind its edge, issue 34)
+        # The Procfile's edge (nginx, issue 34) on a port of this run's own, its files here.
+        EDGE_LISTEN=f"127.0.0.1:{servers.free_port()}",
+        EDGE_DIR=str(work / "edge"),
         STATIC_ROOT=str(work / "static"),
         CELERY_BEAT_SCHEDULE_FILE=str(work / "celerybeat-schedule"),
         STATE_DIR=str(work / "state"),

@@ -9,6 +9,7 @@ import json
 import posixpath
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import paramiko
@@ -25,7 +26,7 @@ from slices.drivers.base import (
     WorkloadOutput,
 )
 from slices.drivers.slurm import OutputChunk, RestAnswer, SlurmSetup
-from slices.drivers.ssh import slurm, tunnel
+from slices.drivers.ssh import edge, slurm, tunnel
 from slices.drivers.ssh.client import SshConnections, SshSettings, fingerprint
 from slices.drivers.ssh.commands import (
     ASSET_PREFIX,
@@ -728,6 +729,18 @@ class SshDriver(SshConnections):
         the instance's own (``tunnel.open_owned_channel`` running ``CMD_PORT_OWNER*``): never
         another tenant's process, nor a service of the node (the console itself on a test
         host). ``port_not_instance`` otherwise, ``port_closed`` when nothing listens there."""
+        return tunnel.open_owned_channel(self, node, port, self._port_owner(spec, node, port))
+
+    def edge_socket(self, spec: InstanceSpec, node: NodeTarget, port: int, folder: str) -> str:
+        """The production edge's way to the port (issue 34): a unix socket under ``folder``
+        that an OpenSSH master forwards to ``127.0.0.1:<port>`` on ``node``
+        (``slices.drivers.ssh.edge``), after the same ownership check as ``open_tunnel``;
+        nginx moves the bytes."""
+        owner = self._port_owner(spec, node, port)
+        return str(edge.forward(self, node, port, owner, Path(folder)))
+
+    def _port_owner(self, spec: InstanceSpec, node: NodeTarget, port: int) -> tuple[str, str]:
+        """The instance's slug and the rendered check that ``port`` on ``node`` is its own."""
         runtime = self._runtime(node)
         paths = self._paths(spec, node)
         args: dict[str, Arg]
@@ -746,7 +759,7 @@ class SshDriver(SshConnections):
             template = CMD_PORT_OWNER
             args = {"pid": paths.pid}
         args.update(port=int(port), hexport=f"{int(port):04X}")
-        return tunnel.open_owned_channel(self, node, port, (spec.slug, render(template, **args)))
+        return (spec.slug, render(template, **args))
 
     # -- the slice's Slurm (issue 31: slices.drivers.ssh.slurm) ---------------------------------
     def start_slurm(self, spec: InstanceSpec, setup: SlurmSetup, log: LogFn) -> StepResult:

@@ -127,23 +127,31 @@ def open_owned_channel(
     process's, it would still listen and be found (or have closed, resetting the connection);
     nothing is sent on the channel before the check passed. ``port_not_instance`` (permanent)
     when the port is another's, ``port_closed`` when nothing listens there."""
-    slug, script = owner
     chan = open_channel(conns, node, port)
+    try:
+        check_owner(conns, node, port, owner)
+    except DriverError:
+        chan.close()
+        raise
+    return chan
+
+
+def check_owner(conns: SshConnections, node: NodeTarget, port: int, owner: tuple[str, str]) -> None:
+    """Whether the node says ``port`` is the instance's own (``owner``: its slug and the rendered
+    check), taken for ``OWNER_CHECK_SECONDS`` once it did: ``port_not_instance`` (permanent)
+    when it is another's, ``port_closed`` when nothing listens there. The edge's OpenSSH
+    forwards (``slices.drivers.ssh.edge``) ask it before every use too."""
+    slug, script = owner
     key = (_key(conns, node), slug, int(port))
     with _SHARED.lock:
         fresh = _SHARED.owned.get(key, 0.0) > time.monotonic()
     if fresh:
-        return chan
-    try:
-        client = _client(conns, node)
-        result = conns.run_script(
-            client, node, script, timeout=max(10.0, conns.settings.connect_timeout), check=False
-        )
-    except DriverError:
-        chan.close()
-        raise
+        return
+    client = _client(conns, node)
+    result = conns.run_script(
+        client, node, script, timeout=max(10.0, conns.settings.connect_timeout), check=False
+    )
     if result.exit_status != 0:
-        chan.close()
         with _SHARED.lock:
             _SHARED.owned.pop(key, None)
         why = result.stderr.strip()[-300:] or f"exit {result.exit_status}"
@@ -158,7 +166,6 @@ def open_owned_channel(
             if until <= now:
                 del _SHARED.owned[k]
         _SHARED.owned[key] = now + OWNER_CHECK_SECONDS
-    return chan
 
 
 def close_all() -> None:

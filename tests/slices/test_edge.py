@@ -1,0 +1,362 @@
+"""The production edge (issue 34), with the real parts: Debian's nginx rendered by
+``console.edge`` in front of the console (uvicorn in a thread of this process, on the test
+database), and for a web port an instance on a real sshd test host (runtime=process) whose
+launch command serves files with ``python3 -m http.server``.
+
+- nginx serves the collected static files itself, refuses a request body over its route's limit
+  before the console reads a byte, and passes websockets through;
+- a web port: nginx asks the console (``auth_request``) and then moves the bytes over an OpenSSH
+  forward to the port on the node's loopback; the owner's download arrives intact, a visitor and
+  another customer get the proxy's 404, and the grant ends at logout and at stop;
+- the edge never forwards to a port that is not the instance's own (the node's ownership check);
+- a driver without forwards (the simulated fleet) is relayed by the console behind nginx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shlex
+import stat
+import sys
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import websockets
+from django.test import Client
+
+from console import edge as console_edge
+from slices.choices import InstanceState
+from slices.drivers import DriverError, get_driver
+from slices.models import Instance, Node
+from slices.services import ports
+from slices.services import proxy as proxy_service
+from tests.slices.factories import load_small_fleet, run_order
+from tests.support import edge as edge_support
+from tests.support import servers
+from tests.support.apphosts import running_with_port
+from tests.support.sshd import SshHostPool, configure_ssh_fleet, ssh_hosts  # noqa: F401
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _not_open(response: httpx.Response) -> bool:
+    """The proxy's own 404 (the console's page, in its language), as for an instance that does
+    not exist."""
+    return (
+        response.status_code == 404
+        and response.headers.get("cache-control") == "no-store"
+        and response.headers.get("content-type", "").startswith("text/plain")
+    )
+
+
+@pytest.fixture
+def edge(settings) -> Iterator[edge_support.Edge]:
+    prefix = edge_support.short_dir()
+    settings.EDGE_DIR = prefix
+    static_root = prefix / "static"
+    static_root.mkdir()
+    (static_root / "edge-probe.txt").write_text("served by nginx\n")
+    try:
+        with (
+            edge_support.console_in_thread() as web_port,
+            edge_support.nginx_in_front([f"127.0.0.1:{web_port}"], prefix, static_root) as running,
+        ):
+            yield running
+    finally:
+        edge_support.cleanup(prefix)
+
+
+def _session(user: Any) -> dict[str, str]:
+    from django.conf import settings
+
+    client = Client()
+    client.force_login(user)
+    return {settings.SESSION_COOKIE_NAME: client.cookies[settings.SESSION_COOKIE_NAME].value}
+
+
+def _app_client(edge: edge_support.Edge, instance: Instance, port: int) -> httpx.Client:
+    return httpx.Client(
+        base_url=edge.url,
+        headers={"Host": f"{ports.app_host(instance, port)}:{edge.port}"},
+        timeout=60,
+    )
+
+
+def _open(edge: edge_support.Edge, console: httpx.Client, instance: Instance, port: int):
+    """The owner's Open through nginx, then the hand-off on the app host (through nginx too)."""
+    opened = console.get(f"/instances/{instance.public_id}/web-ports/{port}/open/")
+    assert opened.status_code == 302, opened.text
+    url = urlsplit(opened.headers["location"])
+    app = _app_client(edge, instance, port)
+    landed = app.get(f"{url.path}?{url.query}")
+    assert landed.status_code == 302 and ports.APP_COOKIE in app.cookies, landed.text
+    return app
+
+
+# -- the console behind nginx -------------------------------------------------------------------
+
+
+def test_nginx_serves_static_refuses_big_bodies_and_passes_websockets(edge, alice) -> None:
+    static = httpx.get(f"{edge.url}/static/edge-probe.txt")
+    assert static.status_code == 200
+    assert static.text == "served by nginx\n"  # a file only nginx's static root has
+    assert static.headers["server"] == "nginx"
+
+    # Over the anonymous limit (64 KiB) on the sign-in page: nginx's own 413, nothing for Django.
+    big = httpx.post(f"{edge.url}/accounts/login/", content=b"x" * (200 * 1024))
+    assert big.status_code == 413
+    assert b"<center>nginx</center>" in big.content
+    # Under /api/: the API's JSON error body, from nginx.
+    api = httpx.post(
+        f"{edge.url}/api/v1/instances/",
+        content=b"{" + b" " * (3 * 1024 * 1024) + b"}",
+        headers={"Content-Type": "application/json"},
+    )
+    assert api.status_code == 413
+    assert api.headers["x-gpc-edge"] == "body-limit"
+    assert api.json()["error"] == "too_large"
+    # A small one passes on to the console (which answers it: 401/403, not 413).
+    small = httpx.post(f"{edge.url}/api/v1/instances/", json={})
+    assert small.status_code in (401, 403)
+
+    cookie = "; ".join(f"{k}={v}" for k, v in _session(alice).items())
+
+    async def socket() -> str:
+        async with websockets.connect(
+            f"ws://127.0.0.1:{edge.port}/ws/notifications/",
+            additional_headers={"Cookie": cookie},
+            origin=f"http://127.0.0.1:{edge.port}",
+            open_timeout=20,
+        ) as ws:
+            return str(ws.response.status_code if ws.response else 0)
+
+    assert asyncio.run(socket()) == "101"
+
+
+def test_the_edge_auth_answers_only_nginx(edge, alice) -> None:
+    instance = running_with_port(alice)
+    host = f"{ports.app_host(instance, 7860)}:{edge.port}"
+    direct = httpx.get(f"{edge.url}/__gpc/edge-auth", headers={"Host": host})
+    assert direct.status_code == 404
+    # Nor does the secret of another key open it.
+    forged = Client(HTTP_HOST=host).get(
+        "/__gpc/edge-auth", HTTP_X_GPC_EDGE="0" * 64, HTTP_X_GPC_METHOD="GET"
+    )
+    assert forged.status_code == 404 and "X-Gpc-Upstream" not in forged
+
+
+def test_a_simulated_port_is_relayed_by_the_console_behind_nginx(edge, alice, bob) -> None:
+    instance = running_with_port(alice)
+    console = httpx.Client(base_url=edge.url, cookies=_session(alice), timeout=30)
+    app = _open(edge, console, instance, 7860)
+    page = app.get("/")
+    assert page.status_code == 200 and b"simulated" in page.content.lower()
+    anonymous = _app_client(edge, instance, 7860).get("/")
+    assert _not_open(anonymous), anonymous.text
+    other = _app_client(edge, instance, 7860)
+    other.cookies.update(_session(bob))
+    assert _not_open(other.get("/"))
+
+
+# -- a web port on a real sshd host: nginx moves the bytes ----------------------------------------
+
+
+@pytest.fixture
+def funded(alice: Any) -> Any:
+    from billing import services as billing
+    from billing.models import PriceBook
+    from billing.seed import seed_default_prices
+
+    if not PriceBook.objects.exists():
+        seed_default_prices()
+    billing.grant_voucher(alice, Decimal("5000"), reason="test", valid_days=30)
+    return alice
+
+
+@pytest.fixture
+def files_instance(
+    settings,
+    ssh_hosts: SshHostPool,  # noqa: F811
+    tmp_path: Path,
+    funded,
+    django_capture_on_commit_callbacks,
+) -> Iterator[tuple[Instance, int, str]]:
+    """An instance on an sshd test host serving a 20 MB file on a declared web port."""
+    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+    settings.SLICES_SSH_CONNECT_TIMEOUT = 5.0
+    settings.SLICES_SSH_COMMAND_TIMEOUT = 60.0
+    load_small_fleet()
+    nodes = list(Node.objects.filter(gpu_model__code="RTX4090").order_by("hostname"))
+    configure_ssh_fleet(
+        settings, ssh_hosts.get(1), nodes, tmp_path, client_key=ssh_hosts.client_key
+    )
+    files = tmp_path / "files"
+    files.mkdir()
+    data = os.urandom(20 * 1024 * 1024)
+    (files / "big.bin").write_bytes(data)
+    port = servers.free_port()
+    entrypoint = (
+        f"exec {shlex.quote(sys.executable)} -m http.server {port} --bind 127.0.0.1 "
+        f"--directory {shlex.quote(str(files))}"
+    )
+    instance = run_order(
+        funded,
+        django_capture_on_commit_callbacks,
+        cards=1,
+        name="edge-files",
+        entrypoint=entrypoint,
+        web_ports=({"port": port, "name": "files"},),
+    )
+    assert instance.state == InstanceState.RUNNING, list(
+        instance.events.values_list("code", "text")
+    )
+    edge_support.wait_port_plain(port)
+    yield instance, port, hashlib.sha256(data).hexdigest()
+    with django_capture_on_commit_callbacks(execute=True):
+        from slices import services
+
+        current = Instance.objects.get(pk=instance.pk)
+        if current.state not in (InstanceState.RELEASED,):
+            services.release_instance(current, by="test")
+
+
+def test_a_web_port_through_nginx_over_an_openssh_forward(
+    edge,
+    files_instance,
+    funded,
+    bob,
+    ssh_hosts: SshHostPool,  # noqa: F811
+    django_capture_on_commit_callbacks,
+) -> None:
+    _web_port_journey(
+        edge, files_instance, funded, bob, ssh_hosts, django_capture_on_commit_callbacks
+    )
+
+
+@pytest.mark.integration
+def test_the_production_stack_serves_a_web_port_through_the_edge(
+    edge,
+    files_instance,
+    funded,
+    bob,
+    ssh_hosts: SshHostPool,  # noqa: F811
+    django_capture_on_commit_callbacks,
+) -> None:
+    """The same journey in the integration run (`make test-integration`: PostgreSQL,
+    channels-redis, the production settings), the console behind the real nginx."""
+    from django.conf import settings
+
+    assert settings.PRODUCTION
+    _web_port_journey(
+        edge, files_instance, funded, bob, ssh_hosts, django_capture_on_commit_callbacks
+    )
+
+
+def _web_port_journey(
+    edge: edge_support.Edge,
+    files_instance: tuple[Instance, int, str],
+    funded: Any,
+    bob: Any,
+    ssh_hosts: SshHostPool,  # noqa: F811
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    instance, port, digest = files_instance
+    console = httpx.Client(base_url=edge.url, cookies=_session(funded), timeout=60)
+    app = _open(edge, console, instance, port)
+
+    with app.stream("GET", "/big.bin") as response:
+        assert response.status_code == 200
+        got = hashlib.sha256()
+        for chunk in response.iter_bytes():
+            got.update(chunk)
+    assert got.hexdigest() == digest
+
+    # The bytes went through an OpenSSH forward's unix socket, the console user's alone.
+    socks = list((edge.prefix / "tunnels").glob("*.sock"))
+    assert len(socks) == 1
+    mode = socks[0].stat().st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) & 0o077 == 0
+    known = next((edge.prefix / "tunnels").glob("*.known_hosts")).read_text()
+    # The pinned key, and no other (StrictHostKeyChecking=yes against it).
+    assert known.split()[1:3] == ssh_hosts.get(1)[0].host_key_line.split()[:2]
+
+    # A visitor, and another customer with their own console session, get the proxy's 404.
+    anonymous = _app_client(edge, instance, port).get("/big.bin")
+    assert _not_open(anonymous), anonymous.text
+    other = _app_client(edge, instance, port)
+    other.cookies.update(_session(bob))
+    assert _not_open(other.get("/big.bin"))
+    # A cross-site write is refused before it reaches the app.
+    cross = app.post("/big.bin", content=b"x", headers={"Origin": "https://evil.example"})
+    assert cross.status_code == 403
+
+    # Logout ends the owner's grant: the very next request is refused.
+    assert app.get("/").status_code == 200
+    ports.end_user_grants(funded)
+    assert _not_open(app.get("/"))
+
+    # Open again, then stop: refused again.
+    app = _open(edge, console, instance, port)
+    assert app.get("/").status_code == 200
+    from slices.services.power import stop_instance
+
+    with django_capture_on_commit_callbacks(execute=True):
+        stop_instance(Instance.objects.get(pk=instance.pk), by="test")
+    assert _not_open(app.get("/"))
+
+
+def test_the_edge_never_forwards_a_port_that_is_not_the_instances(edge, files_instance) -> None:
+    """The node's ownership check runs before a forward is made: a port another process listens
+    on (here nginx's own, on the test host) is refused, and no socket is made for it."""
+    instance, _port, _digest = files_instance
+    spec, node, _node_port = proxy_service.tunnel_target(instance, _port)
+    driver: Any = get_driver(instance.driver or None)
+    with pytest.raises(DriverError) as refused:
+        driver.edge_socket(spec, node, edge.port, str(edge.prefix / "tunnels"))
+    assert refused.value.code == "port_not_instance"
+    assert not list((edge.prefix / "tunnels").glob("*.sock"))
+    assert console_edge.is_edge(console_edge.edge_secret())
+
+
+# -- the rendered configuration ------------------------------------------------------------------
+
+
+def test_the_rendered_configuration_mirrors_the_body_limits_and_nginx_accepts_it(
+    settings, tmp_path: Path
+) -> None:
+    """Each REQUEST_BODY_LIMITS route gets its own limit in nginx, the rest the default, the app
+    hosts the port proxy's; ``manage.py edge --render-only`` writes a file ``nginx -t`` accepts,
+    readable by its owner only (it holds the edge's secret)."""
+    import subprocess
+
+    from django.core.management import call_command
+
+    prefix = edge_support.short_dir()
+    settings.EDGE_DIR = prefix
+    try:
+        call_command("edge", "--render-only", "--listen", "127.0.0.1:1", "--web", "127.0.0.1:2")
+        conf = prefix / "nginx.conf"
+        text = conf.read_text()
+        for pattern, limit in settings.REQUEST_BODY_LIMITS:
+            block = text.split(f'location ~ "^{pattern}" {{', 1)[1].split("}", 1)[0]
+            assert f"client_max_body_size {limit};" in block
+        assert f"client_max_body_size {settings.REQUEST_BODY_MAX_BYTES};" in text
+        assert f"client_max_body_size {settings.PORT_PROXY_BODY_MAX_BYTES};" in text
+        assert console_edge.edge_secret() in text
+        assert stat.S_IMODE(conf.stat().st_mode) == 0o600
+        checked = subprocess.run(
+            [*console_edge.command(conf, prefix), "-t", "-q"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert checked.returncode == 0, checked.stderr
+    finally:
+        edge_support.cleanup(prefix)
