@@ -41,7 +41,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The checkout on the path and the script's own folder off it (bench/queue.py would shadow
+# the standard library's queue for everything imported after).
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(_HERE.parent), *(p for p in sys.path if Path(p).resolve() != _HERE)]
 
 from bench.allocation.baselines import POLICIES, one_node_replacement  # noqa: E402
 from bench.allocation.metrics import placeable_gpus, stranded_gpus  # noqa: E402

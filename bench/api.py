@@ -46,7 +46,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# The checkout on the path and the script's own folder off it (bench/queue.py would shadow
+# the standard library's queue for everything imported after).
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p).resolve() != ROOT / "bench")]
 
 from bench.load import Plan, _check_services, _run, _setup, _wait_running  # noqa: E402
 from bench.support.production import (  # noqa: E402

@@ -41,7 +41,10 @@ if TYPE_CHECKING:
 
     from billing.models import GpuPrice
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The checkout on the path and the script's own folder off it (bench/queue.py would shadow
+# the standard library's queue for everything imported after).
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(_HERE.parent), *(p for p in sys.path if Path(p).resolve() != _HERE)]
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 TARGETS = {10_000: 1.0, 50_000: 3.0}  # PostgreSQL, seconds per bulk settlement

@@ -51,7 +51,9 @@ from decimal import Decimal
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# The checkout on the path and the script's own folder off it (bench/queue.py would shadow
+# the standard library's queue for everything imported after).
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p).resolve() != ROOT / "bench")]
 
 from bench.support.embedded import migrate_with_shipped_fleet, setup_embedded_django  # noqa: E402
 

@@ -38,7 +38,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The checkout on the path and the script's own folder off it (bench/queue.py would shadow
+# the standard library's queue for everything imported after).
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(_HERE.parent), *(p for p in sys.path if Path(p).resolve() != _HERE)]
 
 from bench.allocator import latency_fleet, synthetic_trace  # noqa: E402
 from slices.fleetfile import SHIPPED_FLEET, load_fleet_file  # noqa: E402

@@ -81,7 +81,7 @@ class BookingSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=63, required=False, default="", allow_blank=True)
 
 
-class QuoteSerializer(serializers.Serializer):
+class WindowQuoteSerializer(serializers.Serializer):
     gpu_model = serializers.CharField()
     cards = serializers.IntegerField()
     hours = serializers.IntegerField()
@@ -140,13 +140,13 @@ class ReservationViewSet(PublicIdViewSet):
     @extend_schema(
         summary="The locked price of a window (nothing is booked)",
         request=BookingSerializer,
-        responses={200: QuoteSerializer},
+        responses={200: WindowQuoteSerializer},
         tags=["reservations"],
     )
     @action(detail=False, methods=["post"])
     def quote(self, request: Request) -> Response:
         priced = reservations.quote_window(_booking(request))
-        return Response(QuoteSerializer(priced).data)
+        return Response(WindowQuoteSerializer(priced).data)
 
     @extend_schema(
         summary="Cancel a window: all back until 24 h before the start, half after, none once "
