@@ -422,9 +422,20 @@ def release_allocation(allocation: Allocation) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
+def _pinned_mask(node: Node, now: datetime) -> int:
+    """The GPUs of ``node`` that booked windows from ``now`` on hold (their pins)."""
+    mask = 0
+    for window in booked_windows(node.gpu_model.code, now, None):
+        for hostname, idxs in window.pins:
+            if hostname == node.hostname:
+                mask |= topology.gpu_mask(idxs)
+    return mask
+
+
 def claim_on_node(owner: Any, node: Node, cards: int, *, label: str = "") -> Allocation | None:
     """A host of ``cards`` GPUs on ``node`` itself (开机 on the instance's own host), or None when
-    the node is out of service or has no aligned block of that size free.
+    the node is out of service or has no aligned block of that size free beside the GPUs booked
+    windows ahead hold (their pins: a start has no known end).
 
     The GPUs are the buddy rule's block (``topology.aligned_block``), as an order on this node
     would get: a 2-card host takes a free pair that shares its PCIe switch, never two stray GPUs,
@@ -435,7 +446,9 @@ def claim_on_node(owner: Any, node: Node, cards: int, *, label: str = "") -> All
         node = Node.objects.select_related("cluster__region", "gpu_model", "su").get(pk=node.pk)
         if node.state not in SCHEDULABLE_STATES or node.health != NodeHealth.OK:
             return None
-        block = topology.aligned_block(node.free_mask, node.gpus_per_node, cards)
+        # A start has no known end: every booked window ahead keeps its pins on this node.
+        pinned = _pinned_mask(node, timezone.now())
+        block = topology.aligned_block(node.free_mask & ~pinned, node.gpus_per_node, cards)
         if block is None:
             return None
         share = topology.NodeShare(node.hostname, topology.gpu_indexes(block), node.su.index, 0)
@@ -485,6 +498,10 @@ def claim_replacement(
         for hostname in avoid_hosts:
             if hostname in fleet.gid_by_hostname:
                 fleet.set_schedulable(hostname, False)
+        # The booked windows ahead hold their pins, as for an order with no known end: a
+        # replacement waits (the instance stays migrating) rather than take a window's GPUs.
+        now = timezone.now()
+        booked.hold(fleet, booked_windows(model, now, None), now.timestamp(), None)
         planned = fleet.plan_replacement(failed.hostname, cards, whole=whole, near=near_hosts)
         if isinstance(planned, topology.Unplaceable):
             return None

@@ -18,7 +18,7 @@ from slices import services
 from slices.choices import InstanceState, NodeHealth, NodeState, ReservationState
 from slices.models import Instance, Node, Reservation
 from slices.services import reservations
-from slices.services.allocation import NoCapacity
+from slices.services.allocation import NoCapacity, claim_on_node, claim_replacement
 
 pytestmark = pytest.mark.django_db
 
@@ -249,3 +249,36 @@ def test_a_window_nothing_can_cover_is_delayed_told_and_the_delay_refunded(
     assert row.state == ReservationState.STARTED
     assert row.refunded == Decimal("86.40")  # 6 of 24 h of 345.60 元: the delay is not billed
     assert _spendable(funded) == paid + Decimal("86.40")
+
+
+# --- the claims that are not orders honour windows too -------------------------------------------
+
+
+def test_a_start_on_its_own_host_leaves_a_windows_gpus_alone(sim_fleet, funded) -> None:
+    """开机 on the instance's own host (`claim_on_node`) has no known end: the GPUs a booked window
+    pinned on that host are not taken, the other host's are."""
+    row, _ = reservations.book_reservation(funded, _req(cards=8))
+    [[pinned_host, _gpus]] = row.pins
+    pinned = Node.objects.get(hostname=pinned_host)
+    other = Node.objects.filter(gpu_model__code="RTX4090").exclude(pk=pinned.pk).get()
+    assert claim_on_node(funded, pinned, 1) is None
+    pinned.refresh_from_db()
+    assert pinned.free_mask == 0xFF  # nothing taken
+    assert claim_on_node(funded, other, 1) is not None
+
+
+def test_a_migrations_replacement_leaves_a_windows_gpus_alone(sim_fleet, funded) -> None:
+    """A failed host's replacement (`claim_replacement`) does not take a window's pins: the part
+    waits (the instance stays migrating), as an order would be refused."""
+    instance, _ = services.order_instance(
+        funded, services.OrderRequest(gpu_model="RTX4090", cards=1)
+    )
+    home = instance.allocation.nodes.get().node
+    row, _ = reservations.book_reservation(funded, _req(cards=8))
+    assert row.pins[0][0] != home.hostname  # the window went to the other, whole host
+    Node.objects.filter(pk=home.pk).update(state=NodeState.FAILED, health=NodeHealth.UNREACHABLE)
+    home.refresh_from_db()
+    assert claim_replacement(home, 1, whole=False) is None
+    reservations.cancel_reservation(funded, row.public_id)
+    replaced = claim_replacement(home, 1, whole=False)
+    assert replaced is not None and replaced[0].hostname == row.pins[0][0]
