@@ -112,6 +112,7 @@
       fit = new FitAddon.FitAddon();
       term.loadAddon(fit);
       term.open(screen);
+      screen.xterm = term; // what the terminal holds, for the browser tests and for debugging
       term.onData(send);
       term.onBinary(function (data) { // bytes 0-255 as a string (mouse reports in X10 mode)
         var bytes = new Uint8Array(data.length);

@@ -47,7 +47,7 @@ def page(browser: Browser, live_server) -> Iterator[Page]:
     """A fresh browser profile in Chinese (the default language) against the live server."""
     cache.clear()  # rate-limit counters from other tests
     context = browser.new_context(base_url=live_server.url, locale="zh-CN")
-    context.set_default_timeout(15_000)
+    context.set_default_timeout(30_000)  # a loaded 2-core machine shares it with the suite
     page = context.new_page()
     yield page
     context.close()

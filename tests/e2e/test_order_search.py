@@ -25,7 +25,7 @@ def test_the_asset_search_sends_its_query_and_the_choices_only(
         context = browser.new_context(
             base_url=live_server.url, locale="en-US", java_script_enabled=js
         )
-        context.set_default_timeout(15_000)
+        context.set_default_timeout(30_000)  # a loaded 2-core machine shares it with the suite
         give_session(context, alice, live_server.url)
         page = context.new_page()
         page.goto("/instances/new/?gpu_model=RTX4090&cards=2")

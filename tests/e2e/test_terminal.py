@@ -38,14 +38,37 @@ def customer(browser: Browser, stack: servers.Stack) -> Iterator[Page]:
     page.context.close()
 
 
+# What the terminal holds (xterm's buffer, wide characters once): the bytes the console sent,
+# whether or not xterm has painted them yet (it paints on animation frames, and not while the
+# screen is out of view).
+BUFFER_TEXT = """() => {
+  const term = document.querySelector("#instance-terminal [data-terminal-screen]").xterm;
+  if (!term) return "";
+  const buffer = term.buffer.active, lines = [];
+  for (let i = 0; i < buffer.length; i++) lines.push(buffer.getLine(i).translateToString(true));
+  return lines.join("\\n");
+}"""
+
+
 def _screen_text(page: Page) -> str:
-    return page.locator("#instance-terminal .xterm-rows").inner_text()
+    return page.evaluate(BUFFER_TEXT)
 
 
-def _wait_text(page: Page, needle: str) -> str:
+def _expect_painted(page: Page, text: str) -> None:
+    """What the page shows: xterm's rows, once the screen is in view."""
+    page.locator("#instance-terminal [data-terminal-screen]").scroll_into_view_if_needed()
+    expect(page.locator("#instance-terminal .xterm-rows")).to_contain_text(text)
+
+
+def _wait_text(page: Page, needle: str, stack: servers.Stack) -> str:
     deadline = time.monotonic() + 90  # a loaded 2-core machine shares it with the suite
     while needle not in (text := _screen_text(page)):
-        assert time.monotonic() < deadline, f"{needle!r} not on the terminal: {text!r}"
+        if time.monotonic() > deadline:
+            status = page.locator("#instance-terminal [data-terminal-status]").inner_text()
+            pytest.fail(
+                f"{needle!r} not on the terminal: {text!r}; its status line: {status!r}\n"
+                + stack.logs()[-6000:]
+            )
         page.wait_for_timeout(100)
     return text
 
@@ -70,14 +93,16 @@ def test_open_the_terminal_and_run_nvidia_smi(customer: Page, stack: servers.Sta
     expect(card.locator("[data-terminal-simulated]")).to_be_visible()
     card.locator("[data-terminal-open]").click()
     expect(card).to_have_attribute("data-terminal-ready", "1", timeout=30_000)
-    _wait_text(page, "[simulated]")
+    _wait_text(page, "[simulated]", stack)
     page.keyboard.type("nvidia-smi")
     page.keyboard.press("Enter")
-    text = _wait_text(page, "Processes:")
+    text = _wait_text(page, "Processes:", stack)
     assert "NVIDIA GeForce RTX 4090" in text and "CUDA Version" in text
+    _expect_painted(page, "NVIDIA GeForce RTX 4090")
     page.keyboard.type("echo 你好，世界")
     page.keyboard.press("Enter")
-    _wait_text(page, "你好，世界\n")
+    _wait_text(page, "\n你好，世界\n", stack)  # the command's line, then its output
+    _expect_painted(page, "你好，世界")
     if os.environ.get("SCREENSHOT_DIR"):
         card.screenshot(path=os.path.join(os.environ["SCREENSHOT_DIR"], "web-terminal.png"))
 
