@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import translation
 from hypothesis import settings as hypothesis_settings
 from playwright.sync_api import expect
 
@@ -182,6 +183,14 @@ def _celery_runs_tasks_inline() -> None:
     """
     celery_app.conf.task_always_eager = True
     celery_app.conf.task_eager_propagates = True
+
+
+@pytest.fixture(autouse=True)
+def _default_language() -> None:
+    """Each test starts in the language a fresh thread has (the default, zh-hans): a request an
+    earlier test made in English leaves English active in this thread (Django's LocaleMiddleware
+    activates a language per request and does not undo it), and the suite's order varies."""
+    translation.deactivate()
 
 
 @pytest.fixture(autouse=True)

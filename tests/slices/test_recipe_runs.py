@@ -120,6 +120,16 @@ def _codes(instance: Instance) -> list[str]:
     return list(instance.events.order_by("pk").values_list("code", flat=True))
 
 
+def _story(instance: Instance) -> str:
+    """The instance's events in full (what a failed assertion shows)."""
+    return "\n".join(
+        f"{code} {step} {node}: {text} {params}"
+        for code, step, node, text, params in instance.events.order_by("pk").values_list(
+            "code", "step", "node", "text", "params"
+        )
+    )
+
+
 def test_the_recipe_trains_checkpoints_resumes_and_saves_the_adapter_over_ssh(
     host, alice, settings, django_capture_on_commit_callbacks
 ) -> None:  # noqa: ANN001
@@ -262,7 +272,7 @@ def test_the_recipe_runs_as_a_2_node_job_on_the_slices_real_slurm(
         instance = recipes.launch_recipe(funded, recipe, accept_license=True)
     instance.refresh_from_db()
     job = SlurmJob.objects.filter(instance=instance, from_order=True).first()
-    assert job is not None, _codes(instance)
+    assert job is not None, _story(instance)
     # The job follower (a Celery task in production) until the job ended and the slice went.
     deadline = time.monotonic() + 420
     while instance.state == InstanceState.RUNNING:

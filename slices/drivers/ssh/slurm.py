@@ -62,7 +62,7 @@ SINFO = "/usr/bin/sinfo"
 SETPRIV = "/usr/bin/setpriv"
 REST_USER = "nobody"
 REST_GROUP = "nogroup"
-READY_TIMEOUT = 40.0
+READY_TIMEOUT = 90.0  # slurmd registers in seconds; a loaded host may take a minute
 
 # The slice's directories (as root, on the host: the console's own files), and the stand-ins
 # for /dev/nvidiaN where the node has none.
@@ -305,7 +305,7 @@ def _in_instance_script(
 def _detect_version(driver: SshDriver, spec: InstanceSpec, setup: SlurmSetup) -> str:
     """The REST dialect: what ``GET /openapi/v3`` lists that this console speaks (the daemon
     may take a moment to listen after its start)."""
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 30
     while True:
         try:
             answer = request(driver, spec, setup, "GET", "/openapi/v3", None, "")
