@@ -94,6 +94,8 @@ def _open(edge: edge_support.Edge, console: httpx.Client, instance: Instance, po
     opened = console.get(f"/instances/{instance.public_id}/web-ports/{port}/open/")
     assert opened.status_code == 302, opened.text
     url = urlsplit(opened.headers["location"])
+    # The app host on the edge's port, the one the browser used (not the web process's).
+    assert url.port == edge.port, opened.headers["location"]
     app = _app_client(edge, instance, port)
     landed = app.get(f"{url.path}?{url.query}")
     assert landed.status_code == 302 and ports.APP_COOKIE in app.cookies, landed.text
