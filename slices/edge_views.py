@@ -29,6 +29,10 @@ from slices.services import ports, proxy
 def _answer(status: int) -> HttpResponse:
     response = HttpResponse(b"", status=status, content_type="text/plain")
     response["Cache-Control"] = "no-store"
+    # Said outright: app hosts are answered before CommonMiddleware, and without it uvicorn
+    # frames even an empty body as chunked, which nginx must then read to its end before it
+    # can reuse the kept-alive connection for the next subrequest.
+    response["Content-Length"] = "0"
     return response
 
 

@@ -167,6 +167,43 @@ def test_a_simulated_port_is_relayed_by_the_console_behind_nginx(edge, alice, bo
     assert _not_open(other.get("/"))
 
 
+def test_the_auth_subrequests_reuse_kept_alive_connections(settings, alice) -> None:
+    """nginx asks the console about every app-host request over its upstream's kept-alive
+    connections (HTTP/1.1, no ``Connection: close``), not one new TCP connection each, and the
+    console's answer says its empty body's length (nothing chunked to read to its end)."""
+    prefix = edge_support.short_dir()
+    settings.EDGE_DIR = prefix
+    seen: list[tuple[str, int]] = []
+    try:
+        with (
+            edge_support.console_in_thread(seen) as web_port,
+            edge_support.nginx_in_front([f"127.0.0.1:{web_port}"], prefix, prefix) as edge,
+        ):
+            instance = running_with_port(alice)
+            console = httpx.Client(base_url=edge.url, cookies=_session(alice), timeout=30)
+            app = _open(edge, console, instance, 7860)
+            seen.clear()
+            for _ in range(20):
+                assert app.get("/").status_code == 200
+            auth_ports = [port for path, port in seen if path == "/__gpc/edge-auth"]
+            assert len(auth_ports) == 20
+            # Two nginx workers, each with its own pool: a handful of connections at most.
+            assert len(set(auth_ports)) <= 4, sorted(set(auth_ports))
+
+            asked = httpx.get(
+                f"http://127.0.0.1:{web_port}/__gpc/edge-auth",
+                headers={
+                    "Host": f"{ports.app_host(instance, 7860)}:{edge.port}",
+                    console_edge.SECRET_HEADER: console_edge.edge_secret(),
+                },
+            )
+            assert asked.status_code == 401
+            assert asked.headers.get("content-length") == "0"
+            assert "transfer-encoding" not in asked.headers
+    finally:
+        edge_support.cleanup(prefix)
+
+
 # -- a web port on a real sshd host: nginx moves the bytes ----------------------------------------
 
 
