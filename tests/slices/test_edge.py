@@ -15,9 +15,12 @@ launch command serves files with ``python3 -m http.server``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import hashlib
 import os
 import shlex
+import socket
 import stat
 import sys
 from collections.abc import Iterator
@@ -349,6 +352,83 @@ def _web_port_journey(
     with django_capture_on_commit_callbacks(execute=True):
         stop_instance(Instance.objects.get(pk=instance.pk), by="test")
     assert _not_open(app.get("/"))
+
+
+def _tcp_ends() -> dict[int, tuple[int, int]]:
+    """Every IPv4 TCP socket of this machine: its inode → (local port, remote port)."""
+    ends = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, inode = fields[1], fields[2], int(fields[9])
+        ends[inode] = (int(local.split(":")[1], 16), int(remote.split(":")[1], 16))
+    return ends
+
+
+def _socket_fds(pid: int) -> dict[int, int]:
+    """A process's sockets: inode → its fd there."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    found[int(target[8:-1])] = int(fd)
+    return found
+
+
+def _no_delay_of(pid: int, fd: int) -> bool:
+    """Whether Nagle's algorithm is off on another process's socket (a copy of its fd, taken
+    with pidfd_getfd: Linux 5.6, the same user or root)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        copy = libc.syscall(438, pidfd, fd, 0)  # pidfd_getfd, one number on every architecture
+        assert copy >= 0, os.strerror(ctypes.get_errno())
+    finally:
+        os.close(pidfd)
+    with socket.socket(fileno=copy) as sock:
+        return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
+def _node_end_of_the_edge_connection(tunnels: Path, sshd_port: int) -> tuple[int, int]:
+    """(pid, fd) of the node's sshd end of the edge's OpenSSH master connection."""
+    ends = _tcp_ends()
+    masters = [
+        int(pid)
+        for pid in os.listdir("/proc")
+        if pid.isdigit()
+        and str(tunnels).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        and b"\0-M\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert len(masters) == 1, masters
+    (client_port,) = [
+        ends[inode][0]
+        for inode in _socket_fds(masters[0])
+        if inode in ends and ends[inode][1] == sshd_port
+    ]
+    (inode,) = [i for i, (lp, rp) in ends.items() if (lp, rp) == (sshd_port, client_port)]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        fds = _socket_fds(int(pid))
+        if inode in fds:
+            return int(pid), fds[inode]
+    raise AssertionError("no process holds sshd's end of the edge's connection")
+
+
+def test_the_node_answers_small_writes_without_nagles_delay(
+    edge,
+    files_instance,
+    funded,
+    ssh_hosts: SshHostPool,  # noqa: F811
+) -> None:
+    """sshd turns Nagle's algorithm off on a connection only once a session starts there: the
+    edge's master runs one, so the node's small writes (a chat's tokens) are not held back
+    waiting for the edge's delayed ACK (up to 40 ms each)."""
+    instance, port, _digest = files_instance
+    console = httpx.Client(base_url=edge.url, cookies=_session(funded), timeout=60)
+    app = _open(edge, console, instance, port)
+    assert app.get("/").status_code == 200  # through the forward: the master is up
+    pid, fd = _node_end_of_the_edge_connection(edge.prefix / "tunnels", ssh_hosts.get(1)[0].port)
+    assert _no_delay_of(pid, fd)
 
 
 def test_the_edge_never_forwards_a_port_that_is_not_the_instances(edge, files_instance) -> None:

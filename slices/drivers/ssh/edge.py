@@ -151,6 +151,16 @@ def _run(argv: list[str], timeout: float, log: Path | None = None) -> int:
             return 255
 
 
+def _no_delay(base: list[str], timeout: float, log: Path) -> None:
+    """One session on the new master (``true``), so that the node's sshd turns Nagle's algorithm
+    off on the connection (TCP_NODELAY): sshd does so once a session starts, never for a
+    connection that only carries forwards (``-N``), whose small writes (a chat's tokens, a
+    websocket's frames) then wait for the client's delayed ACK, up to 40 ms each time.
+    The ssh client sets it on its own end already. A node that refuses sessions keeps the
+    forwards, only slower to answer small writes."""
+    _run([*base, "true"], timeout, log)
+
+
 def _master(conns: SshConnections, node: NodeTarget, folder: Path, nid: str) -> None:
     """This node's master, started when none answers (its old sockets removed first)."""
     now = time.monotonic()
@@ -172,6 +182,7 @@ def _master(conns: SshConnections, node: NodeTarget, folder: Path, nid: str) -> 
                 "unreachable",
                 f"{node.hostname}: the edge's ssh master did not start (see {folder / nid}.log)",
             )
+        _no_delay(base, timeout, folder / f"{nid}.log")
     with _alive_lock:
         _alive[nid] = time.monotonic() + ALIVE_SECONDS
 
