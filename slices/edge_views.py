@@ -12,8 +12,10 @@ instance's token for JupyterLab) and answers in headers:
 - 401: not open to this browser (nginx answers the proxy's 404);
 - 403: a cross-site write (nginx answers 403).
 
-Nothing is cached: each request asks (a signed cookie and three indexed reads), so a grant
-ended at logout, a revoked link, a stop or a release refuses the very next request.
+No decision is cached: each request asks (a signed cookie and three indexed reads), so a grant
+ended at logout, a revoked link, a stop or a release refuses the very next request. Only where
+the tunnel goes is kept, for two seconds and for the instance's present state
+(``proxy.cached_tunnel_target``).
 """
 
 from __future__ import annotations

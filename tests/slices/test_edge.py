@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import websockets
+from django.http import Http404
 from django.test import Client
 
 from console import edge as console_edge
@@ -43,7 +44,7 @@ from slices.services import proxy as proxy_service
 from tests.slices.factories import load_small_fleet, run_order
 from tests.support import edge as edge_support
 from tests.support import servers
-from tests.support.apphosts import running_with_port
+from tests.support.apphosts import open_app, running_with_port
 from tests.support.sshd import SshHostPool, configure_ssh_fleet, ssh_hosts  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -205,6 +206,45 @@ def test_the_auth_subrequests_reuse_kept_alive_connections(settings, alice) -> N
             assert "transfer-encoding" not in asked.headers
     finally:
         edge_support.cleanup(prefix)
+
+
+def test_the_tunnel_target_is_kept_for_seconds_never_past_a_state_change(alice, bob) -> None:
+    """Dozens of requests at once (JupyterLab's files) ask for the same tunnel target: it is read
+    once and kept ``TARGET_SECONDS``, for the instance as it was. A stop, a restart on new host
+    ports, a release (any transition) reads it afresh; who may open the port is asked every
+    time (a logout refuses the next request)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from slices.models import InstanceNode
+    from slices.services.instances import transition
+
+    proxy_service.forget_tunnel_targets()
+    instance = running_with_port(alice)
+    assert proxy_service.cached_tunnel_target(instance, 7860)[2] == 7860
+    with CaptureQueriesContext(connection) as asked:
+        assert proxy_service.cached_tunnel_target(instance, 7860)[2] == 7860
+    assert len(asked.captured_queries) == 0
+
+    # A restart publishes the port on another host port: the next state's target is read anew.
+    InstanceNode.objects.filter(instance=instance).update(published_ports={"7860": 40123})
+    assert transition(instance, InstanceState.STOPPING, code="stopping")
+    assert transition(instance, InstanceState.STOPPED, code="stopped")
+    assert transition(instance, InstanceState.STARTING, code="starting")
+    assert transition(instance, InstanceState.PROVISIONING, code="provisioning")
+    assert transition(instance, InstanceState.RUNNING, code="running")
+    instance.refresh_from_db()
+    assert proxy_service.cached_tunnel_target(instance, 7860)[2] == 40123
+
+    # The decision is never kept: the grant is checked on every request.
+    client = Client()
+    client.force_login(alice)
+    app = open_app(client, instance, 7860)
+    cookie = app.cookies[ports.APP_COOKIE].value
+    assert proxy_service.resolve_access(instance.public_id, 7860, cookie).node_port == 40123
+    ports.end_user_grants(alice)
+    with pytest.raises(Http404):
+        proxy_service.resolve_access(instance.public_id, 7860, cookie)
 
 
 # -- a web port on a real sshd host: nginx moves the bytes ----------------------------------------
