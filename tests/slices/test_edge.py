@@ -430,16 +430,21 @@ def _no_delay_of(pid: int, fd: int) -> bool:
         return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
 
 
+def _master_pids(tunnels: Path) -> list[int]:
+    """The edge's OpenSSH masters for ``tunnels``: their command lines name it, with ``-M``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if str(tunnels).encode() in argv and b"\0-M\0" in argv:
+                found.append(int(pid))
+    return found
+
+
 def _node_end_of_the_edge_connection(tunnels: Path, sshd_port: int) -> tuple[int, int]:
     """(pid, fd) of the node's sshd end of the edge's OpenSSH master connection."""
     ends = _tcp_ends()
-    masters = [
-        int(pid)
-        for pid in os.listdir("/proc")
-        if pid.isdigit()
-        and str(tunnels).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-        and b"\0-M\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
+    masters = _master_pids(tunnels)
     assert len(masters) == 1, masters
     (client_port,) = [
         ends[inode][0]
@@ -469,6 +474,31 @@ def test_the_node_answers_small_writes_without_nagles_delay(
     assert app.get("/").status_code == 200  # through the forward: the master is up
     pid, fd = _node_end_of_the_edge_connection(edge.prefix / "tunnels", ssh_hosts.get(1)[0].port)
     assert _no_delay_of(pid, fd)
+
+
+def test_a_master_that_died_is_started_again(edge, files_instance, funded) -> None:
+    """The edge asks its control socket whether a master still listens (a connect, no process
+    started); one that died leaves the socket file behind, is found gone, and is started again
+    with its forwards: the next request is served."""
+    import signal
+    import time
+
+    from slices.drivers.ssh import edge as ssh_edge
+
+    instance, port, _digest = files_instance
+    console = httpx.Client(base_url=edge.url, cookies=_session(funded), timeout=60)
+    app = _open(edge, console, instance, port)
+    assert app.get("/").status_code == 200
+    tunnels = edge.prefix / "tunnels"
+    (master,) = _master_pids(tunnels)
+    os.kill(master, signal.SIGKILL)
+    while _master_pids(tunnels):
+        time.sleep(0.05)
+    assert list(tunnels.glob("*.ctl")), "the dead master's control socket is left behind"
+    time.sleep(ssh_edge.ALIVE_SECONDS)  # what this process knew of it has lapsed
+    assert app.get("/").status_code == 200
+    (again,) = _master_pids(tunnels)
+    assert again != master
 
 
 def test_the_edge_never_forwards_a_port_that_is_not_the_instances(edge, files_instance) -> None:
