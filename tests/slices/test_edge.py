@@ -501,6 +501,57 @@ def test_a_master_that_died_is_started_again(edge, files_instance, funded) -> No
     assert again != master
 
 
+def test_the_ports_owner_is_asked_again_ahead_of_time_and_a_failed_answer_ends_it(
+    files_instance, django_capture_on_commit_callbacks
+) -> None:
+    """The node's word that the port is the instance's own is taken for OWNER_CHECK_SECONDS;
+    past half of it, the next use asks again in the background (so steady traffic never waits
+    for the node) and, when the answer is no, the word is forgotten: the next use asks itself
+    and is refused."""
+    import time
+
+    from slices.drivers.ssh import tunnel
+    from slices.services.power import stop_instance
+
+    instance, port, _digest = files_instance
+    spec, node, node_port = proxy_service.tunnel_target(instance, port)
+    driver: Any = get_driver(instance.driver or None)
+    owner = driver._port_owner(spec, node, node_port)  # noqa: SLF001 - the driver's own check
+    tunnel.close_all()
+    tunnel.check_owner(driver, node, node_port, owner)
+    key = (tunnel._key(driver, node), owner[0], node_port)  # noqa: SLF001
+
+    def word_left() -> float:
+        with tunnel._SHARED.lock:  # noqa: SLF001
+            return tunnel._SHARED.owned.get(key, 0.0) - time.monotonic()  # noqa: SLF001
+
+    def age_word() -> None:  # as if the node said so 1.5 s ago
+        with tunnel._SHARED.lock:  # noqa: SLF001
+            tunnel._SHARED.owned[key] = time.monotonic() + 0.5  # noqa: SLF001
+
+    def wait_for(condition: Any) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+
+    # Still the instance's: asked again behind the request's back, the word renewed.
+    age_word()
+    tunnel.check_owner(driver, node, node_port, owner)
+    wait_for(lambda: word_left() > 1.0)
+
+    # The instance stops: the next use (on a word 1.5 s old) passes, its background check hears
+    # no, and the use after that asks itself and is refused.
+    with django_capture_on_commit_callbacks(execute=True):
+        stop_instance(Instance.objects.get(pk=instance.pk), by="test")
+    age_word()
+    tunnel.check_owner(driver, node, node_port, owner)
+    wait_for(lambda: word_left() <= 0)
+    with pytest.raises(DriverError) as refused:
+        tunnel.check_owner(driver, node, node_port, owner)
+    assert refused.value.code == "port_closed"
+
+
 def test_the_edge_never_forwards_a_port_that_is_not_the_instances(edge, files_instance) -> None:
     """The node's ownership check runs before a forward is made: a port another process listens
     on (here nginx's own, on the test host) is refused, and no socket is made for it."""
