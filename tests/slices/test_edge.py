@@ -8,7 +8,11 @@ launch command serves files with ``python3 -m http.server``.
 - a web port: nginx asks the console (``auth_request``) and then moves the bytes over an OpenSSH
   forward to the port on the node's loopback; the owner's download arrives intact, a visitor and
   another customer get the proxy's 404, and the grant ends at logout and at stop;
-- the edge never forwards to a port that is not the instance's own (the node's ownership check);
+- the edge never forwards to a port that is not the instance's own (the node's ownership check),
+  asked again in the background before its answer lapses, a "no" ending it;
+- the auth subrequests reuse kept-alive connections; the node's sshd end of the forward has
+  TCP_NODELAY; a master that died is started again; the tunnel target is kept 2 s, never past a
+  state change;
 - a driver without forwards (the simulated fleet) is relayed by the console behind nginx.
 """
 
