@@ -30,6 +30,10 @@ of part 3). Every client is this process.
    them, not targets: a paramiko ``direct-tcpip`` channel opened by this process straight to the
    sshd (the tunnel alone, without the console), with paramiko's default cipher (AES-CTR, what
    the console negotiates) and with AES-GCM; and the console process's CPU per MB relayed.
+   Through the production edge (issue 34): the same file through nginx on the app host, and its
+   OpenSSH forward read alone; then the forward alone once per cipher the edge may use
+   (``EDGE_CIPHERS``: a master offering only that one), which shows which moves a single stream
+   fastest on this machine.
 3. At once: --concurrent terminals (each typing a keystroke every 50 ms, echo timed, until the
    downloads end) and --concurrent proxied downloads of a --concurrent-mb file (sha256 checked),
    all started together. Target: no 5xx and no error. Printed: the wall time, the downloads'
@@ -595,6 +599,80 @@ def _timed_get(make_conn: Any, path: str, host: str, cookie: str = "") -> float:
     return got / MB / elapsed
 
 
+# The ciphers an OpenSSH forward may use (the edge offers them in slices/drivers/ssh/edge.py's
+# order): which one moves a single stream fastest on this machine is measured, not assumed.
+EDGE_CIPHERS = (
+    "aes128-gcm@openssh.com",
+    "aes256-gcm@openssh.com",
+    "chacha20-poly1305@openssh.com",
+)
+
+
+@contextlib.contextmanager
+def _cipher_forward(setup: Setup, cipher: str) -> Any:
+    """An OpenSSH master like the edge's (the console's key, the host's pinned key, compression
+    off) that offers only ``cipher``, with a unix-socket forward to http.server's port: the
+    socket's path."""
+    folder = Path(tempfile.mkdtemp(prefix="gpcc", dir="/tmp"))
+    known = folder / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{setup.host.port} {setup.host.host_key_line}\n")
+    base = [
+        "/usr/bin/ssh", "-F", "/dev/null", "-o", "BatchMode=yes",
+        "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known}",
+        "-o", "IdentitiesOnly=yes", "-i", str(setup.client_key),
+        "-o", f"ControlPath={folder / 'ctl'}", "-o", f"Ciphers={cipher}",
+        "-o", "Compression=no", "-p", str(setup.host.port), "-l", "root", "127.0.0.1",
+    ]  # fmt: skip
+    sock = folder / "fwd.sock"
+    try:
+        subprocess.run(  # noqa: S603 - ssh by absolute path, our own argv
+            [*base[:-1], "-M", "-N", "-f", "-o", "ControlPersist=yes", base[-1]],
+            check=True, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
+        )  # fmt: skip
+        subprocess.run(  # noqa: S603
+            [*base, "true"], check=True, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            timeout=30,
+        )  # fmt: skip
+        subprocess.run(  # noqa: S603
+            [*base[:-1], "-O", "forward", "-L", f"{sock}:127.0.0.1:{setup.app_port}", base[-1]],
+            check=True, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
+        )  # fmt: skip
+        yield sock
+    finally:
+        subprocess.run(  # noqa: S603
+            [*base[:-1], "-O", "exit", base[-1]],
+            check=False, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
+        )  # fmt: skip
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def bench_ciphers(setup: Setup, reps: int, direct: float) -> None:
+    """The edge's OpenSSH forward alone, once per cipher it may use, against direct TCP."""
+    app_host = f"127.0.0.1:{setup.app_port}"
+    rates: dict[str, list[float]] = {cipher: [] for cipher in EDGE_CIPHERS}
+    with contextlib.ExitStack() as stack:
+        socks = {cipher: stack.enter_context(_cipher_forward(setup, cipher)) for cipher in rates}
+        for _ in range(reps):
+            for cipher, path in socks.items():
+
+                def connect(path: Path = path) -> socket.socket:
+                    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    conn.settimeout(300)
+                    conn.connect(str(path))
+                    return conn
+
+                rates[cipher].append(_timed_get(connect, "/big.bin", app_host))
+    print("   the edge's OpenSSH forward alone, by cipher (a master offering only that one):")
+    for cipher, values in rates.items():
+        median = statistics.median(values)
+        print(
+            f"     {cipher:<36} median {median:8.1f} MB/s = {median / direct:.1%} of direct   "
+            f"(min {min(values):.1f}, max {max(values):.1f}, n={len(values)})"
+        )
+    fastest = max(rates, key=lambda c: statistics.median(rates[c]))
+    print(f"     fastest here: {fastest} (the edge offers {EDGE_CIPHERS[0]} first)")
+
+
 def bench_throughput(setup: Setup, reps: int) -> bool:
     size, _sha = setup.files["big.bin"]
     print(
@@ -714,6 +792,7 @@ def bench_throughput(setup: Setup, reps: int) -> bool:
         f"({edge_cpu['console'] / mb * 1000:.2f} ms per MB: the auth answers only), nginx + ssh "
         f"{edge_cpu['edge']:.2f} s ({edge_cpu['edge'] / mb * 1000:.1f} ms per MB)"
     )
+    bench_ciphers(setup, reps, medians["direct"])
     edge_share = medians["edge"] / medians["direct"]
     edge_ok = edge_share >= THROUGHPUT_SHARE
     print(

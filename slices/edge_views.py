@@ -12,8 +12,10 @@ instance's token for JupyterLab) and answers in headers:
 - 401: not open to this browser (nginx answers the proxy's 404);
 - 403: a cross-site write (nginx answers 403).
 
-Nothing is cached: each request asks (a signed cookie and three indexed reads), so a grant
-ended at logout, a revoked link, a stop or a release refuses the very next request.
+No decision is cached: each request asks (a signed cookie and three indexed reads), so a grant
+ended at logout, a revoked link, a stop or a release refuses the very next request. Only where
+the tunnel goes is kept, for two seconds and for the instance's present state
+(``proxy.cached_tunnel_target``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from slices.services import ports, proxy
 def _answer(status: int) -> HttpResponse:
     response = HttpResponse(b"", status=status, content_type="text/plain")
     response["Cache-Control"] = "no-store"
+    # Said outright: app hosts are answered before CommonMiddleware, and without it uvicorn
+    # frames even an empty body as chunked, which nginx must then read to its end before it
+    # can reuse the kept-alive connection for the next subrequest.
+    response["Content-Length"] = "0"
     return response
 
 

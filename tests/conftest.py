@@ -38,6 +38,7 @@ HOST_GROUP = "host"
 HOST_MODULES = frozenset(
     {
         "tests/e2e/test_app_chat.py",
+        "tests/e2e/test_edge_browser.py",
         "tests/e2e/test_jupyterlab.py",
         "tests/slices/test_bench_provisioning.py",
         "tests/slices/test_edge.py",

@@ -48,6 +48,12 @@ def test_access_bench_runs_every_part_in_quick_mode() -> None:
     # The production edge (issue 34): nginx moved the bytes, the console only answered its auth.
     assert re.search(r"edge ≥ 50% of direct: \d+\.\d+%, (met|MISSED)\n", out), out
     assert re.search(r"edge CPU while it moved .* nginx \+ ssh .* ms per MB", out), out
+    # The edge's forward alone with each cipher it may use, and which was fastest.
+    for cipher in ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305"):
+        assert re.search(
+            rf"{re.escape(cipher)}\S* +median +\d+\.\d+ MB/s = \d+\.\d+% of direct .*n=1\)", out
+        ), out
+    assert re.search(r"fastest here: \S+@openssh\.com", out), out
     # 3. Five terminals and five downloads at once: all of them worked.
     assert "terminals: 5 of 5 opened, 5 open at once" in out, out
     assert "downloads: 5 of 5 intact, 10 MB" in out, out

@@ -569,7 +569,7 @@ def resolve_api_access(public_id: Any, key: str) -> proxy.Access:
         raise ApiKeyRefused
     if not key or not hmac.compare_digest(key.encode(), instance.app_api_key.encode()):
         raise ApiKeyRefused
-    spec, node, node_port = proxy.tunnel_target(instance, app.api.port)
+    spec, node, node_port = proxy.cached_tunnel_target(instance, app.api.port)
     return proxy.Access(
         instance=instance,
         port=app.api.port,

@@ -243,7 +243,11 @@ def app_host(instance: Instance, port: int) -> str:
 
 def port_url(instance: Instance, port: int, request: Any = None) -> str:
     """The port's own origin (``http://<id>-<port>.localhost:8000/`` in the embedded default):
-    ``APPS_SCHEME``/``APPS_PORT`` when set, else the scheme and port the console was reached on."""
+    ``APPS_SCHEME``/``APPS_PORT`` when set, else the scheme and port the console was reached on.
+
+    The port is the one the browser used, from the request's ``Host``: behind the edge (issue 34)
+    the web process listens on a port of its own (``WEB_PORT``) that nobody outside reaches,
+    and the app hosts are served by nginx on the browser's port, as the console is."""
     scheme = str(getattr(settings, "APPS_SCHEME", "") or "")
     if not scheme:
         scheme = request.scheme if request is not None else "http"
@@ -251,10 +255,19 @@ def port_url(instance: Instance, port: int, request: Any = None) -> str:
             scheme = "https"
     number = getattr(settings, "APPS_PORT", None)
     if number is None and request is not None:
-        number = int(request.get_port() or 0) or None
+        number = _host_port(request.get_host())
     default = {"http": 80, "https": 443}[scheme]
     suffix = f":{number}" if number and number != default else ""
     return f"{scheme}://{app_host(instance, port)}{suffix}/"
+
+
+def _host_port(host: str) -> int | None:
+    """The port a ``Host`` header names (``console.example:8443``, ``[::1]:8000``), or None
+    (the scheme's default)."""
+    _name, sep, number = host.rpartition(":")
+    if not sep or "]" in number or not number.isdigit():
+        return None
+    return int(number)
 
 
 def base_url_env(instance: Instance) -> dict[str, str]:

@@ -138,6 +138,27 @@ def test_the_owner_opens_the_simulated_app_on_its_own_host(alice, alice_client) 
     assert "Path: <code>/</code>" in text
 
 
+def test_the_app_host_keeps_the_port_the_browser_used(alice) -> None:
+    """Behind the edge the web process listens on a port of its own (WEB_PORT, 8001 here) while
+    the browser reached nginx on another: the hand-off and the API's URLs name the browser's
+    port (the Host header), never the web process's (Django's SERVER_PORT)."""
+    instance = running_with_port(alice)
+    console = Client(HTTP_HOST="127.0.0.1:8443", SERVER_PORT="8001")
+    console.force_login(alice)
+    opened = console.get(f"/instances/{instance.public_id}/web-ports/{APP_PORT}/open/")
+    assert opened.status_code == 302
+    assert urlsplit(opened["Location"]).netloc == f"{app_host(instance)}:8443"
+    api = APIClient(HTTP_HOST="127.0.0.1:8443", SERVER_PORT="8001")
+    api.force_authenticate(alice)
+    body = api.get(f"/api/v1/instances/{instance.public_id}/").json()
+    assert body["ports"][0]["url"] == f"http://{app_host(instance)}:8443/"
+    # A Host without a port: the scheme's own (no port in the URL), whatever SERVER_PORT says.
+    plain = APIClient(HTTP_HOST="127.0.0.1", SERVER_PORT="8001")
+    plain.force_authenticate(alice)
+    body = plain.get(f"/api/v1/instances/{instance.public_id}/").json()
+    assert body["ports"][0]["url"] == f"http://{app_host(instance)}/"
+
+
 def test_the_console_routes_of_a_port_only_redirect_to_its_host(alice, alice_client) -> None:
     """Issue 29: the console's origin never serves a tenant's app, only sends the owner on."""
     instance = running_with_port(alice)

@@ -41,12 +41,26 @@ def asgi_app() -> Any:
     )
 
 
+def recording(app: Any, seen: list[tuple[str, int]]) -> Any:
+    """``app``, noting each HTTP request's path and the client's port (which connection of
+    nginx's it came on) in ``seen``."""
+
+    async def record(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("client"):
+            seen.append((scope["path"], int(scope["client"][1])))
+        await app(scope, receive, send)
+
+    return record
+
+
 @contextmanager
-def console_in_thread() -> Iterator[int]:
-    """uvicorn serving the console in a thread; its port."""
+def console_in_thread(seen: list[tuple[str, int]] | None = None) -> Iterator[int]:
+    """uvicorn serving the console in a thread; its port. With ``seen``, each request's path
+    and client port are noted there."""
     port = servers.free_port()
+    app = asgi_app()
     config = uvicorn.Config(
-        asgi_app(),
+        app if seen is None else recording(app, seen),
         host="127.0.0.1",
         port=port,
         lifespan="off",

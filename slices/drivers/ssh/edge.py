@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import socket
 import subprocess
 import threading
 import time
@@ -151,6 +152,29 @@ def _run(argv: list[str], timeout: float, log: Path | None = None) -> int:
             return 255
 
 
+def _answers(control: Path) -> bool:
+    """Whether a master listens on its control socket: a connect, where ``ssh -O check`` would
+    start a process (10–20 ms on a loaded machine, in the request's path every ALIVE_SECONDS).
+    A master that died leaves its socket file behind, and a connect to it is refused."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)
+        try:
+            probe.connect(str(control))
+        except OSError:
+            return False
+    return True
+
+
+def _no_delay(base: list[str], timeout: float, log: Path) -> None:
+    """One session on the new master (``true``), so that the node's sshd turns Nagle's algorithm
+    off on the connection (TCP_NODELAY): sshd does so once a session starts, never for a
+    connection that only carries forwards (``-N``), whose small writes (a chat's tokens, a
+    websocket's frames) then wait for the client's delayed ACK, up to 40 ms each time.
+    The ssh client sets it on its own end already. A node that refuses sessions keeps the
+    forwards, only slower to answer small writes."""
+    _run([*base, "true"], timeout, log)
+
+
 def _master(conns: SshConnections, node: NodeTarget, folder: Path, nid: str) -> None:
     """This node's master, started when none answers (its old sockets removed first)."""
     now = time.monotonic()
@@ -159,7 +183,7 @@ def _master(conns: SshConnections, node: NodeTarget, folder: Path, nid: str) -> 
             return
     base = _args(conns, node, folder, nid)
     timeout = conns.settings.connect_timeout + 5
-    if _run([*base[:-1], "-O", "check", base[-1]], timeout) != 0:
+    if not _answers(folder / f"{nid}.ctl"):
         for stale in folder.glob(f"{nid[:8]}-*.sock"):
             stale.unlink(missing_ok=True)
         (folder / f"{nid}.ctl").unlink(missing_ok=True)
@@ -172,6 +196,7 @@ def _master(conns: SshConnections, node: NodeTarget, folder: Path, nid: str) -> 
                 "unreachable",
                 f"{node.hostname}: the edge's ssh master did not start (see {folder / nid}.log)",
             )
+        _no_delay(base, timeout, folder / f"{nid}.log")
     with _alive_lock:
         _alive[nid] = time.monotonic() + ALIVE_SECONDS
 

@@ -25,6 +25,10 @@ IDLE_SECONDS = 300.0
 # page's burst of requests costs one check); another process can take the port over only after
 # the instance's own listener closed, and is found at the first check after this.
 OWNER_CHECK_SECONDS = 2.0
+# A word older than this is asked again in the background by the next request that uses it (the
+# request does not wait): steady traffic (a chat's messages, a page's requests) never waits for
+# the node's check, and still no request is served on a word older than OWNER_CHECK_SECONDS.
+OWNER_REFRESH_AFTER = OWNER_CHECK_SECONDS / 2
 # Exit statuses of the ownership checks (``commands.CMD_PORT_OWNER*``).
 _NOT_LISTENING, _NOT_RUNNING, _NOT_OWNED = 3, 5, 6
 
@@ -36,6 +40,7 @@ class _Shared:
         self.connecting: dict[_Key, threading.Lock] = {}
         # (node, instance, port) -> until when the port was found to be the instance's own
         self.owned: dict[tuple[_Key, str, int], float] = {}
+        self.refreshing: set[tuple[_Key, str, int]] = set()  # asked again in the background
 
 
 _SHARED = _Shared()
@@ -140,13 +145,52 @@ def check_owner(conns: SshConnections, node: NodeTarget, port: int, owner: tuple
     """Whether the node says ``port`` is the instance's own (``owner``: its slug and the rendered
     check), taken for ``OWNER_CHECK_SECONDS`` once it did: ``port_not_instance`` (permanent)
     when it is another's, ``port_closed`` when nothing listens there. The edge's OpenSSH
-    forwards (``slices.drivers.ssh.edge``) ask it before every use too."""
-    slug, script = owner
+    forwards (``slices.drivers.ssh.edge``) ask it before every use too. A word past
+    ``OWNER_REFRESH_AFTER`` is still taken, and asked again in the background."""
+    slug, _script = owner
     key = (_key(conns, node), slug, int(port))
     with _SHARED.lock:
-        fresh = _SHARED.owned.get(key, 0.0) > time.monotonic()
-    if fresh:
+        left = _SHARED.owned.get(key, 0.0) - time.monotonic()
+        refresh = 0 < left < OWNER_CHECK_SECONDS - OWNER_REFRESH_AFTER
+        refresh = refresh and key not in _SHARED.refreshing
+        if refresh:
+            _SHARED.refreshing.add(key)
+    if refresh:
+        threading.Thread(
+            target=_refresh_owner, args=(conns, node, port, owner, key), daemon=True
+        ).start()
+    if left > 0:
         return
+    _ask_owner(conns, node, port, owner, key)
+
+
+def _refresh_owner(
+    conns: SshConnections,
+    node: NodeTarget,
+    port: int,
+    owner: tuple[str, str],
+    key: tuple[_Key, str, int],
+) -> None:
+    """Ask the node again for a word about to lapse; any failure forgets the word, so the next
+    request asks (and is refused) itself."""
+    try:
+        _ask_owner(conns, node, port, owner, key)
+    except Exception:  # noqa: BLE001 - a background check: the next request asks and says why
+        with _SHARED.lock:
+            _SHARED.owned.pop(key, None)
+    finally:
+        with _SHARED.lock:
+            _SHARED.refreshing.discard(key)
+
+
+def _ask_owner(
+    conns: SshConnections,
+    node: NodeTarget,
+    port: int,
+    owner: tuple[str, str],
+    key: tuple[_Key, str, int],
+) -> None:
+    script = owner[1]
     client = _client(conns, node)
     result = conns.run_script(
         client, node, script, timeout=max(10.0, conns.settings.connect_timeout), check=False
@@ -177,3 +221,4 @@ def close_all() -> None:
         client.close()
     with _SHARED.lock:
         _SHARED.owned.clear()
+        _SHARED.refreshing.clear()
