@@ -743,6 +743,8 @@ async def _curve(
         capacity.step_rates(start, stop, factor),
         plan.step_seconds,
         on_step=lambda step: print(capacity.format_step(target.name, step), flush=True),
+        warmup=plan.step_seconds,  # each process's first requests prepare its statements
+        confirm=1,  # the machine is shared: a miss is run again before the curve stops there
     )
 
 
@@ -756,7 +758,8 @@ def run_capacity(
     print(
         f"\ncapacity curves: open-loop steps of {plan.step_seconds:g} s from "
         f"{plan.rates[0]:g} requests/s, x{plan.rates[2]:g} a step up to {plan.rates[1]:g}, "
-        f"until p99 >= {capacity.P99_TARGET_MS:.0f} ms or an error; read = GET "
+        f"after {plan.step_seconds:g} s of warm-up, until p99 >= {capacity.P99_TARGET_MS:.0f} ms "
+        f"or an error (a miss is run once more to confirm it); read = GET "
         f"/api/v1/instances/<id>/ with a token, trivial = GET {TRIVIAL_PATH} (public, no database)"
         + (
             "; WSGI: console.wsgi under uvicorn --interface wsgi behind an edge of its own"

@@ -74,6 +74,10 @@ def test_highest_passing_rate_is_the_last_before_the_first_miss() -> None:
     assert capacity.highest_passing([_step(20, 10, sent=0)]) is None  # nothing sent proves nothing
     # Another target moves the answer.
     assert capacity.highest_passing(steps, target_ms=50).offered == 20
+    # A rate run again (a miss rerun to confirm it) counts by its last run, whichever way.
+    rerun = [_step(20, 30), _step(40, 700), _step(40, 90), _step(80, 900), _step(80, 950)]
+    assert capacity.highest_passing(rerun).offered == 40
+    assert capacity.highest_passing([_step(20, 30), _step(40, 90), _step(40, 700)]).offered == 20
 
 
 def test_summarise_rates_and_generator_cpu() -> None:
@@ -124,10 +128,28 @@ def test_a_transport_failure_is_an_error_and_drops_the_connection() -> None:
             raise ConnectionResetError
         return 200
 
-    steps = asyncio.run(capacity.curve(pool, send, [10, 20], seconds=0.2, pause=0))
+    steps = asyncio.run(capacity.curve(pool, send, [10, 20], seconds=0.2, pause=0, confirm=0))
     assert len(steps) == 1  # the first step missed: no further steps
     assert steps[0].errors == 1 and steps[0].answered == 1
     assert dropped and dropped[0].n == 1
+
+
+def test_a_missed_step_is_run_again_and_the_warmup_is_not_counted() -> None:
+    sent = 0
+
+    async def send(conn: _Conn) -> int:
+        nonlocal sent
+        sent += 1
+        return 500 if sent == 3 else 200  # the first step's first run (requests 3-4) misses
+
+    pool = capacity.ConnectionPool(lambda: _Conn(pool.opened), _aclose)
+    steps = asyncio.run(
+        capacity.curve(pool, send, [10, 20], seconds=0.2, pause=0, warmup=0.2, confirm=1)
+    )
+    # The warm-up's 2 requests are sent but not among the steps.
+    assert sent == 10 and [s.sent for s in steps] == [2, 2, 4]
+    assert [(s.offered, s.errors) for s in steps] == [(10.0, 1), (10.0, 0), (20.0, 0)]
+    assert capacity.highest_passing(steps).offered == 20  # the rerun passed: the curve went on
 
 
 async def _aclose(conn: _Conn) -> None:
