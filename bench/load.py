@@ -703,8 +703,8 @@ def capacity_targets(
     servers_ = [("ASGI", asgi)]
     if wsgi is not None:
         servers_.append(("WSGI", wsgi[1] if plan.through_edge else wsgi[0]))
-    # Interleaved, so a change in the shared machine's load falls on both of a pair alike.
-    return [CurveTarget(k, s, path, url) for s, url in servers_ for k in ("read", "trivial")]
+    # ASGI and WSGI alternate, so a change in the shared machine's load falls on both alike.
+    return [CurveTarget(k, s, path, url) for k in ("read", "trivial") for s, url in servers_]
 
 
 async def _curve(
