@@ -3,6 +3,10 @@
     .venv/bin/python bench/load.py                  # the full run: 5 minutes at the counts below
     .venv/bin/python bench/load.py --duration 120   # the same load, 2 minutes
     .venv/bin/python bench/load.py --quick          # a 30 s smoke run, a tenth of the users (the test)
+    .venv/bin/python bench/load.py --capacity-only --wsgi --step-seconds 2   # the curves alone
+
+Every client goes through the Procfile's edge (nginx, issue 34); ``--direct`` sends them straight
+to the web processes instead.
 
 The stack (bench/support/production.py): a fresh PostgreSQL database next to ``DATABASE_URL``'s
 (or 127.0.0.1:5432), a private redis-server, ``collectstatic``, then every Procfile line as honcho
@@ -37,7 +41,18 @@ API p99 < 500 ms at >= 150 API requests/s (75 % of the offered rate with other c
 interval p99 < 1.5 s, the peak within the connection budget (``--budget``, else
 ``DB_CONNECTION_BUDGET`` from the settings, else README "Database connections": the pool's
 ``max_size`` per web process plus one connection per worker child and the relay; without a pool,
-the peak is only shown). The last line, ``summary: {...}``, is the figures as JSON. Exit status 1 when a
+the peak is only shown).
+
+Then the capacity curves (issue 34; ``--no-capacity``: none; ``--capacity-only``: only them),
+``bench/support/capacity.py``: open-loop steps of ``--step-seconds`` (3; ``--quick`` 1) at rising
+offered rates, after one step of warm-up, for an instance read (``GET /api/v1/instances/<id>/``
+with a token) and for a trivial answer on the same path (``GET /api/v1/``, the public API root: the
+same edge, server and handler, no database), each up to the highest offered rate whose p99 stays
+under 500 ms with no errors (a miss is run once more to confirm it), the load generator's CPU
+printed beside every step and figure; the target: the read's capacity >= 0.5 of the trivial one's.
+``--wsgi`` adds the same curves against ``console.wsgi`` under uvicorn's WSGI interface (as many
+processes as the web, behind an edge of its own) on the same database and Redis, the two servers'
+curves alternating. The last line, ``summary: {...}``, is the figures as JSON. Exit status 1 when a
 run other than ``--quick`` misses a target (``make bench`` stops there).
 """
 
