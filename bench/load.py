@@ -3,6 +3,10 @@
     .venv/bin/python bench/load.py                  # the full run: 5 minutes at the counts below
     .venv/bin/python bench/load.py --duration 120   # the same load, 2 minutes
     .venv/bin/python bench/load.py --quick          # a 30 s smoke run, a tenth of the users (the test)
+    .venv/bin/python bench/load.py --capacity-only --wsgi --step-seconds 2   # the curves alone
+
+Every client goes through the Procfile's edge (nginx, issue 34); ``--direct`` sends them straight
+to the web processes instead.
 
 The stack (bench/support/production.py): a fresh PostgreSQL database next to ``DATABASE_URL``'s
 (or 127.0.0.1:5432), a private redis-server, ``collectstatic``, then every Procfile line as honcho
@@ -37,7 +41,18 @@ API p99 < 500 ms at >= 150 API requests/s (75 % of the offered rate with other c
 interval p99 < 1.5 s, the peak within the connection budget (``--budget``, else
 ``DB_CONNECTION_BUDGET`` from the settings, else README "Database connections": the pool's
 ``max_size`` per web process plus one connection per worker child and the relay; without a pool,
-the peak is only shown). The last line, ``summary: {...}``, is the figures as JSON. Exit status 1 when a
+the peak is only shown).
+
+Then the capacity curves (issue 34; ``--no-capacity``: none; ``--capacity-only``: only them),
+``bench/support/capacity.py``: open-loop steps of ``--step-seconds`` (3; ``--quick`` 1) at rising
+offered rates, after one step of warm-up, for an instance read (``GET /api/v1/instances/<id>/``
+with a token) and for a trivial answer on the same path (``GET /api/v1/``, the public API root: the
+same edge, server and handler, no database), each up to the highest offered rate whose p99 stays
+under 500 ms with no errors (a miss is run once more to confirm it), the load generator's CPU
+printed beside every step and figure; the target: the read's capacity >= 0.5 of the trivial one's.
+``--wsgi`` adds the same curves against ``console.wsgi`` under uvicorn's WSGI interface (as many
+processes as the web, behind an edge of its own) on the same database and Redis, the two servers'
+curves alternating. The last line, ``summary: {...}``, is the figures as JSON. Exit status 1 when a
 run other than ``--quick`` misses a target (``make bench`` stops there).
 """
 
@@ -68,6 +83,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the standard library's queue for everything imported after).
 sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p).resolve() != ROOT / "bench")]
 
+from bench.support import capacity  # noqa: E402
 from bench.support.http1 import ConnectionLost, LeanClient  # noqa: E402
 from bench.support.production import (  # noqa: E402
     ProductionStack,
@@ -86,6 +102,9 @@ TELEMETRY_P99_TARGET_S = 1.5
 ACK = '{"kind":"ack"}'
 SAMPLE_PREFIX = '{"kind":"sample"'
 GROUPS = ("api", "page", "order", "ws")
+# The instance read's capacity against the same stack's own limit (a trivial API answer), issue 34.
+CAPACITY_SHARE_TARGET = 0.5
+TRIVIAL_PATH = "/api/v1/"  # the API root: public, no database, through the same handler and edge
 
 
 @dataclass
@@ -101,15 +120,32 @@ class Plan:
     settle: float = 10.0  # seconds after the load before the last connection count
     sim_time_scale: float = 0.02
     # Every client through the Procfile's edge (nginx in front, issue 34) rather than straight to
-    # the web processes.
-    through_edge: bool = False
+    # the web processes (--direct).
+    through_edge: bool = True
+    mixed: bool = True  # the mixed load above (off: --capacity-only)
+    # The capacity curves after it (bench/support/capacity.py; off: --no-capacity).
+    capacity: bool = True
+    step_seconds: float = 3.0
+    rates: tuple[float, float, float] = (20.0, 3000.0, 1.25)  # from, up to, by x
+    # The same curves against the API served by WSGI (uvicorn's WSGI interface, console.wsgi,
+    # behind an edge of its own) beside the Procfile's ASGI web.
+    wsgi: bool = False
 
     @property
     def customers(self) -> int:
         return max(1, self.browsers)
 
 
-QUICK = Plan(api_clients=20, sockets=10, browsers=5, duration=30.0, warmup=5.0, settle=5.0)
+QUICK = Plan(
+    api_clients=20,
+    sockets=10,
+    browsers=5,
+    duration=30.0,
+    warmup=5.0,
+    settle=5.0,
+    step_seconds=1.0,
+    rates=(20.0, 160.0, 2.0),
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -625,6 +661,178 @@ async def drive(
 
 
 # ---------------------------------------------------------------------------------------------
+# Capacity curves (issue 34)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CurveTarget:
+    kind: str  # "read": an instance through the API with its owner's token; "trivial": the API root
+    server: str  # "ASGI" (the Procfile's web) or "WSGI"
+    path: str  # "edge" or "direct"
+    url: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} ({self.server}, {self.path})"
+
+
+def _wsgi_processes(prod: ProductionStack, work: Path, workers: str) -> tuple[str, str]:
+    """The API served by WSGI beside the Procfile's ASGI web, on the same database and Redis:
+    ``console.wsgi`` under uvicorn's WSGI interface (threads; gunicorn is not a dependency), as
+    many processes as the web, and an edge of its own (``manage.py edge``, its own folder) in
+    front of it. Their direct and edge URLs."""
+    port, edge = servers.free_port(), f"127.0.0.1:{servers.free_port()}"
+    prod.stack.spawn(
+        "wsgi",
+        str(servers.BIN / "uvicorn"),
+        "console.wsgi:application",
+        "--interface",
+        "wsgi",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        workers,
+        "--proxy-headers",
+    )
+    prod.stack.spawn(
+        "edge-wsgi",
+        "/bin/sh",
+        "-c",
+        f"EDGE_DIR={work / 'edge-wsgi'} exec {servers.BIN / 'python'} manage.py edge "
+        f"--listen {edge} --web 127.0.0.1:{port}",
+    )
+    direct = f"http://127.0.0.1:{port}"
+    servers.wait_healthy(direct, timeout=120)
+    servers.wait_healthy(f"http://{edge}", timeout=60)
+    return direct, f"http://{edge}"
+
+
+def capacity_targets(
+    prod: ProductionStack, plan: Plan, wsgi: tuple[str, str] | None
+) -> list[CurveTarget]:
+    path = "edge" if plan.through_edge else "direct"
+    asgi = f"http://{prod.env['EDGE_LISTEN']}" if plan.through_edge else prod.url
+    servers_ = [("ASGI", asgi)]
+    if wsgi is not None:
+        servers_.append(("WSGI", wsgi[1] if plan.through_edge else wsgi[0]))
+    # ASGI and WSGI alternate, so a change in the shared machine's load falls on both alike.
+    return [CurveTarget(k, s, path, url) for k in ("read", "trivial") for s, url in servers_]
+
+
+async def _curve(
+    target: CurveTarget, data: dict[str, Any], plan: Plan
+) -> list[capacity.StepResult]:
+    customers = data["customers"]
+    turn = iter(range(1 << 30))
+
+    def connect() -> LeanClient:
+        if target.kind == "read":  # the customers in turn, each connection its own token
+            c = customers[next(turn) % len(customers)]
+            headers = {"Authorization": f"Token {c['tokens'][0]}", "Accept": "application/json"}
+            client = LeanClient(target.url, headers=headers)
+            client.path = f"/api/v1/instances/{c['instance']}/"  # type: ignore[attr-defined]
+        else:
+            client = LeanClient(target.url, headers={"Accept": "application/json"})
+            client.path = TRIVIAL_PATH  # type: ignore[attr-defined]
+        return client
+
+    async def send(client: LeanClient) -> int:
+        path = client.path  # type: ignore[attr-defined]
+        try:
+            return (await client.request("GET", path)).status_code
+        except ConnectionLost:
+            # A kept-alive connection the server closed as the GET left: sent again once on a
+            # new one, as any client does (the time of both counts).
+            return (await client.request("GET", path)).status_code
+
+    async def close(client: LeanClient) -> None:
+        await client.aclose()
+
+    start, stop, factor = plan.rates
+    return await capacity.curve(
+        capacity.ConnectionPool(connect, close),
+        send,
+        capacity.step_rates(start, stop, factor),
+        plan.step_seconds,
+        on_step=lambda step: print(capacity.format_step(target.name, step), flush=True),
+        warmup=plan.step_seconds,  # each process's first requests prepare its statements
+        confirm=1,  # the machine is shared: a miss is run again before the curve stops there
+    )
+
+
+def run_capacity(
+    prod: ProductionStack, data: dict[str, Any], plan: Plan, work: Path
+) -> dict[str, Any]:
+    """Every curve, one after the other, and the figures: each one's capacity (the highest offered
+    rate with p99 < 500 ms and no errors) with the generator's CPU at that step, the read's share
+    of the trivial answer's (the stack's own limit), and WSGI's against ASGI's when measured."""
+    wsgi = _wsgi_processes(prod, work, prod.env.get("WEB_CONCURRENCY", "2")) if plan.wsgi else None
+    print(
+        f"\ncapacity curves: open-loop steps of {plan.step_seconds:g} s from "
+        f"{plan.rates[0]:g} requests/s, x{plan.rates[2]:g} a step up to {plan.rates[1]:g}, "
+        f"after {plan.step_seconds:g} s of warm-up, until p99 >= {capacity.P99_TARGET_MS:.0f} ms "
+        f"or an error (a miss is run once more to confirm it); read = GET "
+        f"/api/v1/instances/<id>/ with a token, trivial = GET {TRIVIAL_PATH} (public, no database)"
+        + (
+            "; WSGI: console.wsgi under uvicorn --interface wsgi behind an edge of its own"
+            if wsgi
+            else ""
+        ),
+        flush=True,
+    )
+    curves: dict[str, Any] = {}
+    for target in capacity_targets(prod, plan, wsgi):
+        steps = _run(_curve(target, data, plan))
+        best = capacity.highest_passing(steps)
+        curves[target.name] = {
+            "kind": target.kind,
+            "server": target.server,
+            "path": target.path,
+            "capacity_rps": best.offered if best else 0.0,
+            "generator_cpu": best.generator_cpu if best else math.nan,
+            "steps": [s.as_dict() for s in steps],
+        }
+    return capacity_figures(curves)
+
+
+def capacity_figures(curves: dict[str, Any]) -> dict[str, Any]:
+    """The ratios the issue asks for, from the curves' capacities."""
+    by = {(c["kind"], c["server"]): c for c in curves.values()}
+    ratios: dict[str, float] = {}
+    for server in ("ASGI", "WSGI"):
+        read, trivial = by.get(("read", server)), by.get(("trivial", server))
+        if read and trivial:
+            ratios[f"read/trivial {server}"] = (
+                read["capacity_rps"] / trivial["capacity_rps"] if trivial["capacity_rps"] else 0.0
+            )
+    for kind in ("read", "trivial"):
+        asgi, wsgi = by.get((kind, "ASGI")), by.get((kind, "WSGI"))
+        if asgi and wsgi:
+            ratios[f"{kind} WSGI/ASGI"] = (
+                wsgi["capacity_rps"] / asgi["capacity_rps"] if asgi["capacity_rps"] else math.inf
+            )
+    return {"curves": curves, "ratios": ratios}
+
+
+def report_capacity(cap: dict[str, Any]) -> dict[str, bool]:
+    print("capacity (the highest offered rate with p99 < 500 ms and no errors):")
+    for name, c in cap["curves"].items():
+        print(
+            f"  {name:<22} {c['capacity_rps']:>6.0f} requests/s "
+            f"(load generator CPU {c['generator_cpu']:.2f} cores at that step)"
+        )
+    for name, value in cap["ratios"].items():
+        print(f"  {name}: {value:.2f}")
+    share = cap["ratios"].get("read/trivial ASGI")
+    if share is None:
+        return {}
+    return {f"read capacity >= {CAPACITY_SHARE_TARGET} x trivial": share >= CAPACITY_SHARE_TARGET}
+
+
+# ---------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------
 
@@ -656,6 +864,7 @@ def report(
     after_load: int,
     budget: tuple[int | None, str],
     logs: dict[str, dict[str, Any]],
+    cap: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     wall = cpu["wall"]
     errors_by_route: Counter[str] = Counter()
@@ -742,6 +951,8 @@ def report(
     }
     if limit is not None:
         targets[f"connections <= budget {limit}"] = overall <= limit
+    if cap is not None:
+        targets.update(report_capacity(cap))
     print(
         "targets: "
         + "; ".join(f"{name}: {'ok' if ok else 'MISSED'}" for name, ok in targets.items())
@@ -781,6 +992,31 @@ def report(
         },
         "cpu_cores": {"generator": cpu["generator"], **stack_cpu, "machine": cpu["machine"]},
         "web_cpu_ms_per_request": _per_request_ms(stack_cpu.get("web", 0.0), total),
+        "server_log_tracebacks": logs,
+        "capacity": cap,
+        "targets": targets,
+        "ok": ok,
+    }
+    print("summary: " + json.dumps(_finite(summary), allow_nan=False))
+    return summary, ok
+
+
+def report_capacity_only(
+    plan: Plan, cap: dict[str, Any], logs: dict[str, dict[str, Any]], gone: list[str]
+) -> tuple[dict[str, Any], bool]:
+    """``--capacity-only``: the curves' figures, their targets and the summary line."""
+    for name, found in logs.items():
+        print(f"{name} log: {found['tracebacks']} tracebacks; " + "; ".join(found["commonest"]))
+    targets = report_capacity(cap)
+    if gone:
+        targets["no stack process exited"] = False
+        print(f"stack: {', '.join(gone)} exited")
+    print("targets: " + "; ".join(f"{n}: {'ok' if ok else 'MISSED'}" for n, ok in targets.items()))
+    ok = all(targets.values())
+    print("verdict:", "meets the targets" if ok else "MISSES a target")
+    summary = {
+        "plan": asdict(plan),
+        "capacity": cap,
         "server_log_tracebacks": logs,
         "targets": targets,
         "ok": ok,
@@ -879,24 +1115,32 @@ def bench(plan: Plan, budget_override: int | None, quick: bool, keep: bool = Fal
                 f"{plan.customers} customers, each with a running 1-card host"
             )
             print(
-                f"load: {plan.api_clients} API clients (a poll every {plan.api_interval:g} s each), "
+                ("" if plan.mixed else "(not run: --capacity-only) ")
+                + f"load: {plan.api_clients} API clients (a poll every {plan.api_interval:g} s each), "
                 f"{plan.sockets} telemetry websockets, {plan.browsers} browser sessions (a page "
                 f"every {plan.think[0]:g}-{plan.think[1]:g} s), {plan.orders_per_minute:g} orders "
                 f"and releases a minute; {plan.duration:.0f} s measured"
             )
             sys.stdout.flush()
-            pg = PgSampler(prod.database_url)
-            pg.start()
-            rec = Recorder()
-            cpu = _run(drive(prod, data, plan, rec))
-            time.sleep(plan.settle)
-            pg.stop.set()
-            pg.join(timeout=10)
-            after_load = pg.samples[-1][1] if pg.samples else 0
+            if plan.mixed:
+                pg = PgSampler(prod.database_url)
+                pg.start()
+                rec = Recorder()
+                cpu = _run(drive(prod, data, plan, rec))
+                time.sleep(plan.settle)
+                pg.stop.set()
+                pg.join(timeout=10)
+                after_load = pg.samples[-1][1] if pg.samples else 0
+            # The curves after the mixed load, on the same stack (its background work goes on).
+            cap = run_capacity(prod, data, plan, work) if plan.capacity else None
             gone = prod.exited()
-            if gone:
-                rec.errors[f"stack: {', '.join(gone)} exited"] += 1
-            _, ok = report(plan, rec, cpu, pg, after_load, budget, _tracebacks(prod))
+            if not plan.mixed:
+                assert cap is not None
+                _, ok = report_capacity_only(plan, cap, _tracebacks(prod), gone)
+            else:
+                if gone:
+                    rec.errors[f"stack: {', '.join(gone)} exited"] += 1
+                _, ok = report(plan, rec, cpu, pg, after_load, budget, _tracebacks(prod), cap)
     finally:
         if keep:
             print(f"the processes' logs are kept in {work}")
@@ -927,13 +1171,52 @@ def main() -> int:
         help="a 30 s smoke run: 20 API clients, 10 sockets, 5 browsers (no exit status on targets)",
     )
     parser.add_argument(
-        "--edge",
+        "--direct",
         action="store_true",
-        help="every client through the Procfile's edge (nginx) instead of the web processes",
+        help="every client straight to the web processes (default: through the Procfile's edge)",
+    )
+    parser.add_argument("--edge", action="store_true", help="through the edge (the default)")
+    parser.add_argument(
+        "--capacity-only",
+        action="store_true",
+        help="only the capacity curves (instance read, trivial answer), not the mixed load",
+    )
+    parser.add_argument("--no-capacity", action="store_true", help="no capacity curves")
+    parser.add_argument(
+        "--step-seconds",
+        type=float,
+        help=f"seconds per offered rate of the curves ({defaults.step_seconds:g}; --quick: "
+        f"{QUICK.step_seconds:g})",
+    )
+    parser.add_argument(
+        "--rates",
+        type=float,
+        nargs=3,
+        metavar=("FROM", "UP_TO", "FACTOR"),
+        help=f"the curves' offered rates ({' '.join(f'{r:g}' for r in defaults.rates)})",
+    )
+    parser.add_argument(
+        "--wsgi",
+        action="store_true",
+        help="the curves also against the API served by WSGI (console.wsgi) beside the ASGI web",
     )
     args = parser.parse_args()
+    if args.direct and args.edge:
+        parser.error("--direct or --edge, not both")
+    if args.capacity_only and args.no_capacity:
+        parser.error("--capacity-only or --no-capacity, not both")
     plan = replace(QUICK) if args.quick else Plan()
-    plan.through_edge = args.edge
+    plan.through_edge = not args.direct
+    plan.mixed = not args.capacity_only
+    plan.capacity = not args.no_capacity
+    plan.wsgi = args.wsgi
+    if args.step_seconds is not None:
+        if args.step_seconds <= 0:
+            parser.error("--step-seconds must be positive")
+        plan.step_seconds = args.step_seconds
+    if args.rates is not None:
+        start, stop, factor = args.rates
+        plan.rates = (start, stop, factor)
     for name in ("duration", "api_clients", "api_interval", "sockets", "browsers", "warmup"):
         if getattr(args, name) is not None:
             setattr(plan, name, getattr(args, name))

@@ -8,6 +8,7 @@ checked on every resolution, so a member who leaves loses the team at once.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -85,17 +86,41 @@ def personal_team(user: User) -> Team:
     return team
 
 
-def acting_in(user: User, team: Team | None = None) -> Acting:
-    """Acting for ``user`` in ``team`` (default: their personal team). Raises NotAMember."""
+@functools.cache
+def _membership() -> Any:
+    """A member's row in a team with the team joined: every API request with a token reads it
+    (the token's team, checked on each request), so its SQL is built once per process
+    (console/api/compiled.py)."""
+    from console.api.compiled import CompiledQuery
     from console.models import Membership
 
+    return CompiledQuery(
+        lambda team, user: (
+            Membership.objects.filter(team=team, user=user).select_related("team").order_by()
+        ),
+        team=Membership._meta.get_field("team"),
+        user=Membership._meta.get_field("user"),
+    )
+
+
+def acting_in(user: User, team: Team | None = None) -> Acting:
+    """Acting for ``user`` in ``team`` (default: their personal team). Raises NotAMember."""
     if team is None:
         team = personal_team(user)
         return Acting(team=team, user=user, role="owner")
-    role = Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
-    if role is None:
+    member = _membership().first(team=team.pk, user=user.pk)
+    if member is None:
         raise NotAMember(team.pk)
-    return Acting(team=team, user=user, role=role)
+    return Acting(team=team, user=user, role=member.role)
+
+
+def acting_in_team_id(user: User, team_id: int) -> Acting:
+    """``acting_in`` for a team known by its id (an API token's): the membership and the team in
+    one query. Raises NotAMember, for a team that is gone too."""
+    member = _membership().first(team=team_id, user=user.pk)
+    if member is None:
+        raise NotAMember(team_id)
+    return Acting(team=member.team, user=user, role=member.role)
 
 
 def team_of(who: Any) -> Team:
@@ -148,7 +173,7 @@ def _resolve_request(request: Any) -> Acting | None:
     token_team_id = getattr(token, "team_id", None)
     if token_team_id is not None:
         try:
-            return acting_in(user, Team.objects.get(pk=token_team_id))
+            return acting_in_team_id(user, token_team_id)
         except NotAMember:
             return None
     session = getattr(request, "session", None)

@@ -52,3 +52,30 @@ def test_quick_load_run_reaches_every_part_of_the_stack_and_prints_the_figures()
     assert summary["cpu_cores"]["generator"] > 0 and summary["cpu_cores"]["web"] > 0
     assert set(summary["targets"]) >= {"no errors", "API p99 < 500 ms"}
     assert "verdict:" in result.stdout and "PostgreSQL: peak" in result.stdout
+
+    # The capacity curves after the mixed load, through the edge (the default), on the same stack.
+    assert summary["plan"]["through_edge"] is True
+    curves = summary["capacity"]["curves"]
+    assert set(curves) == {"read (ASGI, edge)", "trivial (ASGI, edge)"}
+    for curve in curves.values():
+        steps = curve["steps"]
+        assert steps, curve
+        rates = [s["offered"] for s in steps]
+        assert rates == sorted(rates) and rates[0] == summary["plan"]["rates"][0]
+        for step in steps:
+            assert step["sent"] == step["answered"] + step["errors"]
+            assert step["generator_cpu"] > 0  # the generator's own CPU beside every figure
+        # The capacity is the last step of the unbroken run of passing ones (0 if none passed).
+        passed = [s["offered"] for s in steps if s["passed"]]
+        first_miss = next((s["offered"] for s in steps if not s["passed"]), None)
+        if first_miss is not None:
+            assert steps[-1]["offered"] == first_miss  # the curve stops at its first miss
+        assert curve["capacity_rps"] == (max(passed) if passed else 0.0)
+    ratios = summary["capacity"]["ratios"]
+    read, trivial = curves["read (ASGI, edge)"], curves["trivial (ASGI, edge)"]
+    if trivial["capacity_rps"]:
+        assert ratios["read/trivial ASGI"] == read["capacity_rps"] / trivial["capacity_rps"]
+    assert "read capacity >= 0.5 x trivial" in summary["targets"]
+    assert (
+        "generator CPU" in result.stdout and "capacity (the highest offered rate" in result.stdout
+    )
