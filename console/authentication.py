@@ -10,7 +10,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
 
-from console import services
+from console import services, tenancy
 
 KEYWORDS = ("token", "bearer")
 FAILURES = {
@@ -18,6 +18,10 @@ FAILURES = {
     "expired": _("This token has expired; create a new one on the account page."),
     "revoked": _("This token has been revoked."),
     "inactive_user": _("This account is disabled."),
+    "not_a_member": _(
+        "This token acts for a team you are no longer a member of; create a new one on the "
+        "account page."
+    ),
 }
 
 
@@ -39,7 +43,15 @@ class ApiTokenAuthentication(BaseAuthentication):
         check = services.check_api_token(raw)
         if check.token is None:
             raise exceptions.AuthenticationFailed(FAILURES[check.failure or "invalid"])
-        return check.token.owner, check.token
+        token = check.token
+        if token.team_id is not None:
+            # A team's token is its holder's membership: one who left (or was removed) is
+            # refused here, as a revoked token, not served a personal view or an error later.
+            try:
+                token.acting = tenancy.acting_in_team_id(token.owner, token.team_id)
+            except tenancy.NotAMember:
+                raise exceptions.AuthenticationFailed(FAILURES["not_a_member"]) from None
+        return token.owner, token
 
     def authenticate_header(self, request: Request) -> str:
         # Makes DRF answer 401 (with this challenge) rather than 403 to unauthenticated calls.

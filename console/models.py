@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
@@ -93,6 +94,9 @@ class ApiToken(models.Model):
     revoked_at = models.DateTimeField(_("revoked"), null=True, blank=True)
 
     objects = ApiTokenQuerySet.as_manager()
+    # Not stored: the holder's membership in ``team``, as the authentication read it for the
+    # request this token came with (console.authentication; console.tenancy reuses it).
+    acting: Any = None
 
     class Meta:
         verbose_name = _("API token")

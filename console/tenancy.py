@@ -172,6 +172,9 @@ def _resolve_request(request: Any) -> Acting | None:
     token = getattr(request, "auth", None)
     token_team_id = getattr(token, "team_id", None)
     if token_team_id is not None:
+        checked = getattr(token, "acting", None)  # read by the authentication, this request
+        if isinstance(checked, Acting) and checked.user == user:
+            return checked
         try:
             return acting_in_team_id(user, token_team_id)
         except NotAMember:

@@ -42,9 +42,14 @@ def test_a_team_token_follows_its_holders_membership_request_by_request(
         acting_in_team_id(bob, lab.pk)
     with pytest.raises(NotAMember):
         acting_in(bob, lab)
-    # The token's requests act in no team now (what a view answers then is its own business:
-    # the instance list raises NotAMember, a 500, as before this query was compiled).
-    assert api.get("/api/v1/teams/").json() == []
+    # The token is refused from then on, with a reason, by every door (not a 500, not bob's
+    # personal team).
+    for path in ("/api/v1/teams/", "/api/v1/instances/", "/api/v1/billing/wallet/"):
+        answer = api.get(path, HTTP_ACCEPT_LANGUAGE="en")
+        assert answer.status_code == 401, (path, answer.status_code)
+        assert "no longer a member" in answer.json()["detail"], answer.json()
+    chinese = api.get("/api/v1/instances/", HTTP_ACCEPT_LANGUAGE="zh-hans").json()
+    assert "不再" in chinese["detail"], chinese
 
 
 def test_a_membership_is_one_users_in_one_team(alice: User, bob: User) -> None:
