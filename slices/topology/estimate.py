@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from slices.topology.buddy import buddy_tables
 from slices.topology.fleet import Fleet
-from slices.topology.queue import Waiting
+from slices.topology.queue import SCAN_LIMIT, Waiting
 from slices.topology.specs import SLICE_UNIT_GPUS
 
 # Fewer measured rentals than this in a class (hosts, slices): the class borrows all of them.
@@ -355,6 +355,24 @@ def _eligible(pools: _Pools, queue: Sequence[Waiting]) -> list[tuple[list[int], 
     return out
 
 
+def _fit(
+    gpus: int, clusters: Sequence[int], whole: list[int], free: list[int], gpns: list[int]
+) -> int:
+    """The cluster a request of ``gpus`` takes now (the fullest it fits in), or −1."""
+    best = -1
+    if gpus >= SLICE_UNIT_GPUS:
+        n = gpus // 8  # a slice is whole 8-GPU nodes
+        for ci in clusters:
+            if whole[ci] >= n and (best < 0 or whole[ci] < whole[best]):
+                best = ci
+    else:
+        for ci in clusters:
+            fits = free[ci] >= gpus and (gpus < gpns[ci] or whole[ci] >= 1)
+            if fits and (best < 0 or free[ci] < free[best]):
+                best = ci
+    return best
+
+
 def _replay(
     pools: _Pools,
     leases: list[_Lease],
@@ -364,10 +382,15 @@ def _replay(
     runs: list[float],
     now: float,
     deadlines: bool = True,
+    backfill: bool = True,
 ) -> list[float]:
-    """One future: lease ends in time order, the queue started in FIFO order as it fits.
-    The start time of each queued request (inf: never in this future; NaN: it left the queue
-    at its maximum wait first, unless ``deadlines`` is off: then it waits on).
+    """One future: lease ends in time order, the queue started in FIFO order as it fits, with
+    the discipline's EASY backfill (``backfill``): while the head waits, a request behind it
+    with a limit starts when it fits and its limit ends by the head's shadow, the earliest time
+    the known ends (leases' known ends, started requests' limits) let the head start; none
+    while that shadow is unknown. The start time of each queued request (inf: never in this
+    future; NaN: it left the queue at its maximum wait first, unless ``deadlines`` is off: then
+    it waits on).
 
     A head that did not fit anywhere is asked again only about the one cluster the next event
     changed (the others are as they were): a blocked queue costs O(1) per event, not one look
@@ -380,15 +403,66 @@ def _replay(
     heapq.heapify(events)
     held: dict[int, tuple[int, int, int]] = {}  # queued request index -> (cluster, gpus, whole)
     starts = [math.inf] * len(queue)
+    done = bytearray(len(queue))  # started (or left) out of FIFO order
+    limited = [j for j, w in enumerate(queue) if w.limit is not None] if backfill else []
     head = 0
     total_whole = sum(whole)  # no cluster can have more than all of them: a quick "no"
     total_free = sum(free)
     checked = -1  # the head already found blocked in every cluster
     changed = -1  # the cluster the last event changed
     t = now
+
+    def take(j: int, ci: int) -> None:
+        nonlocal total_whole, total_free
+        gpus = queue[j].gpus
+        if gpus >= SLICE_UNIT_GPUS:
+            took = gpus // 8
+            free[ci] -= gpus
+        else:
+            free[ci] -= gpus
+            took = 1 if (gpus == gpns[ci] or free[ci] < whole[ci] * gpns[ci]) else 0
+        whole[ci] -= took
+        total_whole -= took
+        total_free -= gpus
+        held[j] = (ci, gpus, took)
+        starts[j] = t
+        heapq.heappush(events, (t + runs[j], 1, j))
+
+    def shadow() -> float:
+        """The earliest time the known ends alone let the head start (inf: they never do)."""
+        w = queue[head]
+        where = eligible[head][1]
+        wh, fr, cnt = list(whole), list(free), list(nl)
+        pending = sorted(
+            e
+            for e in events
+            if (e[1] == 0 and leases[e[2]].end is not None)
+            or (e[1] == 1 and queue[e[2]].limit is not None)
+        )
+        for te, kind, i in pending:
+            if kind == 0:
+                lease = leases[i]
+                ci = lease.cluster
+                fr[ci] += lease.gpus
+                wh[ci] += lease.solo
+                for k in lease.shared:
+                    cnt[k] -= 1
+                    if cnt[k] == 0:
+                        wh[ci] += 1
+            else:
+                ci, gpus, took = held[i]
+                fr[ci] += gpus
+                wh[ci] += took
+            if ci in where and _fit(w.gpus, (ci,), wh, fr, gpns) >= 0:
+                return te
+        return math.inf
+
     while head < len(queue):
         # start the head, then the next, while they fit
         while head < len(queue):
+            if done[head]:
+                head += 1
+                continue
             w = queue[head]
             if deadlines and w.deadline is not None and t > w.deadline:
                 # Still waiting past its maximum wait in this future: it leaves the queue, as
@@ -399,43 +473,44 @@ def _replay(
             clusters, where = eligible[head]
             if checked == head:
                 clusters = [changed] if changed in where else []
-            best = -1
             if w.gpus >= SLICE_UNIT_GPUS:
-                n = w.gpus // 8  # a slice is whole 8-GPU nodes
-                if total_whole < n:
+                if total_whole < w.gpus // 8:
                     clusters = []
-                for ci in clusters:
-                    if whole[ci] >= n and (best < 0 or whole[ci] < whole[best]):
-                        best = ci
-                if best < 0:
-                    checked = head
-                    break
-                whole[best] -= n
-                free[best] -= w.gpus
-                total_whole -= n
-                total_free -= w.gpus
-                held[head] = (best, w.gpus, n)
-            else:
-                if total_free < w.gpus:
-                    clusters = []
-                for ci in clusters:
-                    fits = free[ci] >= w.gpus and (w.gpus < gpns[ci] or whole[ci] >= 1)
-                    if fits and (best < 0 or free[ci] < free[best]):
-                        best = ci
-                if best < 0:
-                    checked = head
-                    break
-                gpn = gpns[best]
-                free[best] -= w.gpus
-                took = 1 if (w.gpus == gpn or free[best] < whole[best] * gpn) else 0
-                whole[best] -= took
-                total_whole -= took
-                total_free -= w.gpus
-                held[head] = (best, w.gpus, took)
-            starts[head] = t
-            heapq.heappush(events, (t + runs[head], 1, head))
+            elif total_free < w.gpus:
+                clusters = []
+            best = _fit(w.gpus, clusters, whole, free, gpns)
+            if best < 0:
+                checked = head
+                break
+            take(head, best)
             head += 1
-        if head >= len(queue) or not events:
+        if head >= len(queue):
+            break
+        if limited and total_free > 0:
+            # EASY backfill behind the blocked head (as `slices.topology.queue.schedule`)
+            edge = None
+            for j in limited[bisect.bisect_right(limited, head) :]:
+                if j - head > SCAN_LIMIT:
+                    break
+                if done[j]:
+                    continue
+                wj = queue[j]
+                if deadlines and wj.deadline is not None and t > wj.deadline:
+                    starts[j] = math.nan
+                    done[j] = 1
+                    continue
+                if total_free < wj.gpus:
+                    continue
+                best = _fit(wj.gpus, eligible[j][0], whole, free, gpns)
+                if best < 0:
+                    continue
+                if edge is None:
+                    edge = shadow()
+                if math.isinf(edge) or t + runs[j] > edge:
+                    continue
+                take(j, best)
+                done[j] = 1
+        if not events:
             break
         t, kind, i = heapq.heappop(events)
         if kind == 0:

@@ -243,3 +243,28 @@ def test_a_request_ahead_that_outwaits_its_maximum_leaves_the_plan():
     est = estimate_starts(fleet, [gone, behind], 0.0, DurationModel([], []), samples=8)
     assert est["a"].p50 is None
     assert est["b"].p50 == 3600.0
+
+
+def test_the_futures_backfill_as_the_discipline_does():
+    """The queue of the discipline's own test: the futures start "short" now, as `schedule`
+    does (it fits and its limit ends before the head's shadow), and nobody else ahead of the
+    head; with the occupants' ends unknown (no shadow) nothing backfills."""
+    fleet = Fleet(small_spec())
+    ids = _full(fleet, ends=1000.0)
+    fleet.release(ids[0])
+    queue = [
+        Waiting("head", 128, "H800", None, 0.0, None, None),
+        Waiting("long", 64, "H800", None, 1.0, 5000.0, None),
+        Waiting("open", 64, "H800", None, 2.0, None, None),
+        Waiting("short", 64, "H800", None, 3.0, 500.0, None),
+    ]
+    est = estimate_starts(fleet, queue, 10.0, DurationModel([], []), samples=8)
+    assert est["short"].p50 == est["short"].p90 == 10.0  # backfilled at once
+    assert est["head"].p50 == 1000.0  # not delayed: short ends at 510, before the shadow
+    assert est["long"].p50 is not None and est["long"].p50 >= 1000.0  # waits its turn
+
+    fleet = Fleet(small_spec())
+    ids = _full(fleet, ends=None)
+    fleet.release(ids[0])
+    est = estimate_starts(fleet, queue, 10.0, _uniform_model(), samples=8)
+    assert est["short"].p50 is not None and est["short"].p50 > 10.0
