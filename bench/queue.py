@@ -35,7 +35,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 # The checkout on the path and the script's own folder off it (bench/queue.py would shadow
@@ -53,6 +53,7 @@ from slices.topology.estimate import (  # noqa: E402
     estimate_starts,
     futures,
     limits_estimate,
+    replay_starts,
 )
 from slices.topology.queue import Waiting, queue_key, schedule  # noqa: E402
 
@@ -245,21 +246,12 @@ class Replay:
         self.first[new] = got
 
     def _clairvoyant(self, queue: list[Waiting], new: str, now: float) -> float | None:
-        """The plan with every realised duration known (no estimator has them): what is left
-        is the plan's own error (SU-level placement, backfill, later arrivals)."""
-        saved = {}
-        for lid, lease in self.fleet.leases.items():
-            if lid in self.started:
-                saved[lid] = lease.placement
-                end = self.started[lid] + self.items[lid].duration
-                lease.placement = replace(lease.placement, ends_at=end)
-        try:
-            told = [replace(w, limit=self.items[w.id].duration) for w in queue]
-            got = limits_estimate(self.fleet, told, now, 0.0, started=self.started, deadlines=True)
-            return got[new]
-        finally:
-            for lid, p in saved.items():
-                self.fleet.leases[lid].placement = p
+        """The plan with every realised duration known (no estimator has them; the discipline
+        still backfills on what production knows): what is left is the plan's own error
+        (SU-level placement, later arrivals)."""
+        ends = {lid: since + self.items[lid].duration for lid, since in self.started.items()}
+        runs = [self.items[w.id].duration for w in queue]
+        return replay_starts(self.fleet, queue, now, ends, runs, started=self.started)[new]
 
 
 def _end(item: Item, now: float) -> float | None:

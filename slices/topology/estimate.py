@@ -277,6 +277,7 @@ class _Lease(NamedTuple):
     end: float | None  # known end
     elapsed: float
     size: int
+    lid: str
 
 
 class _Pools:
@@ -333,7 +334,7 @@ def _leases(fleet: Fleet, pools: _Pools, now: float, started: Mapping[str, float
                 shared.append(k)
         since = started.get(lid)
         elapsed = 0.0 if since is None or since > now else now - since
-        out.append(_Lease(ci, gpus, solo, tuple(shared), p.ends_at, elapsed, p.gpus))
+        out.append(_Lease(ci, gpus, solo, tuple(shared), p.ends_at, elapsed, p.gpus, lid))
     return out
 
 
@@ -661,6 +662,33 @@ def limits_estimate(
     runs = [w.limit if w.limit is not None else longest for w in queue]
     eligible = _eligible(pools, queue)
     starts = _replay(pools, leases, ends, queue, eligible, runs, now, deadlines)
+    return {
+        w.id: (None if math.isinf(s) or math.isnan(s) else s)
+        for w, s in zip(queue, starts, strict=True)
+    }
+
+
+def replay_starts(
+    fleet: Fleet,
+    queue: Sequence[Waiting],
+    now: float,
+    ends: Mapping[str, float],
+    runs: Sequence[float],
+    *,
+    started: Mapping[str, float] | None = None,
+) -> dict[str, float | None]:
+    """One given future: each lease ends at ``ends[lease id]`` (its known end where not given),
+    each queued request runs ``runs[i]``; the discipline still knows only what production knows
+    (known ends and limits decide the backfill). The queue benchmark's clairvoyant bound."""
+    if not queue:
+        return {}
+    pools = _Pools(fleet, queue[0].gpu_model)
+    leases = _leases(fleet, pools, now, started or {})
+    at = [
+        max(ends.get(lease.lid, lease.end if lease.end is not None else math.inf), now + 1.0)
+        for lease in leases
+    ]
+    starts = _replay(pools, leases, at, queue, _eligible(pools, queue), list(runs), now)
     return {
         w.id: (None if math.isinf(s) or math.isnan(s) else s)
         for w, s in zip(queue, starts, strict=True)

@@ -268,3 +268,20 @@ def test_the_futures_backfill_as_the_discipline_does():
     fleet.release(ids[0])
     est = estimate_starts(fleet, queue, 10.0, _uniform_model(), samples=8)
     assert est["short"].p50 is not None and est["short"].p50 > 10.0
+
+
+def test_a_given_future_replays_exactly():
+    """replay_starts (the benchmark's clairvoyant bound): occupants ending at 100, 200 and 300 s;
+    a 128-GPU slice starts at the second end, the 64-GPU one behind it at the third (the first
+    holds the other two thirds for 1,000 s)."""
+    from slices.topology.estimate import replay_starts
+
+    fleet = Fleet(small_spec())
+    ids = _full(fleet, ends=None)
+    ends = dict(zip(ids, (100.0, 200.0, 300.0), strict=True))
+    queue = [
+        Waiting("a", 128, "H800", None, 0.0, None, None),
+        Waiting("b", 64, "H800", None, 1.0, None, None),
+    ]
+    got = replay_starts(fleet, queue, 0.0, ends, [1000.0, 50.0])
+    assert got == {"a": 200.0, "b": 300.0}
