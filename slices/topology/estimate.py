@@ -595,11 +595,18 @@ def estimate_starts(
     samples: int = 8,
     seed: int = 0,
     adaptive: bool = True,
+    deadlines: bool = False,
 ) -> dict[str, StartEstimate]:
     """P50/P90 of the start of each request of ``queue`` (one GPU model's FIFO order, oldest
     first) over at least ``samples`` futures (more while the replay is small, see `futures`;
     ``adaptive=False``: exactly ``samples``); ``started``: each lease's start (its elapsed time
-    conditions its remaining time; missing: it just started)."""
+    conditions its remaining time; missing: it just started).
+
+    ``deadlines``: requests ahead leave at their maximum wait in the futures, as admission makes
+    them. Off by default: measured (`bench/queue.py`), it makes the estimate more accurate but
+    early at its top (P90 honoured 80 % instead of 87 % at load 1.1 with 30 % known ends),
+    because what the futures cannot know errs the same way: orders that arrive later and
+    backfill ahead of the waiting ones. Counted as waiting on, they err late instead."""
     if not queue:
         return {}
     model = queue[0].gpu_model
@@ -628,7 +635,7 @@ def estimate_starts(
     for _k in range(n):
         ends = [kn if dr is None else now + dr(rand()) for kn, dr in zip(known, draws, strict=True)]
         runs = [tb[int(rand() * len(tb))] for tb in tables]
-        for i, t in enumerate(_replay(pools, leases, ends, queue, eligible, runs, now)):
+        for i, t in enumerate(_replay(pools, leases, ends, queue, eligible, runs, now, deadlines)):
             per[i].append(t)
     out = {}
     for i, w in enumerate(queue):

@@ -231,8 +231,9 @@ def test_start_is_the_order_statistic_of_the_occupants_remaining_times():
 
 
 def test_a_request_ahead_that_outwaits_its_maximum_leaves_the_plan():
-    """A head that cannot start before its maximum wait leaves the queue in every future, as
-    admission makes it, and the one behind it moves up."""
+    """With ``deadlines``, a head that cannot start before its maximum wait leaves the queue in
+    every future, as admission makes it, and the one behind it moves up; without (the default),
+    it is counted as waiting on."""
     fleet = Fleet(small_spec())
     _full(fleet, ends=3600.0)
     behind = Waiting("b", 64, "H800", None, 1.0, None, None)
@@ -241,6 +242,10 @@ def test_a_request_ahead_that_outwaits_its_maximum_leaves_the_plan():
     assert est["b"].p50 == 3600.0 + 7200.0  # waits for it
     gone = replace(stuck, deadline=1800.0)  # it gives up before the cluster frees
     est = estimate_starts(fleet, [gone, behind], 0.0, DurationModel([], []), samples=8)
+    assert est["b"].p50 == 3600.0 + 7200.0
+    est = estimate_starts(
+        fleet, [gone, behind], 0.0, DurationModel([], []), samples=8, deadlines=True
+    )
     assert est["a"].p50 is None
     assert est["b"].p50 == 3600.0
 
