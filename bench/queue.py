@@ -15,9 +15,13 @@ estimate when it joins the queue. The estimator knows what production knows: lea
 Printed for the queued requests, and for the queued slices alone: `P90 honoured` (real start no
 later than the first P90), `P50 within 5 min` (real start within 300 s of the first P50), the mean
 absolute error of the P50, a calibration table (share of real starts at or before each predicted
-quantile), beside the Slurm-style baseline in the same run (`squeue --start`: every rental runs
-to the largest duration seen, every queued request to its limit or that duration). Then the
-estimator's cost per event (CPU time) with 1,000 queued orders on a 100,352-GPU fleet.
+quantile) and the mean P90 − P50 width, beside the Slurm-style baseline in the same run
+(`squeue --start`: every rental runs to the largest duration seen, every queued request to its
+limit or that duration). On the synthetic loads, on the same requests: the ORACLE (production's
+estimator given the exact law the open-ended durations are drawn from, not each rental's own
+duration: what any estimator could reach), the clairvoyant plan (every realised duration known:
+the plan's own error), and the figures of the requests whose start known ends alone fix. Then
+the estimator's cost per event (CPU time) with 1,000 queued orders on a 100,352-GPU fleet.
 
 Trace format (JSONL): the allocator benchmark's (`t`, `id`, `gpus`, `gpu_model`, `duration`,
 optional `region`) and an optional `limit` (seconds): a known end (automatic release) after which

@@ -3,15 +3,20 @@ forward over possible futures.
 
 What is known is taken as known: a lease with a known end (an automatic release, the end of a paid
 term) ends then; a queued request with a known limit runs that long. What is not known, how long an
-on-demand rental still runs, is drawn from measured rental durations conditioned on how long it
-has run already (`Survival`: the empirical distribution of D − e given D > e), never from worst
-cases. Each of ``samples`` futures replays lease ends in time order and starts the queue in FIFO
-order as capacity frees (a slice needs that many whole free nodes in one cluster, a host that many
-free GPUs in one cluster); a request's P50 and P90 are the quantiles of its start over the futures.
+on-demand rental still runs, is drawn from measured durations of open-ended rentals conditioned
+on how long it has run already (`Survival`: the remaining time after e has P(D > e + t | D > e) =
+S(e + t) / S(e)), never from worst cases. Each future (at least ``samples``, more while the replay
+is small: `futures`) draws every occupant's end on its own and replays the ends in time order, so
+a start that needs k occupants gone is the k-th of their ends (an order statistic); the queue
+starts in FIFO order as capacity frees (a slice needs that many whole free nodes in one cluster, a
+host that many free GPUs in one cluster), with the discipline's EASY backfill of requests with a
+limit behind a waiting head. A request's P50 and P90 are the quantiles of its start over the
+futures at the rank a new draw honours (`quantile`).
 
 `limits_estimate` is the Slurm-style baseline (`squeue --start`): one future in which every
 rental runs to the largest duration seen and every queued request to its limit (or that largest
-duration), so it only errs late.
+duration). `LogNormal` is a known law (the queue benchmark's oracle) and `replay_starts` one given
+future (its clairvoyant bound).
 """
 
 from __future__ import annotations
