@@ -39,7 +39,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # The checkout on the path and the script's own folder off it (bench/queue.py would shadow
@@ -329,9 +329,10 @@ def score(rep: Replay, slices_only: bool) -> dict:
     return out
 
 
-def cost_check(queued: int, samples: int, seed: int) -> dict:
+def cost_check(queued: int, samples: int, seed: int, limited: float = 0.0) -> dict:
     """The estimator's cost per event: one re-estimate of a queue of ``queued`` orders on a
-    100,352-GPU fleet at about 90 % use (elapsed times spread, a third with known ends)."""
+    100,352-GPU fleet at about 90 % use (elapsed times spread, a third with known ends); a share
+    ``limited`` of the queued orders with a limit (1–24 h)."""
     rng = random.Random(seed)
     spec = latency_fleet(49, "c")
     fleet = Fleet(spec)
@@ -352,6 +353,11 @@ def cost_check(queued: int, samples: int, seed: int) -> dict:
     queue = [
         Waiting(f"q{k}", rng.choice(sizes), "H800", None, now, None, None) for k in range(queued)
     ]
+    lrng = random.Random(f"limits:{seed}")
+    queue = [
+        replace(w, limit=3600.0 * lrng.randint(1, 24)) if lrng.random() < limited else w
+        for w in queue
+    ]
     history = DurationModel(
         [rng.lognormvariate(math.log(7200) - 0.32, 0.8) for _ in range(2000)],
         [rng.lognormvariate(math.log(28800) - 0.32, 0.8) for _ in range(2000)],
@@ -369,7 +375,8 @@ def cost_check(queued: int, samples: int, seed: int) -> dict:
         base.append((time.thread_time() - b0) * 1000)
     base_ms = statistics.median(base)
     return {
-        "cost_check": f"{spec.gpu_count} GPUs, {queued} queued",
+        "cost_check": f"{spec.gpu_count} GPUs, {queued} queued"
+        + (f" ({limited:.0%} with a limit)" if limited else ""),
         "leases": len(fleet.leases),
         "samples": samples,
         "futures": futures(samples, len(fleet.leases), queued),
@@ -489,8 +496,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(summary(r), file=sys.stderr)
     if not args.no_cost_check:
-        for samples in sorted({8, 16, args.samples}):
-            cost = cost_check(args.queued, samples, args.seed)
+        checks = [(samples, 0.0) for samples in sorted({8, 16, args.samples})] + [(8, 1 / 3)]
+        for samples, limited in checks:
+            cost = cost_check(args.queued, samples, args.seed, limited)
             print(json.dumps(cost), flush=True)
             print(
                 f"cost per event, {cost['cost_check']}, {cost['leases']} leases, "
