@@ -204,15 +204,19 @@ def skip(instance: Instance, code: str) -> bool:
 
 def duration_model() -> DurationModel:
     """Measured rental durations (run start to end) of ended instances, and the running ones as
-    censored observations; the prior until there are enough."""
+    censored observations; the prior until there are enough. Open-ended rentals only (no
+    automatic release): the law is that of the rentals whose end is not known (one with a
+    known end ends then, and its length says nothing of the others')."""
     now = timezone.now()
     ended = (
-        Instance.objects.filter(running_at__isnull=False, ended_at__isnull=False)
+        Instance.objects.filter(
+            running_at__isnull=False, ended_at__isnull=False, auto_release_at__isnull=True
+        )
         .order_by("-ended_at")
         .values_list("cards", "running_at", "ended_at")[:DURATION_HISTORY]
     )
     running = Instance.objects.filter(
-        state=InstanceState.RUNNING, running_at__isnull=False
+        state=InstanceState.RUNNING, running_at__isnull=False, auto_release_at__isnull=True
     ).values_list("cards", "running_at")
     hosts: list[float] = []
     slices: list[float] = []

@@ -220,3 +220,27 @@ def test_order_form_can_queue(sim_fleet, funded, client, django_capture_on_commi
     assert r.status_code == 302, r.content.decode()[-2000:]
     q = Instance.objects.get(state=InstanceState.QUEUED)
     assert round((q.queue_deadline - q.queued_at).total_seconds()) == 6 * 3600
+
+
+def test_duration_model_measures_open_ended_rentals_only(funded):
+    """The remaining time of a rental without a known end is drawn from rentals without one: an
+    automatically released rental's length (its chosen end) is not measured, ended or running."""
+    from tests.slices.factories import make_instance
+
+    now = timezone.now()
+    for k in range(25):
+        make_instance(
+            funded, name=f"open{k}", state="released",
+            running_at=now - timedelta(hours=2), ended_at=now - timedelta(hours=1),
+        )  # fmt: skip
+        make_instance(
+            funded, name=f"auto{k}", state="released",
+            running_at=now - timedelta(hours=30), ended_at=now - timedelta(hours=5),
+            auto_release_at=now - timedelta(hours=5),
+        )  # fmt: skip
+    make_instance(funded, name="auto-running", running_at=now - timedelta(days=3),
+                  auto_release_at=now + timedelta(hours=1))  # fmt: skip
+    model = queue.duration_model()
+    assert not model.prior and len(model.hosts) == 25
+    assert model.hosts.durations == [3600.0] * 25  # the open-ended hour, not the 25 h ones
+    assert model.hosts.longest == 3600.0  # the running auto-released one is not censored data
