@@ -59,6 +59,14 @@ MAX_SHAPES = 64
 # Placeholder values: unlike any real one, and inside the column types' ranges (Django's integer
 # lookups refuse an out-of-range value before it reaches the SQL).
 _INT_BASE = -2_100_000_000
+# Per integer kind where its range differs: a value outside it is refused by the lookup itself.
+_INT_BASES = {
+    "PositiveIntegerField": 2_100_000_000,
+    "PositiveBigIntegerField": 2_100_000_000,
+    "PositiveSmallIntegerField": 32_000,
+    "SmallIntegerField": -32_000,
+    "SmallAutoField": -32_000,
+}
 _UUID_BASE = 0xC0DE_0000_0000_0000_0000_0000_0000_0000
 _EPOCH = datetime.datetime(1901, 1, 1, tzinfo=datetime.UTC)
 _TEXT = {"CharField", "TextField", "SlugField", "EmailField", "URLField"}
@@ -88,7 +96,7 @@ def _placeholder(field: Field, index: int) -> object:
     if kind in _TEXT:
         return f"\x1ecompiled-{index}\x1e"
     if kind in _INTEGER:
-        return _INT_BASE + index
+        return _INT_BASES.get(kind, _INT_BASE) + index
     if kind == "UUIDField":
         return uuid.UUID(int=_UUID_BASE + index)
     if kind == "DateTimeField":

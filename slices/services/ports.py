@@ -18,6 +18,7 @@ URLs, who may open them, share links, and where the proxy's tunnel goes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import secrets
@@ -35,6 +36,7 @@ from django.utils import timezone
 from django.utils.translation import get_language, gettext_noop
 
 from console import sites
+from console.api.compiled import CompiledQuery
 from console.names import NameRefused, clean_name
 from console.tenancy import as_acting, user_of
 from marketplace import aiapps
@@ -456,16 +458,49 @@ def share_link_for_secret(secret: str) -> ShareLink | None:
 # ---------------------------------------------------------------------------------------------
 
 
+# Every request to an app host asks these three (the edge's auth answer, the embedded proxy):
+# their SQL is built once per process (console/api/compiled.py), the values checked every time.
+_RUNNING = CompiledQuery(
+    lambda public_id: Instance.objects.select_related("team", "created_by").filter(
+        public_id=public_id, state=InstanceState.RUNNING
+    ),
+    public_id=Instance._meta.get_field("public_id"),
+)
+_LIVE_GRANT = CompiledQuery(
+    lambda pk, instance, port, now: PortGrant.objects.select_related(
+        "share_link", "instance"
+    ).filter(
+        pk=pk,
+        instance=instance,
+        port=port,
+        claimed_at__isnull=False,
+        revoked_at__isnull=True,
+        expires_at__gt=now,
+    ),
+    pk=PortGrant._meta.get_field("id"),
+    instance=PortGrant._meta.get_field("instance"),
+    port=PortGrant._meta.get_field("port"),
+    now=PortGrant._meta.get_field("expires_at"),
+)
+
+
+@functools.cache
+def _member_row() -> CompiledQuery[Any]:
+    from console.models import Membership
+
+    return CompiledQuery(
+        lambda team, user: Membership.objects.filter(team=team, user=user).order_by(),
+        team=Membership._meta.get_field("team"),
+        user=Membership._meta.get_field("user"),
+    )
+
+
 def _running(public_id: Any) -> Instance | None:
     try:
         pid = uuid.UUID(str(public_id))
     except ValueError:
         return None
-    return (
-        Instance.objects.select_related("team", "created_by")
-        .filter(public_id=pid, state=InstanceState.RUNNING)
-        .first()
-    )
+    return _RUNNING.first(public_id=pid)
 
 
 def running_instance(public_id: Any) -> Instance | None:
@@ -542,18 +577,7 @@ def app_cookie_value(grant: PortGrant) -> str:
 def live_grant(grant_id: int, instance: Instance, port: int) -> PortGrant | None:
     """The grant if it still gives access: claimed, not revoked, not expired, and the owner's
     grant still the owner's, a share link's still live."""
-    grant = (
-        PortGrant.objects.select_related("share_link", "instance")
-        .filter(
-            pk=grant_id,
-            instance=instance,
-            port=port,
-            claimed_at__isnull=False,
-            revoked_at__isnull=True,
-            expires_at__gt=timezone.now(),
-        )
-        .first()
-    )
+    grant = _LIVE_GRANT.first(pk=grant_id, instance=instance.pk, port=port, now=timezone.now())
     if grant is None:
         return None
     if grant.user_id is not None:
@@ -576,14 +600,10 @@ def parse_app_host(host: str) -> tuple[str, int] | None:
 
 
 def _member_may_operate(user_id: int, instance: Instance) -> bool:
-    from console.models import Membership
     from console.roles import Perm, can
 
-    role = (
-        Membership.objects.filter(team_id=instance.team_id, user_id=user_id)
-        .values_list("role", flat=True)
-        .first()
-    )
+    member = _member_row().first(team=instance.team_id, user=user_id)
+    role = None if member is None else member.role
     if can(role, Perm.OPERATE_ALL):
         return True
     return can(role, Perm.COMPUTE) and instance.created_by_id == user_id

@@ -197,3 +197,16 @@ def test_on_postgresql_a_kept_statement_runs_prepared_and_answers_as_the_orm(set
     assert TOKEN.first(prefix=mine.prefix) == token
     assert KEYS_OF.all(owners=[bob.pk]) == [keys[1]]
     assert not [s for s in prepared() if tokens in s or keys_table in s]
+
+
+@pytest.mark.parametrize("kind", sorted(compiled._INTEGER))  # noqa: SLF001
+def test_an_integer_placeholder_is_inside_its_fields_range(kind: str) -> None:
+    """A value outside an integer field's range is refused by the lookup itself (EmptyResultSet
+    when the SQL is built): a port, a PositiveIntegerField, once got a negative placeholder."""
+    from django.db import models
+
+    field = getattr(models, kind)(primary_key=kind.endswith("AutoField"))
+    low, high = connection.ops.integer_field_range(kind)
+    for index in (0, 7, 63):
+        value = compiled._placeholder(field, index)  # noqa: SLF001
+        assert (low is None or value >= low) and (high is None or value <= high), (kind, value)
