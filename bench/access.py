@@ -72,6 +72,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the standard library's queue for everything imported after).
 sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p).resolve() != ROOT / "bench")]
 
+from bench.support.edge import start_edge, stop_edge  # noqa: E402
 from bench.support.embedded import migrate_with_shipped_fleet, setup_embedded_django  # noqa: E402
 from bench.support.production import tree_cpu_seconds  # noqa: E402
 from tests.support.servers import free_port, wait_healthy  # noqa: E402
@@ -317,7 +318,10 @@ def set_up(work: Path, pool: SshHostPool, args: argparse.Namespace) -> Setup:
         log_text = (work / "web.log").read_text(errors="replace")[-3000:]
         raise SystemExit(f"{exc}: {log_text}") from None
     edge_dir = Path(env["EDGE_DIR"])
-    edge_port, edge_proc = _start_edge(edge_dir, work, web_port)
+    try:
+        edge_port, edge_proc = start_edge(edge_dir, work, web_port)
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
     print(
         f"set-up ({took:.1f} s to migrate and load the shipped fleet, not measured): instance "
         f"{instance.slug} on {node.hostname} → sshd test host 127.0.0.1:{host.port} "
@@ -341,34 +345,6 @@ def set_up(work: Path, pool: SshHostPool, args: argparse.Namespace) -> Setup:
         edge_proc,
         edge_port,
     )
-
-
-def _start_edge(edge_dir: Path, work: Path, web_port: int) -> tuple[int, subprocess.Popen[bytes]]:
-    """nginx as ``manage.py edge`` renders it (the Procfile's edge), in front of the console."""
-    import dataclasses
-
-    from console import edge
-
-    port = free_port()
-    static = work / "static"
-    static.mkdir(exist_ok=True)
-    opts = dataclasses.replace(
-        edge.options(f"127.0.0.1:{port}", (f"127.0.0.1:{web_port}",), workers="2"),
-        static_root=static,
-    )
-    conf = edge.write(opts)
-    proc = subprocess.Popen(
-        edge.command(conf, edge_dir),
-        stdout=subprocess.DEVNULL,
-        stderr=(edge_dir / "logs" / "nginx.out").open("wb"),
-        start_new_session=True,
-    )
-    try:
-        _wait_port(port, 30)
-    except SystemExit:
-        log = (edge_dir / "logs" / "nginx.out").read_text(errors="replace")[-2000:]
-        raise SystemExit(f"nginx did not start on {port}: {log}") from None
-    return port, proc
 
 
 def _edge_pids(setup: Setup) -> list[int]:
@@ -1003,12 +979,7 @@ def main() -> int:
         concurrent_ok = bench_concurrent(setup, args.concurrent)
     finally:
         if setup is not None and setup.edge is not None and setup.edge_dir is not None:
-            from slices.drivers.ssh import edge as ssh_edge
-
-            setup.edge.terminate()
-            setup.edge.wait(timeout=30)
-            ssh_edge.close_all(setup.edge_dir / "tunnels")
-            shutil.rmtree(setup.edge_dir, ignore_errors=True)
+            stop_edge(setup.edge, setup.edge_dir)
         if setup is not None:
             setup.web.terminate()
             try:

@@ -77,6 +77,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the standard library's queue for everything imported after).
 sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p).resolve() != ROOT / "bench")]
 
+from bench.support.edge import start_edge, stop_edge  # noqa: E402
 from bench.support.embedded import migrate_with_shipped_fleet, setup_embedded_django  # noqa: E402
 from tests.support.servers import free_port, wait_healthy  # noqa: E402
 from tests.support.sshd import (  # noqa: E402
@@ -238,7 +239,10 @@ def set_up(work: Path, pool: SshHostPool) -> Setup:
         log_text = (work / "web.log").read_text(errors="replace")[-3000:]
         raise BenchError(f"{exc}: {log_text}") from None
     edge_dir = Path(env["EDGE_DIR"])
-    edge_port, edge_proc = start_edge(edge_dir, work, web_port)
+    try:
+        edge_port, edge_proc = start_edge(edge_dir, work, web_port)
+    except RuntimeError as exc:
+        raise BenchError(str(exc)) from None
     print(
         f"set-up (not measured: {took:.1f} s to migrate and load the shipped fleet and catalogue, "
         f"{tiny_s:.1f} s to make the tiny model): {app.slug} on {node.hostname} → sshd test host "
@@ -248,37 +252,6 @@ def set_up(work: Path, pool: SshHostPool) -> Setup:
         f"(console/edge.py) at http://127.0.0.1:{edge_port} in front of it (pid {edge_proc.pid})"
     )
     return Setup(work, user, app, url, web, model_dir, edge_dir, edge_proc, edge_port)
-
-
-def start_edge(edge_dir: Path, work: Path, web_port: int) -> tuple[int, subprocess.Popen[bytes]]:
-    """nginx as ``manage.py edge`` renders it (the Procfile's edge), in front of the console."""
-    import dataclasses
-
-    from console import edge
-
-    port = free_port()
-    static = work / "static"
-    static.mkdir(exist_ok=True)
-    opts = dataclasses.replace(
-        edge.options(f"127.0.0.1:{port}", (f"127.0.0.1:{web_port}",), workers="2"),
-        static_root=static,
-    )
-    conf = edge.write(opts)
-    proc = subprocess.Popen(
-        edge.command(conf, edge_dir),
-        stdout=subprocess.DEVNULL,
-        stderr=(edge_dir / "logs" / "nginx.out").open("wb"),
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return port, proc
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log = (edge_dir / "logs" / "nginx.out").read_text(errors="replace")[-2000:]
-            proc.kill()
-            raise BenchError(f"nginx did not start on {port}: {log}")
-        time.sleep(0.05)
 
 
 def app_cookie(instance: Any, port: int, user: Any) -> str:
@@ -582,16 +555,7 @@ def tear_down(setup: Setup | None, pool: SshHostPool, work: Path) -> list[str]:
         except subprocess.TimeoutExpired:
             setup.web.kill()
             setup.web.wait()
-        from slices.drivers.ssh import edge as ssh_edge
-
-        setup.edge.terminate()
-        try:
-            setup.edge.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            setup.edge.kill()
-            setup.edge.wait()
-        ssh_edge.close_all(setup.edge_dir / "tunnels")
-        shutil.rmtree(setup.edge_dir, ignore_errors=True)
+        stop_edge(setup.edge, setup.edge_dir)
     pool.stop()
     left = processes_under(work)
     if left:

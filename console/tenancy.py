@@ -114,6 +114,12 @@ def acting_in(user: User, team: Team | None = None) -> Acting:
     return Acting(team=team, user=user, role=member.role)
 
 
+def member_role(team_id: int, user_id: int) -> str | None:
+    """``user_id``'s role in team ``team_id``, None when not a member (read on every call)."""
+    member = _membership().first(team=team_id, user=user_id)
+    return None if member is None else str(member.role)
+
+
 def acting_in_team_id(user: User, team_id: int) -> Acting:
     """``acting_in`` for a team known by its id (an API token's): the membership and the team in
     one query. Raises NotAMember, for a team that is gone too."""

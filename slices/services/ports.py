@@ -18,7 +18,6 @@ URLs, who may open them, share links, and where the proxy's tunnel goes.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 import secrets
@@ -31,6 +30,7 @@ from django.conf import settings
 from django.core import signing
 from django.db import transaction
 from django.http import Http404
+from django.http.request import split_domain_port
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import get_language, gettext_noop
@@ -38,7 +38,7 @@ from django.utils.translation import get_language, gettext_noop
 from console import sites
 from console.api.compiled import CompiledQuery
 from console.names import NameRefused, clean_name
-from console.tenancy import as_acting, user_of
+from console.tenancy import as_acting, member_role, user_of
 from marketplace import aiapps
 from marketplace import services as marketplace
 from slices.choices import InstanceState
@@ -257,19 +257,11 @@ def port_url(instance: Instance, port: int, request: Any = None) -> str:
             scheme = "https"
     number = getattr(settings, "APPS_PORT", None)
     if number is None and request is not None:
-        number = _host_port(request.get_host())
+        _domain, given = split_domain_port(request.get_host())
+        number = int(given) if given.isdigit() else None
     default = {"http": 80, "https": 443}[scheme]
     suffix = f":{number}" if number and number != default else ""
     return f"{scheme}://{app_host(instance, port)}{suffix}/"
-
-
-def _host_port(host: str) -> int | None:
-    """The port a ``Host`` header names (``console.example:8443``, ``[::1]:8000``), or None
-    (the scheme's default)."""
-    _name, sep, number = host.rpartition(":")
-    if not sep or "]" in number or not number.isdigit():
-        return None
-    return int(number)
 
 
 def base_url_env(instance: Instance) -> dict[str, str]:
@@ -484,17 +476,6 @@ _LIVE_GRANT = CompiledQuery(
 )
 
 
-@functools.cache
-def _member_row() -> CompiledQuery[Any]:
-    from console.models import Membership
-
-    return CompiledQuery(
-        lambda team, user: Membership.objects.filter(team=team, user=user).order_by(),
-        team=Membership._meta.get_field("team"),
-        user=Membership._meta.get_field("user"),
-    )
-
-
 def _running(public_id: Any) -> Instance | None:
     try:
         pid = uuid.UUID(str(public_id))
@@ -602,8 +583,7 @@ def parse_app_host(host: str) -> tuple[str, int] | None:
 def _member_may_operate(user_id: int, instance: Instance) -> bool:
     from console.roles import Perm, can
 
-    member = _member_row().first(team=instance.team_id, user=user_id)
-    role = None if member is None else member.role
+    role = member_role(instance.team_id, user_id)
     if can(role, Perm.OPERATE_ALL):
         return True
     return can(role, Perm.COMPUTE) and instance.created_by_id == user_id

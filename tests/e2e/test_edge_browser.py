@@ -13,9 +13,6 @@ moves the bytes over the console's OpenSSH forward, never through Python. Chromi
 from __future__ import annotations
 
 import hashlib
-import os
-import shlex
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ from django.test import Client
 from playwright.sync_api import Browser, BrowserContext, expect
 
 from slices.choices import InstanceState
-from slices.models import Instance, Node
+from slices.models import Instance
 from tests.e2e.test_app_chat import chat_host, needs_recipe_venv  # noqa: F401
 from tests.e2e.test_jupyterlab import (  # noqa: F401
     JUPYTER_PORT,
@@ -34,9 +31,7 @@ from tests.e2e.test_jupyterlab import (  # noqa: F401
     jupyter_instance,
     needs_jupyter,
 )
-from tests.slices.factories import load_small_fleet, run_order
 from tests.support import edge as edge_support
-from tests.support import servers
 from tests.support.browser import give_session
 from tests.support.sshd import SshHostPool, configure_ssh_fleet, ssh_hosts  # noqa: F401
 
@@ -196,45 +191,16 @@ def big_file_instance(
 ) -> Iterator[tuple[Instance, int, str]]:
     """An instance on an sshd test host whose launch command serves a folder with a 200 MB file
     on a declared web port (``python3 -m http.server``)."""
-    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
-    settings.SLICES_SSH_CONNECT_TIMEOUT = 5.0
-    settings.SLICES_SSH_COMMAND_TIMEOUT = 60.0
-    load_small_fleet()
-    nodes = list(Node.objects.filter(gpu_model__code="RTX4090").order_by("hostname"))
-    configure_ssh_fleet(
-        settings, ssh_hosts.get(1), nodes, tmp_path, client_key=ssh_hosts.client_key
-    )
-    files = tmp_path / "files"
-    files.mkdir()
-    digest = hashlib.sha256()
-    with (files / "big.bin").open("wb") as out:
-        block = os.urandom(1024 * 1024)
-        for i in range(BIG // len(block)):
-            chunk = bytes([i % 256]) + block[1:]
-            out.write(chunk)
-            digest.update(chunk)
-    port = servers.free_port()
-    entrypoint = (
-        f"exec {shlex.quote(sys.executable)} -m http.server {port} --bind 127.0.0.1 "
-        f"--directory {shlex.quote(str(files))}"
-    )
-    instance = run_order(
+    with edge_support.files_instance(
+        settings,
+        ssh_hosts,
+        tmp_path,
         funded,
         django_capture_on_commit_callbacks,
-        cards=1,
+        size=BIG,
         name="edge-download",
-        entrypoint=entrypoint,
-        web_ports=({"port": port, "name": "files"},),
-    )
-    assert instance.state == InstanceState.RUNNING, list(
-        instance.events.values_list("code", "text")
-    )
-    edge_support.wait_port_plain(port)
-    yield instance, port, digest.hexdigest()
-    with django_capture_on_commit_callbacks(execute=True):
-        from slices import services
-
-        services.release_instance(Instance.objects.get(pk=instance.pk), by="test")
+    ) as served:
+        yield served
 
 
 def test_a_200_mb_download_through_the_edge_arrives_whole(

@@ -23,10 +23,8 @@ import contextlib
 import ctypes
 import hashlib
 import os
-import shlex
 import socket
 import stat
-import sys
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -42,12 +40,10 @@ from django.test import Client
 from console import edge as console_edge
 from slices.choices import InstanceState
 from slices.drivers import DriverError, get_driver
-from slices.models import Instance, Node
+from slices.models import Instance
 from slices.services import ports
 from slices.services import proxy as proxy_service
-from tests.slices.factories import load_small_fleet, run_order
 from tests.support import edge as edge_support
-from tests.support import servers
 from tests.support.apphosts import open_app, running_with_port
 from tests.support.sshd import SshHostPool, configure_ssh_fleet, ssh_hosts  # noqa: F401
 
@@ -275,42 +271,16 @@ def files_instance(
     django_capture_on_commit_callbacks,
 ) -> Iterator[tuple[Instance, int, str]]:
     """An instance on an sshd test host serving a 20 MB file on a declared web port."""
-    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
-    settings.SLICES_SSH_CONNECT_TIMEOUT = 5.0
-    settings.SLICES_SSH_COMMAND_TIMEOUT = 60.0
-    load_small_fleet()
-    nodes = list(Node.objects.filter(gpu_model__code="RTX4090").order_by("hostname"))
-    configure_ssh_fleet(
-        settings, ssh_hosts.get(1), nodes, tmp_path, client_key=ssh_hosts.client_key
-    )
-    files = tmp_path / "files"
-    files.mkdir()
-    data = os.urandom(20 * 1024 * 1024)
-    (files / "big.bin").write_bytes(data)
-    port = servers.free_port()
-    entrypoint = (
-        f"exec {shlex.quote(sys.executable)} -m http.server {port} --bind 127.0.0.1 "
-        f"--directory {shlex.quote(str(files))}"
-    )
-    instance = run_order(
+    with edge_support.files_instance(
+        settings,
+        ssh_hosts,
+        tmp_path,
         funded,
         django_capture_on_commit_callbacks,
-        cards=1,
+        size=20 * 1024 * 1024,
         name="edge-files",
-        entrypoint=entrypoint,
-        web_ports=({"port": port, "name": "files"},),
-    )
-    assert instance.state == InstanceState.RUNNING, list(
-        instance.events.values_list("code", "text")
-    )
-    edge_support.wait_port_plain(port)
-    yield instance, port, hashlib.sha256(data).hexdigest()
-    with django_capture_on_commit_callbacks(execute=True):
-        from slices import services
-
-        current = Instance.objects.get(pk=instance.pk)
-        if current.state not in (InstanceState.RELEASED,):
-            services.release_instance(current, by="test")
+    ) as served:
+        yield served
 
 
 def test_a_web_port_through_nginx_over_an_openssh_forward(

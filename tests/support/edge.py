@@ -161,3 +161,69 @@ def wait_port_plain(port: int, timeout: float = 30) -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"nothing listens on {port}") from None
             time.sleep(0.1)
+
+
+@contextmanager
+def files_instance(
+    settings: Any,
+    ssh_hosts: Any,
+    tmp_path: Path,
+    owner: Any,
+    capture: Any,
+    *,
+    size: int,
+    name: str,
+) -> Iterator[tuple[Any, int, str]]:
+    """A running instance on an sshd test host whose launch command serves a folder with a
+    ``size``-byte file ``big.bin`` on a declared web port (``python3 -m http.server``): the
+    instance, the port and the file's sha256; released after."""
+    import hashlib
+    import os
+    import shlex
+    import sys
+
+    from slices import services
+    from slices.choices import InstanceState
+    from slices.models import Instance, Node
+    from tests.slices.factories import load_small_fleet, run_order
+    from tests.support.sshd import configure_ssh_fleet
+
+    settings.SLICES_RETRY_BACKOFF_SECONDS = 0
+    settings.SLICES_SSH_CONNECT_TIMEOUT = 5.0
+    settings.SLICES_SSH_COMMAND_TIMEOUT = 60.0
+    load_small_fleet()
+    nodes = list(Node.objects.filter(gpu_model__code="RTX4090").order_by("hostname"))
+    configure_ssh_fleet(
+        settings, ssh_hosts.get(1), nodes, tmp_path, client_key=ssh_hosts.client_key
+    )
+    files = tmp_path / "files"
+    files.mkdir()
+    digest = hashlib.sha256()
+    block = os.urandom(1024 * 1024)
+    with (files / "big.bin").open("wb") as out:
+        for i in range(size // len(block)):
+            chunk = bytes([i % 256]) + block[1:]
+            out.write(chunk)
+            digest.update(chunk)
+    port = servers.free_port()
+    entrypoint = (
+        f"exec {shlex.quote(sys.executable)} -m http.server {port} --bind 127.0.0.1 "
+        f"--directory {shlex.quote(str(files))}"
+    )
+    instance = run_order(
+        owner,
+        capture,
+        cards=1,
+        name=name,
+        entrypoint=entrypoint,
+        web_ports=({"port": port, "name": "files"},),
+    )
+    assert instance.state == InstanceState.RUNNING, list(
+        instance.events.values_list("code", "text")
+    )
+    wait_port_plain(port)
+    yield instance, port, digest.hexdigest()
+    with capture(execute=True):
+        current = Instance.objects.get(pk=instance.pk)
+        if current.state != InstanceState.RELEASED:
+            services.release_instance(current, by="test")
